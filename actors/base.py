@@ -1,0 +1,279 @@
+"""The Actor base: a process with one mailbox, a poll loop, and a clean stop.
+
+An actor binds one PULL socket (its mailbox, ipc under the node's run directory) and
+connects PUSH sockets to the mailboxes it sends to. The loop is setup / run / teardown
+with hooks: ``on_start``, ``on_message``, ``on_idle`` (after each drained burst),
+``on_tick`` (about every ``TICK_S``), ``on_stop``. Every receive has a timeout, every send
+is bounded, and an actor whose parent died exits by itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from config import NodeConfig
+from config.schema import from_dict
+from wire import codec
+from wire.messages import Stats, Stop
+
+log = logging.getLogger("shardnode")
+
+TICK_S = 1.0
+POLL_MS_MAX = 100
+DRAIN_MESSAGES_MAX = 4096  # messages handled per burst before the actor looks up
+EVENTS_KEPT = 200  # recent events each actor keeps for debugging
+
+SUPERVISOR = "supervisor"
+FRONT_DOOR = "front"
+LOG_MANAGER = "log"
+CACHE_MANAGER = "cache"
+
+
+def writer_role(index: int) -> str:
+    return f"writer-{index}"
+
+
+def mailbox_address(run_dir: Path, role: str) -> str:
+    return f"ipc://{run_dir}/{role}.sock"
+
+
+@dataclass(frozen=True)
+class ActorContext:
+    """What a child process is given at spawn: everything is plain data that pickles."""
+
+    role: str
+    config: dict[str, Any]
+    run_dir: str
+    parent_pid: int
+
+
+def configure_logging(role: str) -> None:
+    level = os.environ.get("SHARDNODE_LOG", "INFO").upper()
+    logging.basicConfig(
+        level=getattr(logging, level, logging.INFO),
+        format=f"%(asctime)s %(levelname)s [{role}] %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to send SIGTERM when the parent exits (backed up by the ppid check)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+class Actor:
+    """Base class. Subclasses set ``role`` handling in ``on_message`` and may add sockets."""
+
+    def __init__(self, ctx: ActorContext) -> None:
+        self.role = ctx.role
+        self.cfg: NodeConfig = from_dict(ctx.config)
+        self.run_dir = Path(ctx.run_dir)
+        self.parent_pid = ctx.parent_pid
+        self.zctx = zmq.Context.instance()
+        self.mailbox = self.zctx.socket(zmq.PULL)
+        self.mailbox.setsockopt(zmq.LINGER, 0)
+        self.mailbox.setsockopt(zmq.RCVHWM, self.cfg.limits.mailbox_messages_max)
+        path = self.run_dir / f"{self.role}.sock"
+        if path.exists():
+            path.unlink()  # left by an earlier incarnation that was killed
+        self.mailbox.bind(mailbox_address(self.run_dir, self.role))
+        self.poller = zmq.Poller()
+        self.poller.register(self.mailbox, zmq.POLLIN)
+        self._out: dict[str, zmq.Socket[bytes]] = {}
+        self.running = True
+        self.stop_reason = ""
+        self.events: collections.deque[str] = collections.deque(maxlen=EVENTS_KEPT)
+        self.last_drain = 0
+        self.current_frame = b""
+        self._next_tick = time.monotonic() + TICK_S
+        self.started_at = time.time()
+
+    # ---- sending ------------------------------------------------------------------
+
+    def peer(self, role: str) -> zmq.Socket[bytes]:
+        sock = self._out.get(role)
+        if sock is None:
+            sock = self.zctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, self.cfg.limits.mailbox_messages_max)
+            sock.connect(mailbox_address(self.run_dir, role))
+            self._out[role] = sock
+        return sock
+
+    def send(self, role: str, msg: codec.Message, wait_ms: int = 0) -> bool:
+        """Send to an actor's mailbox; False if it stayed full for ``wait_ms``."""
+        return self.send_bytes(role, codec.encode(msg), wait_ms)
+
+    def send_bytes(self, role: str, frame: bytes, wait_ms: int = 0) -> bool:
+        sock = self.peer(role)
+        try:
+            sock.send(frame, zmq.NOBLOCK, copy=len(frame) < 65536)
+            return True
+        except zmq.Again:
+            if wait_ms <= 0:
+                return False
+        if sock.poll(wait_ms, zmq.POLLOUT):
+            try:
+                sock.send(frame, zmq.NOBLOCK, copy=len(frame) < 65536)
+                return True
+            except zmq.Again:
+                pass
+        self.note(f"mailbox of {role} stayed full for {wait_ms} ms")
+        return False
+
+    # ---- hooks --------------------------------------------------------------------
+
+    def on_start(self) -> None:
+        """Recover state and open what the actor owns."""
+
+    def on_message(self, msg: codec.Message) -> None:
+        raise NotImplementedError
+
+    def on_socket(self, sock: zmq.Socket[bytes]) -> None:
+        """A socket other than the mailbox is readable."""
+
+    def on_idle(self) -> None:
+        """Called after each burst of messages (and on every poll timeout)."""
+
+    def on_tick(self, now: float) -> None:
+        """Called about once per ``TICK_S``."""
+
+    def on_stop(self) -> None:
+        """Make what is in hand durable and release what the actor owns."""
+
+    def figures(self) -> dict[str, Any]:
+        """Numbers for ``shardnode status``."""
+        return {}
+
+    def poll_timeout_ms(self) -> int:
+        return POLL_MS_MAX
+
+    # ---- the loop -----------------------------------------------------------------
+
+    def note(self, event: str) -> None:
+        self.events.append(f"{time.time():.3f} {event}")
+
+    def stop(self, reason: str) -> None:
+        if self.running:
+            self.running = False
+            self.stop_reason = reason
+            log.info("stopping: %s", reason)
+
+    def handle_frame(self, frame: bytes) -> None:
+        self.current_frame = frame
+        try:
+            msg = codec.decode(frame)
+        except codec.CodecError as exc:
+            log.error("dropped a frame that is not a message: %s", exc)
+            self.note(f"bad frame: {exc}")
+            return
+        if isinstance(msg, Stop):
+            self.stop(msg.reason)
+            return
+        self.on_message(msg)
+
+    def drain_mailbox(self) -> int:
+        n = 0
+        recv = self.mailbox.recv
+        while n < DRAIN_MESSAGES_MAX:
+            try:
+                frame = recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            n += 1
+            self.handle_frame(frame)
+            if not self.running:
+                break
+        return n
+
+    def report(self) -> None:
+        figures = self.figures()
+        figures.setdefault("mailbox", self.last_drain)
+        figures["started_at"] = self.started_at
+        self.send(SUPERVISOR, Stats(self.role, os.getpid(), figures))
+
+    def run(self) -> None:
+        self.on_start()
+        self.report()
+        while self.running:
+            events = dict(self.poller.poll(self.poll_timeout_ms()))
+            if self.mailbox in events:
+                self.last_drain = self.drain_mailbox()
+            for sock in events:
+                if sock is not self.mailbox and self.running:
+                    self.on_socket(sock)
+            self.on_idle()
+            now = time.monotonic()
+            if now >= self._next_tick:
+                self._next_tick = now + TICK_S
+                if os.getppid() != self.parent_pid:
+                    self.stop("the supervisor is gone")
+                    break
+                self.on_tick(now)
+                self.report()
+
+    def close(self) -> None:
+        for sock in self._out.values():
+            sock.close(0)
+        self.mailbox.close(0)
+
+
+def _actor_class(role: str) -> type[Actor]:
+    if role == LOG_MANAGER:
+        from actors.log_manager import LogManager
+        return LogManager
+    if role == CACHE_MANAGER:
+        from actors.cache_manager import CacheManager
+        return CacheManager
+    if role.startswith("writer-"):
+        from actors.shard_writer import ShardWriter
+        return ShardWriter
+    if role == FRONT_DOOR:
+        from node.front_door import FrontDoor
+        return FrontDoor
+    raise ValueError(f"no actor has role {role!r}")
+
+
+def actor_main(ctx: ActorContext) -> None:
+    """Entry point of every actor process (spawned by the supervisor)."""
+    configure_logging(ctx.role)
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
+    actor: Actor | None = None
+
+    def on_term(signum: int, frame: Any) -> None:
+        if actor is not None:
+            actor.stop("SIGTERM")
+        else:
+            raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    code = 0
+    try:
+        actor = _actor_class(ctx.role)(ctx)
+        try:
+            actor.run()
+        finally:
+            actor.on_stop()
+            actor.close()
+    except Exception:
+        log.exception("actor %s failed", ctx.role)
+        code = 1
+    sys.exit(code)

@@ -1,0 +1,89 @@
+"""The cache manager actor: recent durable records in memory, and the road to the writers.
+
+Every durable group from the log manager passes through here: it is cached (as bytes) and
+handed on, the same frame, to every shard writer, each of which applies the shards it owns.
+Reads by offset that the cache holds are answered here; every other read goes on to the
+writer that owns the shard, carrying ``lsn_min`` so the writer answers only once it has
+applied everything the client has been told is durable.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from actors.base import FRONT_DOOR, LOG_MANAGER, Actor, ActorContext, writer_role
+from actors.cache_state import CacheState
+from wire import codec
+from wire.codec import Message
+from wire.messages import Catalog, Hello, LogGroup, Read, RecordsReply, READ_MESSAGES
+from wire.records import pack_read
+
+log = logging.getLogger("shardnode")
+
+
+def owner(topic_id: int, partition: int, writers: int) -> int:
+    """The index of the shard writer that owns a shard (stable for a given writer count)."""
+    return (topic_id * 7919 + partition) % writers
+
+
+class CacheManager(Actor):
+    def __init__(self, ctx: ActorContext) -> None:
+        super().__init__(ctx)
+        self.state = CacheState(self.cfg.cache.bytes_max)
+        self.writers = [writer_role(i) for i in range(self.cfg.node.writers)]
+        self.forwarded = 0
+
+    def on_start(self) -> None:
+        self.send(LOG_MANAGER, Hello(self.role), wait_ms=100)
+
+    def on_message(self, msg: Message) -> None:
+        if isinstance(msg, LogGroup):
+            self.on_group(msg)
+        elif isinstance(msg, Read):
+            self.on_read(msg)
+        elif isinstance(msg, READ_MESSAGES):
+            self.forward(msg)
+        elif isinstance(msg, Catalog):
+            self.state.keep_topics({row[0] for row in msg.topics})
+        else:
+            log.error("cache manager got an unexpected %s", type(msg).__name__)
+
+    def on_group(self, msg: LogGroup) -> None:
+        if self.state.seen_lsn and msg.first_lsn > self.state.seen_lsn + 1:
+            log.warning("missed log groups %d..%d; clearing the cache",
+                        self.state.seen_lsn + 1, msg.first_lsn - 1)
+            self.state.clear()
+        frame = self.current_frame
+        for w in self.writers:
+            # A full writer mailbox means that writer is behind or restarting; it catches
+            # up from the log by itself, so this never waits long.
+            self.send_bytes(w, frame, wait_ms=200)
+        self.state.add_group(msg.last_lsn, msg.data)
+
+    def on_read(self, msg: Read) -> None:
+        rows = None
+        if msg.lsn_min <= self.state.seen_lsn:
+            rows = self.state.read((msg.topic_id, msg.partition), msg.offset, msg.max_records)
+        if rows is None:
+            self.forward(msg)
+            return
+        self.send(FRONT_DOOR, RecordsReply(msg.corr, pack_read(rows), self.state.seen_lsn),
+                  wait_ms=100)
+
+    def forward(self, msg: Any) -> None:
+        self.forwarded += 1
+        w = self.writers[owner(msg.topic_id, msg.partition, len(self.writers))]
+        self.send_bytes(w, codec.encode(msg), wait_ms=100)
+
+    def figures(self) -> dict[str, Any]:
+        s = self.state
+        return {
+            "cached_bytes": s.bytes,
+            "cached_batches": len(s.entries),
+            "hits": s.hits,
+            "misses": s.misses,
+            "evictions": s.evictions,
+            "forwarded": self.forwarded,
+            "seen_lsn": s.seen_lsn,
+        }

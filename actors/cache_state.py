@@ -1,0 +1,146 @@
+"""The cache manager's logic, with no I/O: recent durable batches per shard, and reads of them.
+
+Batches are kept as the packed bytes the client sent, one entry per shard slice of a log
+record, and decoded only when a read asks for them. Eviction follows SwiftMQ's cache:
+entries are ordered by last access, and an entry with hits gets a second chance (its hit
+count halves and it moves to the back) before it is dropped, so hot data stays.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from wire import logrecord
+from wire.logrecord import Kind
+
+Shard = tuple[int, int]  # (topic_id, partition)
+
+ENTRY_OVERHEAD_BYTES = 200  # what an entry costs beyond its blob, roughly
+
+
+@dataclass(slots=True)
+class Entry:
+    first: int
+    count: int
+    timestamp: int
+    blob: bytes
+    hits: int = 0
+
+
+class CacheState:
+    def __init__(self, bytes_max: int) -> None:
+        self.bytes_max = bytes_max
+        self.bytes = 0
+        self.entries: collections.OrderedDict[tuple[Shard, int], Entry] = collections.OrderedDict()
+        self.starts: dict[Shard, list[int]] = {}  # sorted first offsets of cached entries
+        self.end: dict[Shard, int] = {}  # next offset of each shard, as far as seen
+        self.seen_lsn = 0  # last LSN of the groups seen since this cache started
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    # ---- filling ------------------------------------------------------------------------
+
+    def add_group(self, last_lsn: int, data: bytes) -> None:
+        for entry in logrecord.iter_buffer(data):
+            if entry.kind == Kind.PRODUCE:
+                _pid, _seq, ts, parts = msgpack.unpackb(entry.payload, raw=False)
+                for topic_id, partition, first, count, blob in parts:
+                    self._add((topic_id, partition), Entry(first, count, ts, blob))
+            elif entry.kind == Kind.TOPIC_DELETE:
+                topic_id, _name = entry.body()
+                self.drop_topic(topic_id)
+        self.seen_lsn = max(self.seen_lsn, last_lsn)
+
+    def _add(self, shard: Shard, e: Entry) -> None:
+        self.entries[(shard, e.first)] = e
+        bisect.insort(self.starts.setdefault(shard, []), e.first)
+        self.end[shard] = max(self.end.get(shard, 0), e.first + e.count)
+        self.bytes += len(e.blob) + ENTRY_OVERHEAD_BYTES
+        self._evict()
+
+    def _evict(self) -> None:
+        while self.bytes > self.bytes_max and self.entries:
+            key, e = self.entries.popitem(last=False)
+            if e.hits > 0:
+                e.hits //= 2  # second chance for data that is read
+                self.entries[key] = e
+                continue
+            self._remove(key, e)
+            self.evictions += 1
+
+    def _remove(self, key: tuple[Shard, int], e: Entry) -> None:
+        shard, first = key
+        starts = self.starts[shard]
+        i = bisect.bisect_left(starts, first)
+        if i < len(starts) and starts[i] == first:
+            starts.pop(i)
+        self.bytes -= len(e.blob) + ENTRY_OVERHEAD_BYTES
+
+    def clear(self) -> None:
+        """Forget everything (after missing groups, what is cached may have holes)."""
+        self.entries.clear()
+        self.starts.clear()
+        self.end.clear()
+        self.bytes = 0
+
+    def drop_topic(self, topic_id: int) -> None:
+        for key in [k for k in self.entries if k[0][0] == topic_id]:
+            self._remove(key, self.entries.pop(key))
+        for shard in [s for s in self.starts if s[0] == topic_id]:
+            del self.starts[shard]
+            self.end.pop(shard, None)
+
+    def keep_topics(self, topic_ids: set[int]) -> None:
+        for topic_id in {s[0] for s in self.starts} - topic_ids:
+            self.drop_topic(topic_id)
+
+    # ---- reading ------------------------------------------------------------------------
+
+    def read(self, shard: Shard, offset: int, max_records: int) -> list[Any] | None:
+        """Rows ``[offset, ts, key, tags, value]`` from ``offset``, or None if not cached.
+
+        An offset at or past the shard's end, as seen since this cache started, reads as
+        empty. Rows stop at the first gap in what is cached.
+        """
+        end = self.end.get(shard)
+        if end is not None and offset >= end:
+            self.hits += 1
+            return []
+        starts = self.starts.get(shard)
+        if not starts:
+            self.misses += 1
+            return None
+        i = bisect.bisect_right(starts, offset) - 1
+        if i < 0:
+            self.misses += 1
+            return None
+        rows: list[Any] = []
+        want = offset
+        while i < len(starts) and len(rows) < max_records:
+            key = (shard, starts[i])
+            e = self.entries[key]
+            if not e.first <= want < e.first + e.count:
+                break
+            e.hits += 1
+            self.entries.move_to_end(key)
+            items = msgpack.unpackb(e.blob, raw=False, use_list=False)
+            for j in range(want - e.first, min(e.count, want - e.first + max_records - len(rows))):
+                item = items[j]
+                if type(item) is bytes:
+                    rows.append([e.first + j, e.timestamp, None, (), item])
+                else:
+                    value, key_, tags, ts = item
+                    rows.append([e.first + j, e.timestamp if ts is None else ts, key_, tags, value])
+            want = e.first + e.count
+            i += 1
+        if not rows:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return rows

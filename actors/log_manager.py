@@ -1,0 +1,255 @@
+"""The log manager actor: the write-ahead log, its LSNs, and asynchronous group commit.
+
+Requests queue in its mailbox. After each burst it writes every queued record with one
+``write`` and one ``fdatasync``, then acknowledges them all (SwiftMQ's group commit). A lone
+producer is written at once; while an fsync runs, the next crowd queues up and shares the
+next one. When the previous group held more than one request, it waits up to
+``group_wait_us_max`` for stragglers before committing, so a busy log batches more.
+
+Durable groups flow on, as the very bytes written, to the cache manager (which hands them
+to the shard writers) before any acknowledgement is sent. An fsync error is fatal: the
+process exits at once and recovery rebuilds the truth from the disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from actors.base import CACHE_MANAGER, FRONT_DOOR, Actor, ActorContext
+from actors.log_state import LogState, Pending
+from wire import logrecord
+from wire.codec import Message
+from wire.logrecord import CorruptLog
+from wire.messages import Hello, LogGroup
+
+log = logging.getLogger("shardnode")
+
+EXIT_FSYNC_FAILED = 70
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SegmentWriter:
+    """Appends to the newest segment of a log directory, rolling at a size limit."""
+
+    def __init__(self, log_dir: Path, segment_bytes_max: int) -> None:
+        self.log_dir = log_dir
+        self.segment_bytes_max = segment_bytes_max
+        self.fd = -1
+        self.size = 0
+        self.path: Path | None = None
+
+    def open_existing(self, path: Path, size: int) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        self.path = path
+        self.size = size
+
+    def roll(self, first_lsn: int) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.path = self.log_dir / logrecord.segment_name(first_lsn)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o644)
+        self.size = 0
+        fsync_dir(self.log_dir)
+
+    def append(self, data: bytes, first_lsn: int) -> None:
+        """Write ``data`` and fdatasync it. Raises OSError, which the caller treats as fatal."""
+        if self.fd < 0 or (self.size > 0 and self.size + len(data) > self.segment_bytes_max):
+            self.roll(first_lsn)
+        view = memoryview(data)
+        while view:
+            n = os.write(self.fd, view)
+            view = view[n:]
+        os.fdatasync(self.fd)
+        self.size += len(data)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def recover(log_dir: Path, state: LogState) -> tuple[int, int, Path | None, int]:
+    """Replay every segment into ``state``; cut a torn tail off the last one.
+
+    Returns (bytes replayed, torn bytes cut, last segment, its valid size).
+    Raises ``CorruptLog`` when damage is followed by valid records or LSNs skip.
+    """
+    segments = logrecord.list_segments(log_dir)
+    replayed = 0
+    torn = 0
+    last_path: Path | None = None
+    last_size = 0
+    for i, (first_lsn, path) in enumerate(segments):
+        is_last = i == len(segments) - 1
+        scan = logrecord.scan_bytes(path, path.read_bytes(), last=is_last)
+        for entry in scan.entries:
+            if state.last_lsn and entry.lsn != state.last_lsn + 1:
+                raise CorruptLog(path, entry.position,
+                                 f"LSN {entry.lsn} follows {state.last_lsn}: records are missing")
+            state.replay(entry)
+        replayed += scan.valid_bytes
+        if is_last:
+            last_path, last_size = path, scan.valid_bytes
+            if scan.torn_bytes:
+                torn = scan.torn_bytes
+                log.warning("cutting a torn tail of %d bytes off %s at byte %d",
+                            torn, path.name, scan.valid_bytes)
+                with open(path, "r+b") as f:
+                    f.truncate(scan.valid_bytes)
+                    os.fsync(f.fileno())
+    return replayed, torn, last_path, last_size
+
+
+class LogManager(Actor):
+    def __init__(self, ctx: ActorContext) -> None:
+        super().__init__(ctx)
+        lcfg = self.cfg.log
+        self.state = LogState(lcfg.producers_max, lcfg.producer_window_max)
+        self.log_dir = self.cfg.data_path / "log"
+        self.writer = SegmentWriter(self.log_dir, lcfg.segment_bytes_max)
+        self.queue: list[Pending] = []
+        self.queued_bytes = 0
+        self.last_group_size = 0
+        self.cache_stalled = False
+        # figures
+        self.fsyncs = 0
+        self.groups_records = 0
+        self.window_fsyncs = 0
+        self.window_records = 0
+        self.window_start = time.monotonic()
+        self.fsyncs_per_s = 0.0
+        self.records_per_fsync = 0.0
+        self.recovery_ms = 0.0
+        self.replayed_bytes = 0
+        self.log_bytes = 0
+
+    # ---- start and stop ---------------------------------------------------------------
+
+    def on_start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        replayed, torn, last_path, last_size = recover(self.log_dir, self.state)
+        self.recovery_ms = (time.monotonic() - t0) * 1000
+        self.replayed_bytes = replayed
+        self.log_bytes = replayed
+        if last_path is not None:
+            self.writer.open_existing(last_path, last_size)
+        log.info("log recovered: %d bytes to LSN %d in %.0f ms (%d torn bytes cut), %d topics",
+                 replayed, self.state.last_lsn, self.recovery_ms, torn, len(self.state.topics))
+        self.broadcast_catalog()
+
+    def on_stop(self) -> None:
+        if self.queue:
+            self.commit(self.queue)
+            self.queue = []
+        self.writer.close()
+
+    def broadcast_catalog(self) -> None:
+        cat = self.state.catalog()
+        self.send(FRONT_DOOR, cat, wait_ms=100)
+        self.send(CACHE_MANAGER, cat, wait_ms=100)
+
+    # ---- requests ---------------------------------------------------------------------
+
+    def on_message(self, msg: Message) -> None:
+        if isinstance(msg, Hello):
+            self.send(msg.role, self.state.catalog(), wait_ms=100)
+            return
+        out = self.state.admit(msg, int(time.time() * 1000))
+        if isinstance(out, Pending):
+            self.queue.append(out)
+            self.queued_bytes += len(out.record)
+            if self.queued_bytes >= self.cfg.log.group_bytes_max or \
+                    len(self.queue) >= self.cfg.log.group_requests_max:
+                self.flush_queue()
+        else:
+            self.send(FRONT_DOOR, out, wait_ms=1000)
+
+    def on_idle(self) -> None:
+        if not self.queue:
+            return
+        wait_us = self.cfg.log.group_wait_us_max
+        if self.last_group_size > 1 and wait_us > 0:
+            # A crowd is writing: give its stragglers a moment to join this group.
+            deadline = time.monotonic() + wait_us / 1e6
+            while self.running and len(self.queue) < self.cfg.log.group_requests_max:
+                left_ms = (deadline - time.monotonic()) * 1000
+                if left_ms <= 0 or not self.mailbox.poll(left_ms, zmq.POLLIN):
+                    break
+                self.drain_mailbox()
+        if self.queue:
+            self.flush_queue()
+
+    def flush_queue(self) -> None:
+        group, self.queue, self.queued_bytes = self.queue, [], 0
+        self.commit(group)
+
+    def commit(self, group: list[Pending]) -> None:
+        records = [p.record for p in group if p.record]
+        if records:
+            data = b"".join(records)
+            first_lsn = min(p.lsn for p in group if p.record)
+            last_lsn = max(p.lsn for p in group if p.record)
+            try:
+                self.writer.append(data, first_lsn)
+            except OSError as exc:
+                # Never retry an fsync: the page cache may have dropped the data already.
+                log.critical("log write/fsync failed: %s; exiting so recovery reads the disk", exc)
+                os._exit(EXIT_FSYNC_FAILED)
+            self.fsyncs += 1
+            self.window_fsyncs += 1
+            self.log_bytes += len(data)
+            # The cache manager hands the group to the shard writers; if it is gone they
+            # catch up from the log files, so a stalled peer never stalls the log for long.
+            group_msg = LogGroup(first_lsn, last_lsn, data)
+            if not self.send(CACHE_MANAGER, group_msg, wait_ms=0 if self.cache_stalled else 1000):
+                self.cache_stalled = True
+            else:
+                self.cache_stalled = False
+        self.last_group_size = len(group)
+        catalog_changed = False
+        wait_ms = 1000
+        for p in group:
+            if not self.send(FRONT_DOOR, p.reply, wait_ms=wait_ms):
+                wait_ms = 0  # the front door is gone: its clients time out and retry
+            catalog_changed |= p.catalog_changed
+            parts = getattr(p.reply, "parts", None)
+            if parts and p.record:
+                self.window_records += sum(part[2] for part in parts)
+        if catalog_changed:
+            self.broadcast_catalog()
+
+    # ---- figures ----------------------------------------------------------------------
+
+    def on_tick(self, now: float) -> None:
+        span = now - self.window_start
+        if span > 0:
+            self.fsyncs_per_s = self.window_fsyncs / span
+            self.records_per_fsync = (self.window_records / self.window_fsyncs
+                                      if self.window_fsyncs else 0.0)
+        self.window_start, self.window_fsyncs, self.window_records = now, 0, 0
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "mailbox": len(self.queue) or self.last_drain,
+            "log_bytes": self.log_bytes,
+            "fsyncs_per_s": round(self.fsyncs_per_s, 1),
+            "records_per_fsync": round(self.records_per_fsync, 1),
+            "last_lsn": self.state.last_lsn,
+            "topics": len(self.state.topics),
+            "recovery_ms": round(self.recovery_ms, 1),
+            "replayed_bytes": self.replayed_bytes,
+        }

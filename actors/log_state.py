@@ -1,0 +1,238 @@
+"""The log manager's logic, with no I/O: what to log for each request, and what to answer.
+
+``LogState`` owns the LSN counter, the topic catalog, the next offset of every shard and
+the producers' recent sequence numbers. ``admit`` turns one request into either an
+immediate answer (an error, a duplicate's earlier result, the topic list) or a ``Pending``
+entry: the encoded log record plus the answer to send once the record is durable. The
+shell writes a group of pending entries with one write and one fdatasync, then sends
+their answers. ``replay`` rebuilds the same state from records read back at recovery.
+
+State changes at admit time, before durability, so that the next request in the same
+group sees them; if the write or fsync fails the process exits and recovery rebuilds the
+state from what is actually on disk.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from wire import logrecord
+from wire.errors import ErrorCode
+from wire.logrecord import Kind
+from wire.messages import (
+    Ack,
+    Append,
+    Catalog,
+    CommitOffset,
+    CreateTopic,
+    DeleteTopic,
+    Done,
+    ErrorReply,
+    ListTopics,
+    TopicsReply,
+)
+from wire.protocol import NAME_RE
+
+PARTITIONS_MAX = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Topic:
+    topic_id: int
+    name: str
+    partitions: int
+
+
+@dataclass(slots=True)
+class Pending:
+    """A record to write, and the answer to send when it is on disk."""
+
+    record: bytes
+    reply: Any  # a message for the front door, or None
+    lsn: int
+    catalog_changed: bool = False
+
+
+@dataclass(slots=True)
+class ProducerWindow:
+    """The recent sequence numbers of one producer and what each one produced."""
+
+    max_seq: int = -1
+    results: dict[int, tuple[int, list[list[int]]]] = field(default_factory=dict)
+
+
+class LogState:
+    def __init__(self, producers_max: int, producer_window_max: int) -> None:
+        self.last_lsn = 0
+        self.topics: dict[str, Topic] = {}
+        self.by_id: dict[int, Topic] = {}
+        self.next_topic_id = 1
+        self.next_offset: dict[tuple[int, int], int] = {}
+        self.producers: collections.OrderedDict[int, ProducerWindow] = collections.OrderedDict()
+        self.producers_max = producers_max
+        self.window = producer_window_max
+        self.catalog_lsn = 0
+
+    # ---- requests -------------------------------------------------------------------
+
+    def admit(self, msg: Any, now_ms: int) -> Pending | Any:
+        """A ``Pending`` to log, or a message to answer with at once."""
+        if isinstance(msg, Append):
+            return self._append(msg, now_ms)
+        if isinstance(msg, CreateTopic):
+            return self._create(msg)
+        if isinstance(msg, DeleteTopic):
+            return self._delete(msg)
+        if isinstance(msg, CommitOffset):
+            return self._commit_offset(msg)
+        if isinstance(msg, ListTopics):
+            rows = [[t.name, t.partitions, t.topic_id] for t in sorted(self.topics.values(),
+                                                                       key=lambda t: t.name)]
+            return TopicsReply(msg.corr, rows)
+        raise TypeError(f"the log manager does not handle {type(msg).__name__}")
+
+    def _producer(self, producer_id: int) -> ProducerWindow:
+        win = self.producers.get(producer_id)
+        if win is None:
+            win = ProducerWindow()
+            self.producers[producer_id] = win
+            if len(self.producers) > self.producers_max:
+                self.producers.popitem(last=False)
+        else:
+            self.producers.move_to_end(producer_id)
+        return win
+
+    def _remember(self, win: ProducerWindow, seq: int, lsn: int, parts: list[list[int]]) -> None:
+        win.results[seq] = (lsn, parts)
+        if seq > win.max_seq:
+            win.max_seq = seq
+            floor = seq - self.window
+            if len(win.results) > self.window:
+                for old in [s for s in win.results if s <= floor]:
+                    del win.results[old]
+
+    def _append(self, msg: Append, now_ms: int) -> Pending | Any:
+        win = self._producer(msg.producer_id)
+        seen = win.results.get(msg.seq)
+        if seen is not None:
+            lsn, parts = seen
+            return Pending(b"", Ack(msg.corr, lsn, parts), lsn)  # answered with its group
+        if msg.seq <= win.max_seq - self.window:
+            return ErrorReply(msg.corr, ErrorCode.STALE_SEQUENCE,
+                              f"sequence {msg.seq} of producer {msg.producer_id} is older than "
+                              f"the last {self.window} remembered (latest {win.max_seq})")
+        logged = []
+        acked = []
+        for topic_id, partition, count, blob in msg.parts:
+            topic = self.by_id.get(topic_id)
+            if topic is None:
+                return ErrorReply(msg.corr, ErrorCode.UNKNOWN_TOPIC,
+                                  f"topic id {topic_id} does not exist (deleted?)")
+            if not 0 <= partition < topic.partitions:
+                return ErrorReply(msg.corr, ErrorCode.UNKNOWN_PARTITION,
+                                  f"topic {topic.name!r} has no partition {partition}")
+            first = self.next_offset[(topic_id, partition)]
+            logged.append([topic_id, partition, first, count, blob])
+            acked.append([partition, first, count])
+        for (topic_id, partition, first, count, _blob) in logged:
+            self.next_offset[(topic_id, partition)] = first + count
+        self.last_lsn += 1
+        lsn = self.last_lsn
+        record = logrecord.encode(lsn, Kind.PRODUCE, [msg.producer_id, msg.seq, now_ms, logged])
+        self._remember(win, msg.seq, lsn, acked)
+        return Pending(record, Ack(msg.corr, lsn, acked), lsn)
+
+    def _create(self, msg: CreateTopic) -> Pending | Any:
+        if not NAME_RE.match(msg.name):
+            return ErrorReply(msg.corr, ErrorCode.INVALID_NAME,
+                              f"topic name {msg.name!r} must be 1-200 letters, digits, '.', '_' "
+                              f"or '-', starting with a letter or digit")
+        if not 1 <= msg.partitions <= PARTITIONS_MAX:
+            return ErrorReply(msg.corr, ErrorCode.BAD_REQUEST,
+                              f"partitions must be 1-{PARTITIONS_MAX}, got {msg.partitions}")
+        if msg.name in self.topics:
+            return ErrorReply(msg.corr, ErrorCode.TOPIC_EXISTS, f"topic {msg.name!r} exists")
+        self.last_lsn += 1
+        topic = Topic(self.next_topic_id, msg.name, msg.partitions)
+        self._apply_create(topic, self.last_lsn)
+        record = logrecord.encode(self.last_lsn, Kind.TOPIC_CREATE,
+                                  [topic.topic_id, topic.name, topic.partitions])
+        return Pending(record, Done(msg.corr, self.last_lsn), self.last_lsn, catalog_changed=True)
+
+    def _delete(self, msg: DeleteTopic) -> Pending | Any:
+        topic = self.topics.get(msg.name)
+        if topic is None:
+            return ErrorReply(msg.corr, ErrorCode.UNKNOWN_TOPIC, f"topic {msg.name!r} does not exist")
+        self.last_lsn += 1
+        self._apply_delete(topic.topic_id, self.last_lsn)
+        record = logrecord.encode(self.last_lsn, Kind.TOPIC_DELETE, [topic.topic_id, topic.name])
+        return Pending(record, Done(msg.corr, self.last_lsn), self.last_lsn, catalog_changed=True)
+
+    def _commit_offset(self, msg: CommitOffset) -> Pending | Any:
+        topic = self.by_id.get(msg.topic_id)
+        if topic is None:
+            return ErrorReply(msg.corr, ErrorCode.UNKNOWN_TOPIC, f"topic id {msg.topic_id} does not exist")
+        if not 0 <= msg.partition < topic.partitions:
+            return ErrorReply(msg.corr, ErrorCode.UNKNOWN_PARTITION,
+                              f"topic {topic.name!r} has no partition {msg.partition}")
+        if not 0 <= msg.offset <= self.next_offset[(msg.topic_id, msg.partition)]:
+            return ErrorReply(msg.corr, ErrorCode.BAD_REQUEST,
+                              f"offset {msg.offset} is past the end of {topic.name}/{msg.partition}")
+        self.last_lsn += 1
+        record = logrecord.encode(self.last_lsn, Kind.OFFSET_COMMIT,
+                                  [msg.group, msg.topic_id, msg.partition, msg.offset])
+        return Pending(record, Done(msg.corr, self.last_lsn), self.last_lsn)
+
+    # ---- catalog --------------------------------------------------------------------
+
+    def _apply_create(self, topic: Topic, lsn: int) -> None:
+        self.topics[topic.name] = topic
+        self.by_id[topic.topic_id] = topic
+        self.next_topic_id = max(self.next_topic_id, topic.topic_id + 1)
+        for p in range(topic.partitions):
+            self.next_offset[(topic.topic_id, p)] = 0
+        self.catalog_lsn = lsn
+
+    def _apply_delete(self, topic_id: int, lsn: int) -> None:
+        topic = self.by_id.pop(topic_id, None)
+        if topic is not None:
+            del self.topics[topic.name]
+            for p in range(topic.partitions):
+                self.next_offset.pop((topic_id, p), None)
+        self.catalog_lsn = lsn
+
+    def catalog(self) -> Catalog:
+        rows = [[t.topic_id, t.name, t.partitions] for t in self.by_id.values()]
+        return Catalog(self.catalog_lsn, rows)
+
+    # ---- recovery -------------------------------------------------------------------
+
+    def replay(self, entry: logrecord.Entry) -> None:
+        """Apply one record read back from the log (in LSN order)."""
+        if entry.lsn <= self.last_lsn:
+            raise ValueError(f"record LSN {entry.lsn} replayed after {self.last_lsn}")
+        self.last_lsn = entry.lsn
+        kind = entry.kind
+        if kind == Kind.PRODUCE:
+            producer_id, seq, _ts, parts = msgpack.unpackb(entry.payload, raw=False)
+            acked = []
+            for topic_id, partition, first, count, _blob in parts:
+                key = (topic_id, partition)
+                if key in self.next_offset:
+                    self.next_offset[key] = first + count
+                acked.append([partition, first, count])
+            self._remember(self._producer(producer_id), seq, entry.lsn, acked)
+        elif kind == Kind.TOPIC_CREATE:
+            topic_id, name, partitions = entry.body()
+            self._apply_create(Topic(topic_id, name, partitions), entry.lsn)
+        elif kind == Kind.TOPIC_DELETE:
+            topic_id, _name = entry.body()
+            self._apply_delete(topic_id, entry.lsn)
+        elif kind == Kind.OFFSET_COMMIT:
+            pass  # applied by the shard writers; nothing for the log manager to remember
+        else:
+            raise ValueError(f"unknown record kind {kind} at LSN {entry.lsn}")

@@ -1,0 +1,212 @@
+"""One shard in RocksDB (rocksdict), with RocksDB's own WAL off.
+
+Column families (keys are big-endian so that byte order is numeric order):
+
+    records   offset u64                          → msgpack [timestamp_ms, key, tags, value]
+    keys      key                                 → offset u64 (the latest record with the key)
+    tags      len u16 | tag utf-8 | offset u64    → b""
+    time      running max timestamp u64 | offset  → b""   (written when the max grows)
+    groups    consumer group utf-8                → committed offset u64
+    meta      b"applied_lsn", b"next_offset", b"max_ts", b"format" → u64
+
+Every applied log record goes into one WriteBatch together with the new ``applied_lsn``,
+so after a crash the shard is exactly as of some LSN and replay from the log continues
+from there; replay is idempotent. The ``time`` index holds the running maximum timestamp,
+so a seek finds the first offset whose timestamp is at or after the one asked for even
+when producers send timestamps out of order.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import rocksdict
+
+U64 = struct.Struct(">Q")
+TAG_LEN = struct.Struct(">H")
+FORMAT_VERSION = 1
+DATA_CFS = ("records", "keys", "tags", "time", "groups")
+CFS = DATA_CFS + ("meta",)
+
+
+class StoreFormatError(RuntimeError):
+    """A shard written by a newer shardnode: refuse to open it rather than misread it."""
+
+
+def _options(write_buffer_bytes: int) -> rocksdict.Options:
+    o = rocksdict.Options(raw_mode=True)
+    o.create_if_missing(True)
+    o.create_missing_column_families(True)
+    o.set_atomic_flush(True)  # automatic flushes write every column family together
+    o.set_write_buffer_size(write_buffer_bytes)
+    o.set_max_write_buffer_number(2)
+    return o
+
+
+def shard_dir(shards_dir: Path, topic_id: int, partition: int) -> Path:
+    return shards_dir / f"t{topic_id}-p{partition}"
+
+
+class ShardStore:
+    def __init__(self, path: Path, topic_id: int, partition: int) -> None:
+        self.path = path
+        self.shard = (topic_id, partition)
+        opts = _options(16 * 1024 * 1024)
+        cfs = {name: _options(16 * 1024 * 1024 if name == "records" else 2 * 1024 * 1024)
+               for name in CFS}
+        self.db = rocksdict.Rdict(str(path), options=opts, column_families=cfs)
+        self.cf = {name: self.db.get_column_family(name) for name in CFS}
+        self.h = {name: self.db.get_column_family_handle(name) for name in CFS}
+        self.write_opts = rocksdict.WriteOptions()
+        self.write_opts.disable_wal = True
+        meta = self.cf["meta"]
+        fmt = meta.get(b"format")
+        if fmt is not None and U64.unpack(fmt)[0] > FORMAT_VERSION:
+            version = U64.unpack(fmt)[0]
+            self.close()
+            raise StoreFormatError(f"shard {path} has format {version}; this shardnode reads "
+                                   f"up to {FORMAT_VERSION}")
+        self.applied_lsn = self._meta(b"applied_lsn")
+        self.next_offset = self._meta(b"next_offset")
+        self.max_ts = self._meta(b"max_ts")
+        self.batch: rocksdict.WriteBatch | None = None
+        self.batch_lsn = 0
+
+    def _meta(self, key: bytes) -> int:
+        raw = self.cf["meta"].get(key)
+        return 0 if raw is None else U64.unpack(raw)[0]
+
+    # ---- writing ------------------------------------------------------------------------
+
+    def _wb(self) -> rocksdict.WriteBatch:
+        if self.batch is None:
+            self.batch = rocksdict.WriteBatch(raw_mode=True)
+        return self.batch
+
+    def apply_produce(self, lsn: int, first: int, count: int, batch_ts: int, blob: bytes) -> int:
+        """Add a batch of records; returns how many were applied (0 if already applied)."""
+        if lsn <= self.applied_lsn:
+            return 0
+        if first != self.next_offset:
+            raise RuntimeError(f"shard {self.shard}: record at LSN {lsn} starts at offset "
+                               f"{first}, but the shard's next offset is {self.next_offset}")
+        wb = self._wb()
+        h_rec, h_keys, h_tags, h_time = self.h["records"], self.h["keys"], self.h["tags"], self.h["time"]
+        pack = msgpack.packb
+        max_ts = self.max_ts
+        offset = first
+        items = msgpack.unpackb(blob, raw=False, use_list=False)
+        for item in items:
+            off = U64.pack(offset)
+            if type(item) is bytes:
+                ts = batch_ts
+                wb.put(off, pack((ts, None, (), item), use_bin_type=True), h_rec)
+            else:
+                value, key, tags, ts = item
+                if ts is None:
+                    ts = batch_ts
+                wb.put(off, pack((ts, key, tags, value), use_bin_type=True), h_rec)
+                if key is not None:
+                    wb.put(key, off, h_keys)
+                for tag in tags:
+                    t = tag.encode()
+                    wb.put(TAG_LEN.pack(len(t)) + t + off, b"", h_tags)
+            if ts > max_ts:
+                max_ts = ts
+                wb.put(U64.pack(ts) + off, b"", h_time)
+            offset += 1
+        self.max_ts = max_ts
+        self.next_offset = offset
+        self.batch_lsn = lsn
+        return count
+
+    def apply_offset_commit(self, lsn: int, group: str, offset: int) -> None:
+        if lsn <= self.applied_lsn:
+            return
+        self._wb().put(group.encode(), U64.pack(offset), self.h["groups"])
+        self.batch_lsn = lsn
+
+    def finish(self, lsn: int) -> None:
+        """Write what this group applied, with ``applied_lsn = lsn``, in one batch."""
+        if lsn <= self.applied_lsn:
+            return
+        wb = self._wb()
+        meta = self.h["meta"]
+        wb.put(b"applied_lsn", U64.pack(lsn), meta)
+        wb.put(b"next_offset", U64.pack(self.next_offset), meta)
+        wb.put(b"max_ts", U64.pack(self.max_ts), meta)
+        wb.put(b"format", U64.pack(FORMAT_VERSION), meta)
+        self.db.write(wb, self.write_opts)
+        self.batch = None
+        self.applied_lsn = lsn
+
+    def flush(self) -> None:
+        """Make everything applied durable (data column families first, meta last)."""
+        for name in DATA_CFS:
+            self.cf[name].flush(True)
+        self.cf["meta"].flush(True)
+
+    def close(self) -> None:
+        self.cf.clear()
+        self.h.clear()
+        self.db.close()
+
+    def destroy(self) -> None:
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    # ---- reading ------------------------------------------------------------------------
+
+    @staticmethod
+    def _row(offset: int, raw: bytes) -> list[Any]:
+        ts, key, tags, value = msgpack.unpackb(raw, raw=False)
+        return [offset, ts, key, tags, value]
+
+    def read(self, offset: int, max_records: int) -> list[Any]:
+        rows: list[Any] = []
+        it = self.cf["records"].iter()
+        it.seek(U64.pack(offset))
+        while it.valid() and len(rows) < max_records:
+            rows.append(self._row(U64.unpack(it.key())[0], it.value()))
+            it.next()
+        return rows
+
+    def read_by_key(self, key: bytes) -> list[Any]:
+        off = self.cf["keys"].get(key)
+        if off is None:
+            return []
+        raw = self.cf["records"].get(off)
+        return [] if raw is None else [self._row(U64.unpack(off)[0], raw)]
+
+    def read_by_tag(self, tag: str, offset: int, max_records: int) -> list[Any]:
+        t = tag.encode()
+        prefix = TAG_LEN.pack(len(t)) + t
+        it = self.cf["tags"].iter()
+        it.seek(prefix + U64.pack(offset))
+        records = self.cf["records"]
+        rows: list[Any] = []
+        while it.valid() and len(rows) < max_records:
+            k = it.key()
+            if not k.startswith(prefix) or len(k) != len(prefix) + 8:
+                break
+            off = k[len(prefix):]
+            raw = records.get(off)
+            if raw is not None:
+                rows.append(self._row(U64.unpack(off)[0], raw))
+            it.next()
+        return rows
+
+    def offset_for_timestamp(self, timestamp: int) -> int | None:
+        it = self.cf["time"].iter()
+        it.seek(U64.pack(timestamp))
+        if not it.valid():
+            return None
+        return U64.unpack(it.key()[8:16])[0]
+
+    def committed_offset(self, group: str) -> int | None:
+        raw = self.cf["groups"].get(group.encode())
+        return None if raw is None else U64.unpack(raw)[0]

@@ -1,0 +1,263 @@
+"""A shard writer actor: applies durable log records to the RocksDB shards it owns.
+
+Groups arrive from the cache manager as the bytes the log manager wrote. A writer keeps
+``processed_lsn``, the last LSN it has gone through; a group that starts beyond it means
+groups were missed (this writer restarted, or its mailbox was full), and the writer reads
+the missing records from the log segments itself before going on. At start it does the
+same from the lowest LSN any of its shards still needs: that is the redo recovery of
+RocketMQ's design, and it is idempotent because each shard skips LSNs it already has.
+
+Reads carry ``lsn_min``: a read waits (bounded, in a parked list) until the writer has
+applied at least that LSN, so a client always reads what it was told is durable.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from actors.base import FRONT_DOOR, Actor, ActorContext
+from actors.cache_manager import owner
+from actors.log_manager import fsync_dir
+from actors.shard_store import ShardStore, shard_dir
+from wire import logrecord
+from wire.codec import Message
+from wire.errors import ErrorCode
+from wire.logrecord import Entry, Kind
+from wire.messages import (
+    CommittedOffset,
+    ErrorReply,
+    LogGroup,
+    OffsetForTimestamp,
+    Read,
+    ReadByKey,
+    ReadByTag,
+    RecordsReply,
+    ValueReply,
+)
+from wire.records import pack_read
+
+log = logging.getLogger("shardnode")
+
+Shard = tuple[int, int]
+PARKED_READS_MAX = 10000
+
+
+class ShardWriter(Actor):
+    def __init__(self, ctx: ActorContext) -> None:
+        super().__init__(ctx)
+        self.index = int(self.role.split("-")[1])
+        self.writers = self.cfg.node.writers
+        data = self.cfg.data_path
+        self.log_dir = data / "log"
+        self.shards_dir = data / "shards"
+        self.state_file = data / "writers" / f"{self.role}.lsn"
+        self.stores: dict[Shard, ShardStore] = {}
+        self.processed_lsn = 0
+        self.catalog_lsn = 0
+        self.parked: collections.deque[tuple[float, Any]] = collections.deque()
+        self.applied_records = 0
+        self.caught_up_bytes = 0
+        self.recovery_ms = 0.0
+
+    def owns(self, topic_id: int, partition: int) -> bool:
+        return owner(topic_id, partition, self.writers) == self.index
+
+    # ---- start and stop ---------------------------------------------------------------
+
+    def on_start(self) -> None:
+        self.shards_dir.mkdir(parents=True, exist_ok=True)
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        if self.state_file.exists():
+            self.catalog_lsn = int(self.state_file.read_text().strip() or 0)
+        for d in sorted(self.shards_dir.iterdir()):
+            name = d.name
+            if not (name.startswith("t") and "-p" in name):
+                continue
+            topic_id, partition = (int(x) for x in name[1:].split("-p"))
+            if self.owns(topic_id, partition):
+                self.stores[(topic_id, partition)] = ShardStore(d, topic_id, partition)
+        floor = min([self.catalog_lsn] + [s.applied_lsn for s in self.stores.values()])
+        self.processed_lsn = floor
+        t0 = time.monotonic()
+        self.catch_up(until_lsn=None)
+        self.recovery_ms = (time.monotonic() - t0) * 1000
+        log.info("%d shards open; replayed the log from LSN %d to %d (%d bytes) in %.0f ms",
+                 len(self.stores), floor + 1, self.processed_lsn, self.caught_up_bytes,
+                 self.recovery_ms)
+
+    def on_stop(self) -> None:
+        for store in self.stores.values():
+            try:
+                store.finish(max(store.applied_lsn, self.processed_lsn))
+                store.flush()
+                store.close()
+            except Exception:
+                log.exception("closing shard %s", store.shard)
+        self.stores.clear()
+
+    def _save_catalog_lsn(self, lsn: int) -> None:
+        self.catalog_lsn = lsn
+        tmp = self.state_file.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            f.write(str(lsn))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.state_file)
+        fsync_dir(self.state_file.parent)
+
+    # ---- applying ---------------------------------------------------------------------
+
+    def catch_up(self, until_lsn: int | None) -> None:
+        """Apply records after ``processed_lsn`` read from the log files (to ``until_lsn``)."""
+        segments = logrecord.list_segments(self.log_dir)
+        start = 0
+        for i, (first_lsn, _path) in enumerate(segments):
+            if first_lsn <= self.processed_lsn + 1:
+                start = i
+        for i in range(start, len(segments)):
+            _first, path = segments[i]
+            scan = logrecord.scan_bytes(path, path.read_bytes(), last=i == len(segments) - 1)
+            todo = [e for e in scan.entries if e.lsn > self.processed_lsn
+                    and (until_lsn is None or e.lsn <= until_lsn)]
+            if todo:
+                self.caught_up_bytes += sum(len(e.payload) for e in todo)
+                self.apply(todo)
+            if until_lsn is not None and self.processed_lsn >= until_lsn:
+                break
+
+    def on_group(self, msg: LogGroup) -> None:
+        if msg.last_lsn <= self.processed_lsn:
+            return
+        if msg.first_lsn > self.processed_lsn + 1:
+            self.note(f"gap {self.processed_lsn + 1}..{msg.first_lsn - 1}: reading the log")
+            self.catch_up(until_lsn=msg.first_lsn - 1)
+            if self.processed_lsn < msg.first_lsn - 1:
+                raise RuntimeError(f"the log has no records {self.processed_lsn + 1}.."
+                                   f"{msg.first_lsn - 1} that a group after them needs")
+        entries = [e for e in logrecord.iter_buffer(msg.data) if e.lsn > self.processed_lsn]
+        self.apply(entries)
+
+    def apply(self, entries: list[Entry]) -> None:
+        touched: set[ShardStore] = set()
+        last = self.processed_lsn
+        for e in entries:
+            last = e.lsn
+            if e.kind == Kind.PRODUCE:
+                _pid, _seq, ts, parts = msgpack.unpackb(e.payload, raw=False)
+                for topic_id, partition, first, count, blob in parts:
+                    store = self.stores.get((topic_id, partition))
+                    if store is None:
+                        if self.owns(topic_id, partition):
+                            log.warning("LSN %d: no shard t%d-p%d here; skipped", e.lsn,
+                                        topic_id, partition)
+                        continue
+                    self.applied_records += store.apply_produce(e.lsn, first, count, ts, blob)
+                    touched.add(store)
+            elif e.kind == Kind.OFFSET_COMMIT:
+                group, topic_id, partition, offset = e.body()
+                store = self.stores.get((topic_id, partition))
+                if store is not None:
+                    store.apply_offset_commit(e.lsn, group, offset)
+                    touched.add(store)
+            elif e.kind in (Kind.TOPIC_CREATE, Kind.TOPIC_DELETE):
+                for store in touched:  # catalog changes apply in LSN order
+                    store.finish(store.batch_lsn)
+                touched.clear()
+                self.apply_catalog(e)
+        for store in touched:
+            store.finish(store.batch_lsn)
+        self.processed_lsn = last
+        if self.parked:
+            self.serve_parked()
+
+    def apply_catalog(self, e: Entry) -> None:
+        if e.lsn <= self.catalog_lsn:
+            return
+        if e.kind == Kind.TOPIC_CREATE:
+            topic_id, _name, partitions = e.body()
+            for p in range(partitions):
+                if self.owns(topic_id, p) and (topic_id, p) not in self.stores:
+                    store = ShardStore(shard_dir(self.shards_dir, topic_id, p), topic_id, p)
+                    store.finish(e.lsn)
+                    store.flush()
+                    self.stores[(topic_id, p)] = store
+        else:
+            topic_id, _name = e.body()
+            for shard in [s for s in self.stores if s[0] == topic_id]:
+                self.stores.pop(shard).destroy()
+        fsync_dir(self.shards_dir)
+        self._save_catalog_lsn(e.lsn)
+
+    # ---- reading ----------------------------------------------------------------------
+
+    def on_message(self, msg: Message) -> None:
+        if isinstance(msg, LogGroup):
+            self.on_group(msg)
+        elif hasattr(msg, "lsn_min"):
+            if msg.lsn_min <= self.processed_lsn:  # type: ignore[attr-defined]
+                self.serve(msg)
+            elif len(self.parked) >= PARKED_READS_MAX:
+                self.reply_error(msg, ErrorCode.BUSY, "too many reads waiting for this writer")
+            else:
+                deadline = time.monotonic() + self.cfg.limits.request_timeout_ms / 1000
+                self.parked.append((deadline, msg))
+        else:
+            log.error("shard writer got an unexpected %s", type(msg).__name__)
+
+    def serve_parked(self) -> None:
+        keep: collections.deque[tuple[float, Any]] = collections.deque()
+        for deadline, msg in self.parked:
+            if msg.lsn_min <= self.processed_lsn:
+                self.serve(msg)
+            else:
+                keep.append((deadline, msg))
+        self.parked = keep
+
+    def on_tick(self, now: float) -> None:
+        while self.parked and self.parked[0][0] <= now:
+            _deadline, msg = self.parked.popleft()
+            self.reply_error(msg, ErrorCode.TIMEOUT,
+                             f"writer has applied LSN {self.processed_lsn}, the read needs "
+                             f"{msg.lsn_min}")
+
+    def reply_error(self, msg: Any, code: ErrorCode, text: str) -> None:
+        self.send(FRONT_DOOR, ErrorReply(msg.corr, code, text), wait_ms=100)
+
+    def serve(self, msg: Any) -> None:
+        store = self.stores.get((msg.topic_id, msg.partition))
+        if store is None:
+            self.reply_error(msg, ErrorCode.UNKNOWN_TOPIC,
+                             f"no shard t{msg.topic_id}-p{msg.partition} (topic deleted?)")
+            return
+        if isinstance(msg, Read):
+            out: Any = RecordsReply(msg.corr, pack_read(store.read(msg.offset, msg.max_records)),
+                                    self.processed_lsn)
+        elif isinstance(msg, ReadByKey):
+            out = RecordsReply(msg.corr, pack_read(store.read_by_key(msg.key)), self.processed_lsn)
+        elif isinstance(msg, ReadByTag):
+            rows = store.read_by_tag(msg.tag, msg.offset, msg.max_records)
+            out = RecordsReply(msg.corr, pack_read(rows), self.processed_lsn)
+        elif isinstance(msg, OffsetForTimestamp):
+            out = ValueReply(msg.corr, store.offset_for_timestamp(msg.timestamp))
+        elif isinstance(msg, CommittedOffset):
+            out = ValueReply(msg.corr, store.committed_offset(msg.group))
+        else:
+            raise TypeError(type(msg).__name__)
+        self.send(FRONT_DOOR, out, wait_ms=100)
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "shards": len(self.stores),
+            "processed_lsn": self.processed_lsn,
+            "applied_records": self.applied_records,
+            "parked_reads": len(self.parked),
+            "recovery_ms": round(self.recovery_ms, 1),
+            "replayed_bytes": self.caught_up_bytes,
+        }

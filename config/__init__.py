@@ -1,0 +1,23 @@
+"""Typed configuration: frozen dataclasses, defaults in ``defaults.toml``, validation."""
+
+from config.schema import (
+    CacheConfig,
+    ConfigError,
+    LimitsConfig,
+    LogConfig,
+    NodeConfig,
+    NodeSection,
+    SupervisorConfig,
+    load_config,
+)
+
+__all__ = [
+    "CacheConfig",
+    "ConfigError",
+    "LimitsConfig",
+    "LogConfig",
+    "NodeConfig",
+    "NodeSection",
+    "SupervisorConfig",
+    "load_config",
+]

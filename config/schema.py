@@ -1,0 +1,184 @@
+"""The configuration schema and its loader.
+
+The dataclasses say which keys exist and their types; ``defaults.toml`` says their values
+(a test keeps the two in step). ``load_config`` overlays a user's TOML file and command-line
+overrides on the defaults, rejects unknown keys and wrong types by name, and checks the
+relations between values, saying why each one must hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the key and the reason."""
+
+
+@dataclass(frozen=True)
+class NodeSection:
+    host: str
+    port: int
+    data_dir: str
+    writers: int
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    frame_bytes_max: int
+    batch_records_max: int
+    value_bytes_max: int
+    read_records_max: int
+    pending_requests_max: int
+    request_timeout_ms: int
+    mailbox_messages_max: int
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    segment_bytes_max: int
+    group_bytes_max: int
+    group_requests_max: int
+    group_wait_us_max: int
+    producers_max: int
+    producer_window_max: int
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    bytes_max: int
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    restarts_max: int
+    restart_window_s: int
+    stop_timeout_ms: int
+    heartbeat_timeout_ms: int
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    node: NodeSection
+    limits: LimitsConfig
+    log: LogConfig
+    cache: CacheConfig
+    supervisor: SupervisorConfig
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.node.data_dir).resolve()
+
+    @property
+    def endpoint(self) -> str:
+        return f"tcp://{self.node.host}:{self.node.port}"
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS: dict[str, type] = {f.name: f.type for f in dataclasses.fields(NodeConfig)}  # type: ignore[misc]
+_SECTION_TYPES: dict[str, type] = {
+    "node": NodeSection,
+    "limits": LimitsConfig,
+    "log": LogConfig,
+    "cache": CacheConfig,
+    "supervisor": SupervisorConfig,
+}
+
+
+def default_table() -> dict[str, dict[str, Any]]:
+    """The parsed ``defaults.toml``."""
+    text = resources.files("config").joinpath("defaults.toml").read_text(encoding="utf-8")
+    return tomllib.loads(text)
+
+
+def _overlay(base: dict[str, dict[str, Any]], top: dict[str, Any], where: str) -> None:
+    for section, values in top.items():
+        if section not in _SECTION_TYPES:
+            raise ConfigError(f"{where}: unknown section [{section}]; known: {sorted(_SECTION_TYPES)}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{where}: [{section}] must be a table")
+        for key, value in values.items():
+            if key not in base[section]:
+                raise ConfigError(
+                    f"{where}: unknown key {section}.{key}; known: {sorted(base[section])}")
+            base[section][key] = value
+
+
+def _build(table: dict[str, dict[str, Any]]) -> NodeConfig:
+    sections = {}
+    for name, cls in _SECTION_TYPES.items():
+        values = table[name]
+        for f in dataclasses.fields(cls):
+            want = {"int": int, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
+            value = values[f.name]
+            if type(value) is not want:
+                raise ConfigError(
+                    f"{name}.{f.name} must be {want.__name__}, got {type(value).__name__} {value!r}")
+        sections[name] = cls(**values)
+    return NodeConfig(**sections)
+
+
+def _positive(cfg: NodeConfig) -> None:
+    for section in dataclasses.fields(cfg):
+        for f in dataclasses.fields(getattr(cfg, section.name)):
+            value = getattr(getattr(cfg, section.name), f.name)
+            if isinstance(value, int) and value <= 0 and f.name != "port":
+                raise ConfigError(f"{section.name}.{f.name} must be positive, got {value}")
+
+
+def validate(cfg: NodeConfig) -> None:
+    """Check each value and the relations between them; raise ``ConfigError`` naming the key."""
+    _positive(cfg)
+    if not 0 <= cfg.node.port <= 65535:
+        raise ConfigError(f"node.port must be 0-65535, got {cfg.node.port}")
+    if cfg.node.writers > 64:
+        raise ConfigError(f"node.writers must be at most 64, got {cfg.node.writers}")
+    lim, log = cfg.limits, cfg.log
+    if lim.value_bytes_max >= lim.frame_bytes_max:
+        raise ConfigError("limits.value_bytes_max must be below limits.frame_bytes_max: "
+                          "a record has to fit in a request")
+    if lim.frame_bytes_max > log.group_bytes_max:
+        raise ConfigError("limits.frame_bytes_max must not exceed log.group_bytes_max: "
+                          "one request has to fit in one group commit")
+    if log.group_bytes_max > log.segment_bytes_max:
+        raise ConfigError("log.group_bytes_max must not exceed log.segment_bytes_max: "
+                          "a group commit is written to one segment")
+    if log.group_wait_us_max > 100_000:
+        raise ConfigError("log.group_wait_us_max must be at most 100000 (0.1 s): "
+                          "a longer window only adds latency")
+    if lim.read_records_max > lim.batch_records_max * 100:
+        raise ConfigError("limits.read_records_max is unreasonably large")
+    if cfg.cache.bytes_max < lim.value_bytes_max:
+        raise ConfigError("cache.bytes_max must hold at least one record of limits.value_bytes_max")
+
+
+def load_config(path: str | Path | None = None,
+                overrides: dict[str, dict[str, Any]] | None = None) -> NodeConfig:
+    """Defaults, then the TOML file at ``path``, then ``overrides``; validated."""
+    table = default_table()
+    if path is not None:
+        p = Path(path)
+        try:
+            user = tomllib.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {p} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+        _overlay(table, user, str(p))
+    if overrides:
+        _overlay(table, overrides, "command line")
+    cfg = _build(table)
+    validate(cfg)
+    return cfg
+
+
+def from_dict(table: dict[str, dict[str, Any]]) -> NodeConfig:
+    """Rebuild a config sent to a child process (already validated by the parent)."""
+    return _build(table)

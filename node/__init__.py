@@ -1,0 +1,1 @@
+"""The node as a whole: supervisor, front door, client, CLI."""

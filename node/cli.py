@@ -1,0 +1,241 @@
+"""The ``shardnode`` command: run a node, look at it, and use it from a shell.
+
+    shardnode start [--config FILE] [--data-dir DIR] [--port N]
+    shardnode status [--port N]
+    shardnode create-topic NAME [--partitions N]
+    shardnode topics
+    shardnode delete-topic NAME
+    shardnode produce TOPIC VALUE... [--key K] [--partition P]
+    shardnode consume TOPIC [--partition P] [--from OFFSET] [--follow]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from config import ConfigError, load_config
+from wire.errors import NodeError
+from wire.protocol import DEFAULT_PORT
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _endpoint(args: argparse.Namespace) -> str:
+    return f"tcp://{args.host}:{args.port}"
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    from actors.base import configure_logging
+    from node.supervisor import NodeStartError, Supervisor
+
+    overrides: dict[str, dict[str, Any]] = {"node": {}}
+    if args.data_dir is not None:
+        overrides["node"]["data_dir"] = args.data_dir
+    if args.port is not None:
+        overrides["node"]["port"] = args.port
+    try:
+        cfg = load_config(args.config, overrides)
+    except ConfigError as exc:
+        err_console.print(f"[red]config error:[/red] {exc}")
+        return 2
+    configure_logging("supervisor")
+    sup = Supervisor(cfg)
+    try:
+        sup.start()
+    except NodeStartError as exc:
+        err_console.print(f"[red]cannot start:[/red] {exc}")
+        return 1
+    print(f"shardnode listening on {cfg.endpoint} (data in {cfg.data_path}); Ctrl-C stops it",
+          flush=True)
+    sup.serve_forever()
+    if sup.failed:
+        err_console.print(f"[red]node stopped:[/red] {sup.stop_reason}")
+        return 1
+    return 0
+
+
+def _mb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.1f}"
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from node.client import NodeClient
+
+    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms, retries=0) as c:
+        st = c.status()
+    if args.json:
+        import json
+        print(json.dumps(st, indent=2, default=str))
+        return 0
+    console.print(f"[bold]shardnode[/bold] {st['endpoint']}  pid {st['pid']}  "
+                  f"up {st['uptime_s']:.0f} s  data {st['data_dir']}")
+    t = Table(title="actors")
+    for col in ("role", "pid", "state", "RSS MB", "CPU %", "mailbox", "restarts"):
+        t.add_column(col, justify="right" if col not in ("role", "state") else "left")
+    for a in st["actors"]:
+        cpu = "-" if a["cpu_percent"] is None else f"{a['cpu_percent']:.0f}"
+        t.add_row(a["role"], str(a["pid"]), a["state"], _mb(a["rss_bytes"]), cpu,
+                  str(a["mailbox"]), str(a["restarts"]))
+    console.print(t)
+    lg = st["log"]
+    lt = Table(title="log manager")
+    for col in ("log MB", "fsyncs/s", "records/fsync", "last LSN", "topics", "recovery ms",
+                "replayed MB"):
+        lt.add_column(col, justify="right")
+    lt.add_row(_mb(lg.get("log_bytes")), str(lg.get("fsyncs_per_s", "-")),
+               str(lg.get("records_per_fsync", "-")), str(lg.get("last_lsn", "-")),
+               str(lg.get("topics", "-")), str(lg.get("recovery_ms", "-")),
+               _mb(lg.get("replayed_bytes")))
+    console.print(lt)
+    return 0
+
+
+def cmd_create_topic(args: argparse.Namespace) -> int:
+    from node.client import NodeClient
+
+    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms) as c:
+        c.create_topic(args.name, args.partitions)
+    print(f"created topic {args.name} with {args.partitions} partition(s)")
+    return 0
+
+
+def cmd_delete_topic(args: argparse.Namespace) -> int:
+    from node.client import NodeClient
+
+    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms) as c:
+        c.delete_topic(args.name)
+    print(f"deleted topic {args.name}")
+    return 0
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    from node.client import NodeClient
+
+    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms) as c:
+        topics = c.list_topics()
+    t = Table(title="topics")
+    t.add_column("name")
+    t.add_column("partitions", justify="right")
+    for topic in topics:
+        t.add_row(topic.name, str(topic.partitions))
+    console.print(t)
+    return 0
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from node.client import NodeClient, Record
+
+    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms) as c:
+        key = None if args.key is None else args.key.encode()
+        recs = [Record(v.encode(), key, tuple(args.tag)) for v in args.values]
+        for (p, off), value in zip(c.produce_batch(args.topic, recs, args.partition), args.values):
+            print(f"{args.topic}/{p}@{off} {value}")
+    return 0
+
+
+def _show(value: bytes) -> str:
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        return value.hex()
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    from node.client import NodeClient
+
+    offset = args.offset
+    deadline = None if args.follow else 0.0
+    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms) as c:
+        while True:
+            recs = c.read(args.topic, args.partition, offset, args.max_records)
+            for r in recs:
+                key = "" if r.key is None else f" key={_show(r.key)}"
+                tags = f" tags={','.join(r.tags)}" if r.tags else ""
+                print(f"{r.offset} ts={r.timestamp}{key}{tags} {_show(r.value)}", flush=True)
+            if recs:
+                offset = recs[-1].offset + 1  # type: ignore[operator]
+                continue
+            if deadline is not None:
+                return 0
+            time.sleep(args.poll_ms / 1000)  # --follow: wait for new records
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shardnode", description="a storage node for messages "
+                                "and key/value state")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def client_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--host", default="127.0.0.1")
+        sp.add_argument("--port", type=int, default=DEFAULT_PORT)
+        sp.add_argument("--timeout-ms", type=int, default=10_000)
+
+    s = sub.add_parser("start", help="run a node in the foreground")
+    s.add_argument("--config", help="TOML file overriding config/defaults.toml")
+    s.add_argument("--data-dir", help="where the log and shards live (default ./var)")
+    s.add_argument("--port", type=int, help=f"client port (default {DEFAULT_PORT})")
+    s.set_defaults(func=cmd_start)
+
+    s = sub.add_parser("status", help="the node's actors and log figures")
+    client_args(s)
+    s.add_argument("--json", action="store_true", help="print the raw status as JSON")
+    s.set_defaults(func=cmd_status)
+
+    s = sub.add_parser("create-topic", help="create a topic")
+    client_args(s)
+    s.add_argument("name")
+    s.add_argument("--partitions", type=int, default=1)
+    s.set_defaults(func=cmd_create_topic)
+
+    s = sub.add_parser("delete-topic", help="delete a topic and its records")
+    client_args(s)
+    s.add_argument("name")
+    s.set_defaults(func=cmd_delete_topic)
+
+    s = sub.add_parser("topics", help="list topics")
+    client_args(s)
+    s.set_defaults(func=cmd_topics)
+
+    s = sub.add_parser("produce", help="write records (one per VALUE)")
+    client_args(s)
+    s.add_argument("topic")
+    s.add_argument("values", nargs="+", metavar="VALUE")
+    s.add_argument("--key")
+    s.add_argument("--tag", action="append", default=[])
+    s.add_argument("--partition", type=int)
+    s.set_defaults(func=cmd_produce)
+
+    s = sub.add_parser("consume", help="print records of a partition")
+    client_args(s)
+    s.add_argument("topic")
+    s.add_argument("--partition", type=int, default=0)
+    s.add_argument("--from", dest="offset", type=int, default=0)
+    s.add_argument("--max-records", type=int, default=1000)
+    s.add_argument("--follow", action="store_true", help="keep waiting for new records")
+    s.add_argument("--poll-ms", type=int, default=200)
+    s.set_defaults(func=cmd_consume)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        return int(args.func(args))
+    except NodeError as exc:
+        err_console.print(f"[red]error[/red] {exc}")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+"""The Python client: ``NodeClient(endpoint)``, synchronous, typed, a context manager.
+
+Every call is one request on a DEALER socket and waits for its reply with a timeout.
+Produce is idempotent: each client has a random producer id and numbers its produce
+requests, so a retry after a lost acknowledgement is recognised by the node and answered
+with the original offsets instead of writing twice. Errors the node answers are raised
+as ``wire.errors.NodeError`` subclasses carrying the code and message.
+
+    with NodeClient("tcp://127.0.0.1:7400") as c:
+        c.create_topic("events", partitions=4)
+        partition, offset = c.produce("events", b"hello", key=b"user-1")
+        for record in c.read("events", partition, 0):
+            print(record.offset, record.value)
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import zmq
+
+from wire.errors import Busy, ErrorCode, NodeError, RequestTimeout, Unavailable, error_for
+from wire.protocol import DEFAULT_PORT
+from wire.records import Record, pack_batch, to_wire, unpack_read
+
+__all__ = ["NodeClient", "Record", "TopicInfo", "Pipeline", "NodeError"]
+
+DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{DEFAULT_PORT}"
+_RETRYABLE = (ErrorCode.BUSY, ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE)
+_IDEMPOTENT = {"produce", "read", "read_by_key", "read_by_tag", "offset_for_timestamp",
+               "committed_offset", "commit_offset", "list_topics", "status"}
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    partitions: int
+
+
+def _as_bytes(value: bytes | str) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def expand_offsets(reply: dict[str, Any], count: int) -> list[tuple[int, int]]:
+    """Per-record (partition, offset) from a produce reply."""
+    parts = reply["parts"]
+    assign = reply.get("assign")
+    if assign is None:
+        (partition, first, n), = parts
+        return [(partition, first + i) for i in range(n)]
+    nxt = {p: first for p, first, _n in parts}
+    out = []
+    for p in assign:
+        out.append((p, nxt[p]))
+        nxt[p] += 1
+    return out
+
+
+class NodeClient:
+    """A synchronous client of one node. Not thread-safe: use one per thread."""
+
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, timeout_ms: int = 10_000,
+                 retries: int = 5, producer_id: int | None = None) -> None:
+        self.endpoint = endpoint
+        self.timeout_ms = timeout_ms
+        self.retries = retries
+        self.producer_id = producer_id if producer_id is not None else random.getrandbits(62)
+        self._seq = itertools.count()
+        self._ids = itertools.count(1)
+        self._partitions: dict[str, int] = {}
+        self._ctx = zmq.Context.instance()
+        self.sock = self._ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+
+    # ---- plumbing -------------------------------------------------------------------
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+    def __enter__(self) -> NodeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Send one request and return its reply map; retry what is safe to retry."""
+        attempts = self.retries + 1 if op in _IDEMPOTENT else 1
+        backoff_s = 0.01
+        last: NodeError | None = None
+        for _ in range(attempts):
+            rid = next(self._ids)
+            fields["op"] = op
+            fields["id"] = rid
+            self.sock.send(msgpack.packb(fields, use_bin_type=True))
+            try:
+                return self._await(rid)
+            except NodeError as exc:
+                if exc.code not in _RETRYABLE:
+                    raise
+                last = exc
+                time.sleep(backoff_s)  # back off before retrying a BUSY or unreachable node
+                backoff_s = min(backoff_s * 2, 1.0)
+        assert last is not None
+        raise last
+
+    def _await(self, rid: int) -> dict[str, Any]:
+        deadline = time.monotonic() + self.timeout_ms / 1000
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                raise RequestTimeout(f"no reply from {self.endpoint} within {self.timeout_ms} ms")
+            reply = msgpack.unpackb(self.sock.recv(), raw=False)
+            if reply.get("id") != rid:
+                continue  # the late answer to an attempt we gave up on
+            if not reply.get("ok"):
+                raise error_for(reply.get("code", 0), reply.get("error", ""))
+            return reply
+
+    # ---- topics -------------------------------------------------------------------
+
+    def create_topic(self, name: str, partitions: int = 1) -> None:
+        self.call("create_topic", name=name, partitions=partitions)
+        self._partitions[name] = partitions
+
+    def delete_topic(self, name: str) -> None:
+        self.call("delete_topic", name=name)
+        self._partitions.pop(name, None)
+
+    def list_topics(self) -> list[TopicInfo]:
+        rows = self.call("list_topics")["topics"]
+        self._partitions = {name: n for name, n, _tid in rows}
+        return [TopicInfo(name, n) for name, n, _tid in rows]
+
+    def partitions(self, topic: str) -> int:
+        if topic not in self._partitions:
+            self.list_topics()
+        if topic not in self._partitions:
+            raise error_for(ErrorCode.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
+        return self._partitions[topic]
+
+    # ---- producing ----------------------------------------------------------------
+
+    def produce(self, topic: str, value: bytes | str, key: bytes | str | None = None,
+                tags: Sequence[str] = (), timestamp: int | None = None,
+                partition: int | None = None) -> tuple[int, int]:
+        """Write one record; return its (partition, offset) once it is durable."""
+        rec = Record(_as_bytes(value), None if key is None else _as_bytes(key), tuple(tags), timestamp)
+        return self.produce_batch(topic, [rec], partition)[0]
+
+    def produce_batch(self, topic: str, records: Iterable[Record | bytes],
+                      partition: int | None = None) -> list[tuple[int, int]]:
+        """Write many records in one request; their (partition, offset) pairs, in order."""
+        recs = list(records)
+        if not recs:
+            raise error_for(ErrorCode.EMPTY_BATCH, "a batch needs at least one record")
+        blob = pack_batch(recs)
+        fields: dict[str, Any] = {"topic": topic, "producer_id": self.producer_id,
+                                  "seq": self.next_seq(), "records": blob}
+        if partition is not None:
+            fields["partition"] = partition
+        return expand_offsets(self.call("produce", **fields), len(recs))
+
+    # ---- reading ------------------------------------------------------------------
+
+    def read(self, topic: str, partition: int, offset: int, max_records: int = 1000) -> list[Record]:
+        """Up to ``max_records`` records from ``offset`` on, in offset order."""
+        reply = self.call("read", topic=topic, partition=partition, offset=offset,
+                          max_records=max_records)
+        return unpack_read(reply["records"])
+
+    def key_partition(self, topic: str, key: bytes | str) -> int:
+        """The partition ``produce`` sends a key to when no partition is named."""
+        return zlib.crc32(_as_bytes(key)) % self.partitions(topic)
+
+    def read_by_key(self, topic: str, key: bytes | str, partition: int | None = None) -> Record | None:
+        """The latest record with ``key``: in the key's own partition unless one is named."""
+        p = self.key_partition(topic, key) if partition is None else partition
+        rows = unpack_read(self.call("read_by_key", topic=topic, partition=p,
+                                     key=_as_bytes(key))["records"])
+        return rows[0] if rows else None
+
+    def read_by_tag(self, topic: str, partition: int, tag: str, offset: int = 0,
+                    max_records: int = 1000) -> list[Record]:
+        reply = self.call("read_by_tag", topic=topic, partition=partition, tag=tag,
+                          offset=offset, max_records=max_records)
+        return unpack_read(reply["records"])
+
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp: int) -> int | None:
+        """The first offset whose record's timestamp (ms) is at or after ``timestamp``."""
+        value = self.call("offset_for_timestamp", topic=topic, partition=partition,
+                          timestamp=timestamp)["value"]
+        return None if value is None else int(value)
+
+    # ---- consumer groups ----------------------------------------------------------
+
+    def commit_offset(self, group: str, topic: str, partition: int, offset: int) -> None:
+        self.call("commit_offset", group=group, topic=topic, partition=partition, offset=offset)
+
+    def committed_offset(self, group: str, topic: str, partition: int) -> int | None:
+        value = self.call("committed_offset", group=group, topic=topic, partition=partition)["value"]
+        return None if value is None else int(value)
+
+    # ---- the node -----------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        status: dict[str, Any] = self.call("status")["status"]
+        return status
+
+    def pipeline(self) -> Pipeline:
+        return Pipeline(self)
+
+
+class Pipeline:
+    """Many produce requests in flight on one client, answered out of order.
+
+    ``submit`` sends and returns the request id; ``poll`` returns finished ones as
+    ``(id, offsets or NodeError)``. Used by the benchmark and the demo.
+    """
+
+    def __init__(self, client: NodeClient) -> None:
+        self.client = client
+        self.in_flight: dict[int, int] = {}  # request id → record count
+
+    def submit(self, topic: str, records: Sequence[Record | bytes], partition: int | None = None,
+               blob: bytes | None = None) -> int:
+        c = self.client
+        rid = next(c._ids)
+        fields: dict[str, Any] = {"op": "produce", "id": rid, "topic": topic,
+                                  "producer_id": c.producer_id, "seq": c.next_seq(),
+                                  "records": blob if blob is not None else
+                                  msgpack.packb([to_wire(r) for r in records], use_bin_type=True)}
+        if partition is not None:
+            fields["partition"] = partition
+        c.sock.send(msgpack.packb(fields, use_bin_type=True))
+        self.in_flight[rid] = len(records)
+        return rid
+
+    def poll(self, timeout_ms: int) -> list[tuple[int, list[tuple[int, int]] | NodeError]]:
+        out: list[tuple[int, list[tuple[int, int]] | NodeError]] = []
+        sock = self.client.sock
+        if not sock.poll(timeout_ms, zmq.POLLIN):
+            return out
+        while True:
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            reply = msgpack.unpackb(frame, raw=False)
+            rid = reply.get("id")
+            count = self.in_flight.pop(rid, None)
+            if count is None:
+                continue
+            if reply.get("ok"):
+                out.append((rid, expand_offsets(reply, count)))
+            else:
+                out.append((rid, error_for(reply.get("code", 0), reply.get("error", ""))))
+
+
+__all__ += ["Busy", "Unavailable"]

@@ -1,0 +1,101 @@
+"""Error codes the node answers with, and the exceptions that carry them.
+
+One code per kind of failure a caller can act on. The client raises the subclass that
+matches the code, so ``except UnknownTopic`` works on the caller's side.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.IntEnum):
+    """Stable numeric codes; the wire carries the number, logs carry the name."""
+
+    BAD_REQUEST = 1  # not msgpack, not a map, wrong or missing field, wrong type
+    UNKNOWN_OP = 2
+    FRAME_TOO_LARGE = 3
+    EMPTY_BATCH = 4
+    BATCH_TOO_LARGE = 5
+    UNKNOWN_TOPIC = 10
+    UNKNOWN_PARTITION = 11
+    TOPIC_EXISTS = 12
+    INVALID_NAME = 13
+    STALE_SEQUENCE = 20  # a producer sequence number older than the remembered window
+    BUSY = 30  # a bounded queue is full; retry later
+    TIMEOUT = 31  # the node did not finish the request in time; retry (produce is idempotent)
+    UNAVAILABLE = 32  # an actor the request needs is restarting or stopping
+    INTERNAL = 50
+
+
+class NodeError(Exception):
+    """An error answered by the node (or by the client on its behalf)."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(self, message: str, code: ErrorCode | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code.name}: {self.message}"
+
+
+class BadRequest(NodeError):
+    code = ErrorCode.BAD_REQUEST
+
+
+class UnknownTopic(NodeError):
+    code = ErrorCode.UNKNOWN_TOPIC
+
+
+class UnknownPartition(NodeError):
+    code = ErrorCode.UNKNOWN_PARTITION
+
+
+class TopicExists(NodeError):
+    code = ErrorCode.TOPIC_EXISTS
+
+
+class StaleSequence(NodeError):
+    code = ErrorCode.STALE_SEQUENCE
+
+
+class Busy(NodeError):
+    code = ErrorCode.BUSY
+
+
+class RequestTimeout(NodeError):
+    code = ErrorCode.TIMEOUT
+
+
+class Unavailable(NodeError):
+    code = ErrorCode.UNAVAILABLE
+
+
+_BY_CODE: dict[ErrorCode, type[NodeError]] = {
+    ErrorCode.UNKNOWN_TOPIC: UnknownTopic,
+    ErrorCode.UNKNOWN_PARTITION: UnknownPartition,
+    ErrorCode.TOPIC_EXISTS: TopicExists,
+    ErrorCode.STALE_SEQUENCE: StaleSequence,
+    ErrorCode.BUSY: Busy,
+    ErrorCode.TIMEOUT: RequestTimeout,
+    ErrorCode.UNAVAILABLE: Unavailable,
+}
+
+
+def error_for(code: int, message: str) -> NodeError:
+    """The exception for a code received on the wire (unknown codes become INTERNAL)."""
+    try:
+        ec = ErrorCode(code)
+    except ValueError:
+        return NodeError(f"(code {code}) {message}", ErrorCode.INTERNAL)
+    cls = _BY_CODE.get(ec)
+    if cls is not None:
+        return cls(message)
+    if ec in (ErrorCode.UNKNOWN_OP, ErrorCode.FRAME_TOO_LARGE, ErrorCode.EMPTY_BATCH,
+              ErrorCode.BATCH_TOO_LARGE, ErrorCode.INVALID_NAME):
+        return BadRequest(message, ec)
+    return NodeError(message, ec)

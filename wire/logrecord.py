@@ -1,0 +1,187 @@
+"""The on-disk log record format and the segment scanner.
+
+A record is a 24-byte header followed by a msgpack body::
+
+    magic u32 | body_len u32 | crc32 u32 | kind u8 | 3 bytes zero | lsn u64     (little endian)
+
+The CRC covers the header bytes after the crc field (kind, padding, lsn) and the body,
+so a record moved to the wrong place or given the wrong LSN fails its check too.
+
+Bodies, by kind (msgpack arrays, fields in this order):
+
+    PRODUCE        [producer_id, seq, timestamp_ms, [[topic_id, partition, first_offset, count, blob], ...]]
+    TOPIC_CREATE   [topic_id, name, partitions]
+    TOPIC_DELETE   [topic_id, name]
+    OFFSET_COMMIT  [group, topic_id, partition, offset]
+
+``blob`` is the packed records array exactly as the client sent it (see ``wire.records``).
+
+Scanning tells a torn tail from corruption: a bad record with nothing valid after it is a
+write cut short by a crash (cut it off); a bad record followed by a valid one is damage in
+the middle of the log, and the node must not start on it.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+MAGIC = 0x53484E31  # "SHN1"
+HEADER = struct.Struct("<IIIB3xQ")
+HEADER_BYTES = HEADER.size  # 24
+_MAGIC_BYTES = struct.pack("<I", MAGIC)
+BODY_BYTES_MAX = 256 * 1024 * 1024  # a sanity bound for scanning; real bodies are far smaller
+SEGMENT_SUFFIX = ".log"
+
+
+class Kind(enum.IntEnum):
+    PRODUCE = 1
+    TOPIC_CREATE = 2
+    TOPIC_DELETE = 3
+    OFFSET_COMMIT = 4
+
+
+class CorruptLog(Exception):
+    """A damaged record with valid records after it: the node refuses to start on this."""
+
+    def __init__(self, segment: Path, position: int, reason: str) -> None:
+        super().__init__(
+            f"log segment {segment} is corrupt at byte {position}: {reason}; valid records "
+            f"follow, so this is not a torn tail. Restore the segment or move it aside."
+        )
+        self.segment = segment
+        self.position = position
+
+
+def encode(lsn: int, kind: Kind, body: Any) -> bytes:
+    """One record, header and body. ``body`` is packed with msgpack."""
+    payload = msgpack.packb(body, use_bin_type=True)
+    return encode_packed(lsn, kind, payload)
+
+
+def encode_packed(lsn: int, kind: int, payload: bytes) -> bytes:
+    tail = struct.pack("<B3xQ", kind, lsn)
+    crc = zlib.crc32(payload, zlib.crc32(tail))
+    return HEADER.pack(MAGIC, len(payload), crc, kind, lsn) + payload
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One record read back: where it starts, its LSN, kind and packed body."""
+
+    position: int
+    lsn: int
+    kind: int
+    payload: bytes
+
+    @property
+    def end(self) -> int:
+        return self.position + HEADER_BYTES + len(self.payload)
+
+    def body(self) -> Any:
+        return msgpack.unpackb(self.payload, raw=False, strict_map_key=False)
+
+
+def _check_at(buf: bytes | memoryview, pos: int, verify: bool) -> tuple[Entry | None, str]:
+    """The record at ``pos``, or None and why it is not one."""
+    if len(buf) - pos < HEADER_BYTES:
+        return None, "incomplete header"
+    magic, length, crc, kind, lsn = HEADER.unpack_from(buf, pos)
+    if magic != MAGIC:
+        return None, "bad magic"
+    if length > BODY_BYTES_MAX:
+        return None, f"body length {length} is over {BODY_BYTES_MAX}"
+    start = pos + HEADER_BYTES
+    if len(buf) - start < length:
+        return None, "incomplete body"
+    payload = bytes(buf[start:start + length])
+    if verify:
+        tail = bytes(buf[pos + 12:pos + HEADER_BYTES])
+        if zlib.crc32(payload, zlib.crc32(tail)) != crc:
+            return None, "checksum mismatch"
+    return Entry(pos, lsn, kind, payload), ""
+
+
+def iter_buffer(buf: bytes | memoryview, verify: bool = False) -> Iterator[Entry]:
+    """Records of a buffer known to be whole (a group just written); raises on damage."""
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        entry, why = _check_at(buf, pos, verify)
+        if entry is None:
+            raise ValueError(f"bad record at byte {pos} of a group: {why}")
+        yield entry
+        pos = entry.end
+
+
+def _valid_record_after(buf: bytes, pos: int) -> int | None:
+    """Position of the first record after ``pos`` that checks out, if any."""
+    at = buf.find(_MAGIC_BYTES, pos + 1)
+    while at != -1:
+        entry, _ = _check_at(buf, at, verify=True)
+        if entry is not None:
+            return at
+        at = buf.find(_MAGIC_BYTES, at + 1)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentScan:
+    """What scanning a segment found: its records and where the valid part ends."""
+
+    path: Path
+    entries: list[Entry]
+    valid_bytes: int
+    file_bytes: int
+
+    @property
+    def torn_bytes(self) -> int:
+        return self.file_bytes - self.valid_bytes
+
+
+def scan_bytes(path: Path, buf: bytes, last: bool) -> SegmentScan:
+    """Check every record of a segment's bytes.
+
+    A bad record with nothing valid after it ends the segment (a torn tail), which only the
+    last segment may have; anything else raises ``CorruptLog``.
+    """
+    entries: list[Entry] = []
+    pos = 0
+    prev_lsn = 0
+    while pos < len(buf):
+        entry, why = _check_at(buf, pos, verify=True)
+        if entry is None:
+            after = _valid_record_after(buf, pos)
+            if after is not None:
+                raise CorruptLog(path, pos, f"{why}, and a valid record follows at byte {after}")
+            if not last:
+                raise CorruptLog(path, pos, f"{why} in a segment that is not the last one")
+            break
+        if entry.lsn <= prev_lsn:
+            raise CorruptLog(path, pos, f"LSN {entry.lsn} does not follow {prev_lsn}")
+        prev_lsn = entry.lsn
+        entries.append(entry)
+        pos = entry.end
+    return SegmentScan(path, entries, pos, len(buf))
+
+
+def segment_name(first_lsn: int) -> str:
+    return f"{first_lsn:020d}{SEGMENT_SUFFIX}"
+
+
+def list_segments(log_dir: Path) -> list[tuple[int, Path]]:
+    """Segments of a log directory as (first LSN, path), oldest first."""
+    found = []
+    for p in log_dir.glob(f"*{SEGMENT_SUFFIX}"):
+        stem = p.name[: -len(SEGMENT_SUFFIX)]
+        if stem.isdigit():
+            found.append((int(stem), p))
+    found.sort()
+    return found

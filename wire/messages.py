@@ -1,0 +1,230 @@
+"""The vocabulary between actors. Each message is a frozen dataclass with a tag.
+
+Requests carry ``corr``, a correlation id the front door allocates; every reply carries it
+back. Batches of records travel as opaque bytes (``blob``): the packed records array the
+client sent, untouched until the shard writer decodes it once to build its indexes.
+
+Tags are grouped by the actor that receives the message:
+1x log manager, 2x front door, 3x cache manager, 4x shard writer, 5x supervisor, 6x any actor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from wire.codec import Message, message
+
+# A part of a produce: one shard's slice of the batch.
+#   to the log manager:   [topic_id, partition, count, blob]
+#   in acks:              [partition, first_offset, count]
+Part = list[Any]
+
+# ---- to the log manager --------------------------------------------------------------
+
+
+@message(10)
+class Append(Message):
+    """Append a producer's batch (already split by shard) to the log; ack when durable."""
+
+    corr: int
+    producer_id: int
+    seq: int
+    parts: list[Part]  # [[topic_id, partition, count, blob], ...]
+
+
+@message(11)
+class CreateTopic(Message):
+    """Create a topic; ack when the creation is durable."""
+
+    corr: int
+    name: str
+    partitions: int
+
+
+@message(12)
+class DeleteTopic(Message):
+    """Delete a topic and all its partitions; ack when the deletion is durable."""
+
+    corr: int
+    name: str
+
+
+@message(13)
+class CommitOffset(Message):
+    """Record a consumer group's committed offset for one partition."""
+
+    corr: int
+    group: str
+    topic_id: int
+    partition: int
+    offset: int
+
+
+@message(14)
+class ListTopics(Message):
+    """Ask for the topic table; answered with ``TopicsReply``."""
+
+    corr: int
+
+
+@message(15)
+class Hello(Message):
+    """An actor (re)started and wants the current catalog (answered with ``Catalog``)."""
+
+    role: str
+
+
+# ---- to the front door ---------------------------------------------------------------
+
+
+@message(20)
+class Ack(Message):
+    """A produce is durable: where each part landed."""
+
+    corr: int
+    lsn: int
+    parts: list[Part]  # [[partition, first_offset, count], ...] in request order
+
+
+@message(21)
+class Done(Message):
+    """A request that needs no data back succeeded (create/delete topic, commit offset)."""
+
+    corr: int
+    lsn: int
+
+
+@message(22)
+class TopicsReply(Message):
+    corr: int
+    topics: list[list[Any]]  # [[name, partitions, topic_id], ...] sorted by name
+
+
+@message(23)
+class ErrorReply(Message):
+    corr: int
+    code: int
+    text: str
+
+
+@message(24)
+class RecordsReply(Message):
+    """Records found by a read: a packed array of ``[offset, ts_ms, key, tags, value]``."""
+
+    corr: int
+    records: bytes
+    lsn: int  # the applied LSN the answer reflects
+
+
+@message(25)
+class ValueReply(Message):
+    """An integer answer (an offset), or None when there is none."""
+
+    corr: int
+    value: int | None
+
+
+@message(26)
+class StatusReply(Message):
+    corr: int
+    status: dict[str, Any]
+
+
+@message(27)
+class Catalog(Message):
+    """The topic table, sent by the log manager whenever it changes and on ``Hello``."""
+
+    version: int
+    topics: list[list[Any]]  # [[topic_id, name, partitions], ...]
+
+
+# ---- to the cache manager (reads) and on to shard writers ---------------------------
+
+
+@message(30)
+class LogGroup(Message):
+    """The bytes of one durable group commit, exactly as written to the log."""
+
+    first_lsn: int
+    last_lsn: int
+    data: bytes
+
+
+@message(31)
+class Read(Message):
+    """Read up to ``max_records`` of a partition from ``offset`` in offset order."""
+
+    corr: int
+    topic_id: int
+    partition: int
+    offset: int
+    max_records: int
+    lsn_min: int  # serve only once everything up to this LSN is applied
+
+
+@message(32)
+class ReadByKey(Message):
+    corr: int
+    topic_id: int
+    partition: int
+    key: bytes
+    lsn_min: int
+
+
+@message(33)
+class ReadByTag(Message):
+    corr: int
+    topic_id: int
+    partition: int
+    tag: str
+    offset: int
+    max_records: int
+    lsn_min: int
+
+
+@message(34)
+class OffsetForTimestamp(Message):
+    corr: int
+    topic_id: int
+    partition: int
+    timestamp: int
+    lsn_min: int
+
+
+@message(35)
+class CommittedOffset(Message):
+    corr: int
+    group: str
+    topic_id: int
+    partition: int
+    lsn_min: int
+
+
+# ---- to the supervisor -----------------------------------------------------------------
+
+
+@message(50)
+class Stats(Message):
+    """An actor's figures, sent about once a second; also its heartbeat."""
+
+    role: str
+    pid: int
+    figures: dict[str, Any]
+
+
+@message(51)
+class StatusRequest(Message):
+    corr: int
+
+
+# ---- to any actor ----------------------------------------------------------------------
+
+
+@message(60)
+class Stop(Message):
+    """Finish what is in hand, make it durable, and exit."""
+
+    reason: str
+
+
+READ_MESSAGES = (Read, ReadByKey, ReadByTag, OffsetForTimestamp, CommittedOffset)

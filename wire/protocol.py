@@ -1,0 +1,134 @@
+"""The client protocol: one msgpack map per request and per reply, over ZeroMQ.
+
+A request is ``{"op": str, "id": int, ...fields}``; the client picks ``id`` and the reply
+carries it back, so many requests can be in flight on one DEALER socket. A reply is
+``{"id": int, "ok": true, ...}`` or ``{"id": int, "ok": false, "code": int, "error": str}``.
+
+``REQUESTS`` below is the whole request schema; ``parse_request`` checks a decoded map
+against it and names the first field that is wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgpack
+
+from wire.errors import BadRequest, ErrorCode, NodeError
+
+DEFAULT_PORT = 7400
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+OFFSET_MAX = 2**63 - 1
+
+_INT = (int,)
+_OPT_INT = (int, type(None))
+_STR = (str,)
+_BIN = (bytes,)
+
+# op → {field: (accepted types, required)}
+REQUESTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
+    "produce": {
+        "topic": (_STR, True),
+        "partition": (_OPT_INT, False),
+        "producer_id": (_INT, True),
+        "seq": (_INT, True),
+        "records": (_BIN, True),
+    },
+    "create_topic": {"name": (_STR, True), "partitions": (_INT, True)},
+    "delete_topic": {"name": (_STR, True)},
+    "list_topics": {},
+    "read": {
+        "topic": (_STR, True),
+        "partition": (_INT, True),
+        "offset": (_INT, True),
+        "max_records": (_INT, True),
+    },
+    "read_by_key": {"topic": (_STR, True), "partition": (_INT, True), "key": (_BIN, True)},
+    "read_by_tag": {
+        "topic": (_STR, True),
+        "partition": (_INT, True),
+        "tag": (_STR, True),
+        "offset": (_INT, True),
+        "max_records": (_INT, True),
+    },
+    "offset_for_timestamp": {
+        "topic": (_STR, True),
+        "partition": (_INT, True),
+        "timestamp": (_INT, True),
+    },
+    "commit_offset": {
+        "group": (_STR, True),
+        "topic": (_STR, True),
+        "partition": (_INT, True),
+        "offset": (_INT, True),
+    },
+    "committed_offset": {"group": (_STR, True), "topic": (_STR, True), "partition": (_INT, True)},
+    "status": {},
+}
+
+# Integer fields that must not be negative.
+_NON_NEGATIVE = ("partition", "offset", "max_records", "timestamp", "seq", "producer_id")
+
+
+def parse_request(frame: bytes, frame_bytes_max: int) -> tuple[int, str, dict[str, Any]]:
+    """Decode and check one request frame; return ``(id, op, fields)``.
+
+    Raises ``NodeError`` with the request id (when it could be read) in ``.request_id``.
+    """
+    if len(frame) > frame_bytes_max:
+        raise _error(0, ErrorCode.FRAME_TOO_LARGE,
+                     f"request of {len(frame)} bytes is over the limit of {frame_bytes_max}")
+    try:
+        req = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise _error(0, ErrorCode.BAD_REQUEST, f"request is not msgpack: {exc}") from None
+    if type(req) is not dict:
+        raise _error(0, ErrorCode.BAD_REQUEST, "request must be a msgpack map")
+    rid = req.get("id")
+    if type(rid) is not int:
+        raise _error(0, ErrorCode.BAD_REQUEST, "request needs an integer 'id'")
+    op = req.get("op")
+    schema = REQUESTS.get(op) if type(op) is str else None
+    if schema is None:
+        raise _error(rid, ErrorCode.UNKNOWN_OP, f"unknown op {op!r}; known: {sorted(REQUESTS)}")
+    for name, (types, required) in schema.items():
+        if name not in req:
+            if required:
+                raise _error(rid, ErrorCode.BAD_REQUEST, f"{op}: missing field '{name}'")
+            continue
+        value = req[name]
+        if type(value) not in types:
+            want = " or ".join("nil" if t is type(None) else t.__name__ for t in types)
+            raise _error(rid, ErrorCode.BAD_REQUEST,
+                         f"{op}: field '{name}' must be {want}, got {type(value).__name__}")
+        if name in _NON_NEGATIVE and type(value) is int and not 0 <= value <= OFFSET_MAX:
+            raise _error(rid, ErrorCode.BAD_REQUEST, f"{op}: field '{name}' is out of range")
+    extra = set(req) - set(schema) - {"op", "id"}
+    if extra:
+        raise _error(rid, ErrorCode.BAD_REQUEST, f"{op}: unknown fields {sorted(extra)}")
+    return rid, op, req
+
+
+def _error(rid: int, code: ErrorCode, text: str) -> NodeError:
+    err = NodeError(text, code)
+    err.request_id = rid  # type: ignore[attr-defined]
+    return err
+
+
+def check_name(what: str, name: str) -> None:
+    if not NAME_RE.match(name):
+        raise BadRequest(
+            f"{what} {name!r} is not valid: 1-200 characters of letters, digits, '.', '_' or '-', "
+            f"starting with a letter or digit", ErrorCode.INVALID_NAME)
+
+
+def ok(rid: int, **fields: Any) -> bytes:
+    fields["id"] = rid
+    fields["ok"] = True
+    return msgpack.packb(fields, use_bin_type=True)
+
+
+def error(rid: int, code: int, text: str) -> bytes:
+    return msgpack.packb({"id": rid, "ok": False, "code": int(code), "error": text},
+                         use_bin_type=True)

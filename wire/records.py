@@ -1,0 +1,106 @@
+"""Records as they travel in batches: the packed records array, and its validation.
+
+A batch is one msgpack array. Each element is either a ``bin`` (a value with no key, tags
+or timestamp) or ``[value: bin, key: bin|nil, tags: [str, ...], timestamp_ms: int|nil]``.
+The front door checks a batch once on the way in; after that it travels as bytes until a
+shard writer decodes it to store and index each record.
+
+Records read back travel as ``[offset, timestamp_ms, key, tags, value]`` arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from wire.errors import BadRequest, ErrorCode
+
+TIMESTAMP_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A record: ``value`` with an optional ``key``, ``tags`` and ``timestamp`` (ms since epoch).
+
+    Records read from the node also carry their ``offset`` in the partition.
+    """
+
+    value: bytes
+    key: bytes | None = None
+    tags: tuple[str, ...] = ()
+    timestamp: int | None = None
+    offset: int | None = field(default=None, compare=True)
+
+
+def to_wire(record: Record | bytes) -> Any:
+    """The packed form of one record to send."""
+    if isinstance(record, (bytes, bytearray, memoryview)):
+        return bytes(record)
+    if record.key is None and not record.tags and record.timestamp is None:
+        return record.value
+    return [record.value, record.key, list(record.tags), record.timestamp]
+
+
+def pack_batch(records: Iterable[Record | bytes]) -> bytes:
+    return msgpack.packb([to_wire(r) for r in records], use_bin_type=True)
+
+
+def check_batch(blob: bytes, records_max: int, value_bytes_max: int) -> list[Any]:
+    """Unpack and check a client's batch; return its elements. Raises ``BadRequest``."""
+    try:
+        items = msgpack.unpackb(blob, raw=False, use_list=True, max_array_len=records_max + 1)
+    except ValueError as exc:
+        if "exceeds max_array_len" in str(exc):
+            raise BadRequest(f"batch has more than {records_max} records",
+                             ErrorCode.BATCH_TOO_LARGE) from None
+        raise BadRequest(f"records are not msgpack: {exc}") from None
+    except Exception as exc:
+        raise BadRequest(f"records are not msgpack: {exc}") from None
+    if type(items) is not list:
+        raise BadRequest("records must be an array")
+    if not items:
+        raise BadRequest("a batch needs at least one record", ErrorCode.EMPTY_BATCH)
+    if len(items) > records_max:
+        raise BadRequest(f"batch has {len(items)} records; the limit is {records_max}",
+                         ErrorCode.BATCH_TOO_LARGE)
+    for i, item in enumerate(items):
+        t = type(item)
+        if t is bytes:
+            if len(item) > value_bytes_max:
+                raise BadRequest(f"record {i}: value of {len(item)} bytes is over {value_bytes_max}")
+            continue
+        if t is not list or len(item) != 4:
+            raise BadRequest(f"record {i}: must be bin or [value, key, tags, timestamp]")
+        value, key, tags, ts = item
+        if type(value) is not bytes:
+            raise BadRequest(f"record {i}: value must be bin")
+        if len(value) > value_bytes_max:
+            raise BadRequest(f"record {i}: value of {len(value)} bytes is over {value_bytes_max}")
+        if key is not None and type(key) is not bytes:
+            raise BadRequest(f"record {i}: key must be bin or nil")
+        if type(tags) is not list or any(type(t) is not str for t in tags):
+            raise BadRequest(f"record {i}: tags must be an array of str")
+        if ts is not None and (type(ts) is not int or ts < 0 or ts > TIMESTAMP_MAX):
+            raise BadRequest(f"record {i}: timestamp must be a non-negative int (ms) or nil")
+    return items
+
+
+def key_of(item: Any) -> bytes | None:
+    """The key of a checked batch element."""
+    return None if type(item) is bytes else item[1]
+
+
+def unpack_read(blob: bytes) -> list[Record]:
+    """Records of a read reply."""
+    out = []
+    for offset, ts, key, tags, value in msgpack.unpackb(blob, raw=False, use_list=False):
+        out.append(Record(value=value, key=key, tags=tuple(tags), timestamp=ts, offset=offset))
+    return out
+
+
+def pack_read(rows: Sequence[Any]) -> bytes:
+    """Pack ``[offset, ts, key, tags, value]`` rows for a read reply."""
+    return msgpack.packb(rows, use_bin_type=True)
