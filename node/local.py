@@ -1,0 +1,163 @@
+"""Run a node as a child process group on this machine: for tests, the demo, the benchmark
+and the crash test.
+
+``LocalNode`` starts ``python -m node start`` in a new session, waits until it answers
+``status``, and can stop it cleanly (SIGTERM), kill one actor, or kill the whole node
+(SIGKILL to every process of it at once). ``stop`` checks that no process is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from node.client import NodeClient
+from wire.errors import NodeError
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class NodeFailed(RuntimeError):
+    """The node process exited or did not come up; carries the tail of its output."""
+
+
+class LocalNode:
+    def __init__(self, data_dir: Path, port: int | None = None, config: Path | None = None,
+                 log_file: Path | None = None, extra_args: list[str] | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.port = port or free_port()
+        self.config = config
+        self.log_file = log_file or (self.data_dir.parent / f"node-{self.port}.log")
+        self.extra_args = extra_args or []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def client(self, **kw: Any) -> NodeClient:
+        return NodeClient(self.endpoint, **kw)
+
+    def start(self, timeout_s: float = 60.0) -> LocalNode:
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "node", "start", "--data-dir", str(self.data_dir),
+               "--port", str(self.port)]
+        if self.config is not None:
+            cmd += ["--config", str(self.config)]
+        cmd += self.extra_args
+        self._log = open(self.log_file, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Poll ``status`` until every actor runs; raise with the node's log if it died."""
+        deadline = time.monotonic() + timeout_s
+        with NodeClient(self.endpoint, timeout_ms=500, retries=0) as c:
+            while True:
+                if self.proc is not None and self.proc.poll() is not None:
+                    raise NodeFailed(f"node exited with {self.proc.returncode}:\n{self.log_tail()}")
+                try:
+                    st = c.status()
+                    if all(a["state"] == "running" for a in st["actors"]):
+                        return st
+                except NodeError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise NodeFailed(f"node not ready in {timeout_s} s:\n{self.log_tail()}")
+                time.sleep(0.05)  # poll interval while waiting for readiness
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def processes(self) -> list[psutil.Process]:
+        """The supervisor and every process in its session."""
+        if self.proc is None:
+            return []
+        found = []
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if os.getsid(p.pid) == self.proc.pid:
+                    found.append(p)
+            except (ProcessLookupError, PermissionError, psutil.Error):
+                continue
+        return found
+
+    def actor_pid(self, role: str) -> int:
+        with NodeClient(self.endpoint, timeout_ms=2000) as c:
+            for a in c.status()["actors"]:
+                if a["role"] == role:
+                    return int(a["pid"])
+        raise KeyError(role)
+
+    def kill_actor(self, role: str) -> int:
+        pid = self.actor_pid(role)
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def kill(self) -> None:
+        """SIGKILL the whole node at once (supervisor and every actor)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+        self._wait_gone(10)
+        self._close_log()
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM and wait; returns the exit code. Raises if any process is left behind."""
+        if self.proc is None:
+            return 0
+        members = self.processes()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+            raise NodeFailed(f"node did not stop within {timeout_s} s:\n{self.log_tail()}")
+        left = [p for p in members if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        self._wait_gone(10)
+        left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        self._close_log()
+        if left:
+            raise NodeFailed(f"processes left behind after stop: {[p.pid for p in left]}")
+        return code
+
+    def _wait_gone(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.processes() and time.monotonic() < deadline:
+            time.sleep(0.02)  # poll until the session's processes are gone
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        self.proc = None if self.proc is None or self.proc.poll() is not None else self.proc
+
+    def __enter__(self) -> LocalNode:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.stop()

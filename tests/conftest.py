@@ -1,0 +1,46 @@
+"""Fixtures: a whole node on ``tmp_path`` with real processes, sockets and RocksDB.
+
+Every node a test starts is stopped at teardown, and the stop fails the test if any of
+the node's processes is left behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from node.local import LocalNode
+
+
+@pytest.fixture
+def make_node(tmp_path: Path) -> Iterator[object]:
+    """A factory: ``make_node(config_text=None)`` starts a node on ``tmp_path/data``."""
+    started: list[LocalNode] = []
+
+    def make(config_text: str | None = None, data_dir: Path | None = None) -> LocalNode:
+        cfg = None
+        if config_text is not None:
+            cfg = tmp_path / f"node-{len(started)}.toml"
+            cfg.write_text(config_text)
+        n = LocalNode(data_dir or tmp_path / "data", config=cfg,
+                      log_file=tmp_path / f"node-{len(started)}.log")
+        n.start()
+        started.append(n)
+        return n
+
+    yield make
+    errors = []
+    for n in started:
+        if n.proc is not None:
+            try:
+                n.stop()
+            except Exception as exc:  # report every node's failure, not just the first
+                errors.append(str(exc))
+    assert not errors, errors
+
+
+@pytest.fixture
+def node(make_node: object) -> LocalNode:
+    return make_node()  # type: ignore[operator, no-any-return]
