@@ -220,17 +220,16 @@ class LogManager(Actor):
             else:
                 self.cache_stalled = False
         self.last_group_size = len(group)
-        catalog_changed = False
+        if any(p.catalog_changed for p in group):
+            # Before the acks, on the same pipe: a client told "created" can use the topic.
+            self.broadcast_catalog()
         wait_ms = 1000
         for p in group:
             if not self.send(FRONT_DOOR, p.reply, wait_ms=wait_ms):
                 wait_ms = 0  # the front door is gone: its clients time out and retry
-            catalog_changed |= p.catalog_changed
             parts = getattr(p.reply, "parts", None)
             if parts and p.record:
                 self.window_records += sum(part[2] for part in parts)
-        if catalog_changed:
-            self.broadcast_catalog()
 
     # ---- figures ----------------------------------------------------------------------
 

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import zmq
 
 from actors.base import FRONT_DOOR, Actor, ActorContext
 from actors.cache_manager import owner
 from actors.log_manager import fsync_dir
 from actors.shard_store import ShardStore, shard_dir
-from wire import logrecord
+from wire import codec, logrecord
 from wire.codec import Message
 from wire.errors import ErrorCode
 from wire.logrecord import Entry, Kind
@@ -60,7 +61,7 @@ class ShardWriter(Actor):
         self.state_file = data / "writers" / f"{self.role}.lsn"
         self.stores: dict[Shard, ShardStore] = {}
         self.processed_lsn = 0
-        self.catalog_lsn = 0
+        self.catalog_lsn = 0  # every catalog change at or below this LSN is applied
         self.parked: collections.deque[tuple[float, Any]] = collections.deque()
         self.applied_records = 0
         self.caught_up_bytes = 0
@@ -93,6 +94,7 @@ class ShardWriter(Actor):
                  self.recovery_ms)
 
     def on_stop(self) -> None:
+        self.drain_groups()
         for store in self.stores.values():
             try:
                 store.finish(max(store.applied_lsn, self.processed_lsn))
@@ -101,6 +103,23 @@ class ShardWriter(Actor):
             except Exception:
                 log.exception("closing shard %s", store.shard)
         self.stores.clear()
+        if self.processed_lsn > self.catalog_lsn:
+            # Every catalog change up to here is applied: the next start replays nothing.
+            self._save_catalog_lsn(self.processed_lsn)
+
+    def drain_groups(self) -> None:
+        """Apply groups still queued behind the Stop (the cache manager stopped first)."""
+        for _ in range(100_000):
+            try:
+                frame = self.mailbox.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = codec.decode(frame)
+            except codec.CodecError:
+                continue
+            if isinstance(msg, LogGroup):
+                self.on_group(msg)
 
     def _save_catalog_lsn(self, lsn: int) -> None:
         self.catalog_lsn = lsn

@@ -69,7 +69,9 @@ class FrontDoor(Actor):
         self.router.setsockopt(zmq.RCVHWM, self.cfg.limits.mailbox_messages_max)
         self.router.setsockopt(zmq.SNDHWM, self.cfg.limits.mailbox_messages_max)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        self.router.setsockopt(zmq.MAXMSGSIZE, self.cfg.limits.frame_bytes_max + 1024)
+        # Frames up to twice the limit are read and answered FRAME_TOO_LARGE; ZeroMQ drops
+        # the connection of a client that sends more, so no frame can exhaust memory.
+        self.router.setsockopt(zmq.MAXMSGSIZE, 2 * self.cfg.limits.frame_bytes_max)
         self.router.bind(self.cfg.endpoint)
         self.poller.register(self.router, zmq.POLLIN)
         self.topics: dict[str, tuple[int, int]] = {}  # name → (topic_id, partitions)

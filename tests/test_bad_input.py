@@ -1,0 +1,167 @@
+"""Every kind of malformed or invalid request gets an error code and message, and the node
+keeps serving. Requests are sent on a raw DEALER socket, as a buggy client would."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+
+from node.local import LocalNode
+from wire.errors import ErrorCode
+
+FRAME_MAX = 2 * 1024 * 1024
+CONFIG = f"""
+[limits]
+frame_bytes_max = {FRAME_MAX}
+batch_records_max = 100
+value_bytes_max = 1000
+"""
+
+
+@pytest.fixture(scope="module")
+def small_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNode]:
+    base = tmp_path_factory.mktemp("bad")
+    cfg = base / "node.toml"
+    cfg.write_text(CONFIG)
+    n = LocalNode(base / "data", config=cfg, log_file=base / "node.log").start()
+    with n.client() as c:
+        c.create_topic("t", partitions=2)
+    yield n
+    n.stop()
+
+
+@pytest.fixture
+def sock(small_node: LocalNode) -> Iterator[zmq.Socket[bytes]]:
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(small_node.endpoint)
+    yield s
+    s.close(0)
+
+
+def ask(sock: zmq.Socket[bytes], *frames: bytes) -> dict[str, Any]:
+    sock.send_multipart(list(frames))
+    assert sock.poll(10_000, zmq.POLLIN), "no reply within 10 s"
+    reply: dict[str, Any] = msgpack.unpackb(sock.recv(), raw=False)
+    return reply
+
+
+def req(**fields: Any) -> bytes:
+    return msgpack.packb(fields, use_bin_type=True)
+
+
+_SEQ = itertools.count(1)
+
+
+def good_produce(rid: int = 99) -> bytes:
+    return req(op="produce", id=rid, topic="t", partition=0, producer_id=1, seq=next(_SEQ),
+               records=msgpack.packb([b"ok"]))
+
+
+def assert_error(reply: dict[str, Any], code: ErrorCode, *words: str) -> None:
+    assert reply["ok"] is False, reply
+    assert reply["code"] == code, (ErrorCode(reply["code"]).name, reply["error"])
+    for w in words:
+        assert w in reply["error"], reply["error"]
+
+
+def assert_still_serving(sock: zmq.Socket[bytes], rid: int) -> None:
+    reply = ask(sock, good_produce(rid))
+    assert reply["ok"] is True and reply["id"] == rid, reply
+
+
+BATCH = msgpack.packb
+
+
+@pytest.mark.parametrize("frame, code, words", [
+    (b"\xc1 not msgpack", ErrorCode.BAD_REQUEST, ["not msgpack"]),
+    (msgpack.packb([1, 2, 3]), ErrorCode.BAD_REQUEST, ["map"]),
+    (req(op="list_topics"), ErrorCode.BAD_REQUEST, ["'id'"]),
+    (req(op="frobnicate", id=1), ErrorCode.UNKNOWN_OP, ["frobnicate"]),
+    (req(op=7, id=1), ErrorCode.UNKNOWN_OP, []),
+    (req(op="produce", id=1, topic="t", producer_id=1, seq=1), ErrorCode.BAD_REQUEST,
+     ["missing field 'records'"]),
+    (req(op="produce", id=1, topic=5, producer_id=1, seq=1, records=BATCH([b"x"])),
+     ErrorCode.BAD_REQUEST, ["'topic'", "str"]),
+    (req(op="read", id=1, topic="t", partition="0", offset=0, max_records=1),
+     ErrorCode.BAD_REQUEST, ["'partition'"]),
+    (req(op="read", id=1, topic="t", partition=0, offset=-1, max_records=1),
+     ErrorCode.BAD_REQUEST, ["'offset'", "range"]),
+    (req(op="read", id=1, topic="t", partition=0, offset=0, max_records=1, extra=1),
+     ErrorCode.BAD_REQUEST, ["extra"]),
+    (req(op="read", id=1, topic="nope", partition=0, offset=0, max_records=1),
+     ErrorCode.UNKNOWN_TOPIC, ["nope"]),
+    (req(op="read", id=1, topic="t", partition=2, offset=0, max_records=1),
+     ErrorCode.UNKNOWN_PARTITION, ["partitions 0..1"]),
+    (req(op="produce", id=1, topic="t", partition=9, producer_id=1, seq=1, records=BATCH([b"x"])),
+     ErrorCode.UNKNOWN_PARTITION, []),
+    (req(op="produce", id=1, topic="t", producer_id=1, seq=1, records=BATCH([])),
+     ErrorCode.EMPTY_BATCH, []),
+    (req(op="produce", id=1, topic="t", producer_id=1, seq=1, records=b"\xc1"),
+     ErrorCode.BAD_REQUEST, ["records are not msgpack"]),
+    (req(op="produce", id=1, topic="t", producer_id=1, seq=1, records=BATCH([b"x"] * 101)),
+     ErrorCode.BATCH_TOO_LARGE, ["100"]),
+    (req(op="produce", id=1, topic="t", producer_id=1, seq=1, records=BATCH([b"x" * 1001])),
+     ErrorCode.BAD_REQUEST, ["1001 bytes"]),
+    (req(op="produce", id=1, topic="t", producer_id=1, seq=1, records=BATCH([[b"v", 5, [], None]])),
+     ErrorCode.BAD_REQUEST, ["key"]),
+    (req(op="produce", id=1, topic="t", producer_id=1, seq=1, records=BATCH([[b"v", None, [1], None]])),
+     ErrorCode.BAD_REQUEST, ["tags"]),
+    (req(op="produce", id=1, topic="t", producer_id=1, seq=1, records=BATCH({"a": 1})),
+     ErrorCode.BAD_REQUEST, ["array"]),
+    (req(op="create_topic", id=1, name="bad name!", partitions=1), ErrorCode.INVALID_NAME, []),
+    (req(op="create_topic", id=1, name="ok", partitions=0), ErrorCode.BAD_REQUEST, ["partitions"]),
+    (req(op="create_topic", id=1, name="t", partitions=1), ErrorCode.TOPIC_EXISTS, []),
+    (req(op="commit_offset", id=1, group="g", topic="t", partition=0, offset=10**6),
+     ErrorCode.BAD_REQUEST, ["past the end"]),
+])
+def test_bad_request_gets_error_and_node_keeps_serving(
+        sock: zmq.Socket[bytes], frame: bytes, code: ErrorCode, words: list[str]) -> None:
+    assert_error(ask(sock, frame), code, *words)
+    assert_still_serving(sock, 1000 + next(_SEQ))
+
+
+def test_error_reply_carries_request_id(sock: zmq.Socket[bytes]) -> None:
+    reply = ask(sock, req(op="read", id=4242, topic="nope", partition=0, offset=0, max_records=1))
+    assert reply["id"] == 4242
+
+
+def test_two_frames_in_one_request(sock: zmq.Socket[bytes]) -> None:
+    assert_error(ask(sock, good_produce(5), b"extra"), ErrorCode.BAD_REQUEST, "one frame")
+    assert_still_serving(sock, 6)
+
+
+def test_frame_over_the_limit(sock: zmq.Socket[bytes]) -> None:
+    big = req(op="produce", id=1, topic="t", producer_id=1, seq=1,
+              records=msgpack.packb([b"x" * 900] * 2400))
+    assert FRAME_MAX < len(big) < 2 * FRAME_MAX
+    assert_error(ask(sock, big), ErrorCode.FRAME_TOO_LARGE, str(FRAME_MAX))
+    assert_still_serving(sock, 7)
+
+
+def test_huge_frame_is_cut_off_and_others_are_served(small_node: LocalNode,
+                                                     sock: zmq.Socket[bytes]) -> None:
+    rogue = zmq.Context.instance().socket(zmq.DEALER)
+    rogue.setsockopt(zmq.LINGER, 0)
+    rogue.connect(small_node.endpoint)
+    try:
+        rogue.send(b"\x00" * (3 * FRAME_MAX))
+        assert_still_serving(sock, 8)
+    finally:
+        rogue.close(0)
+
+
+def test_stale_producer_sequence(small_node: LocalNode) -> None:
+    with small_node.client(producer_id=777) as c:
+        for seq in range(1030):  # past the remembered window (1024)
+            c.call("produce", topic="t", partition=1, producer_id=777, seq=seq,
+                   records=msgpack.packb([b"s"]))
+        with pytest.raises(Exception) as info:
+            c.call("produce", topic="t", partition=1, producer_id=777, seq=0,
+                   records=msgpack.packb([b"s"]))
+        assert getattr(info.value, "code", None) == ErrorCode.STALE_SEQUENCE

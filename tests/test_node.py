@@ -1,0 +1,211 @@
+"""End to end: a real node (supervisor + actor processes) on tmp_path, driven by the client."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import zlib
+
+import pytest
+
+from node.client import NodeClient, Record
+from node.local import LocalNode
+from wire.errors import TopicExists, UnknownPartition, UnknownTopic
+
+
+def test_topics_create_list_delete(node: LocalNode) -> None:
+    with node.client() as c:
+        c.create_topic("alpha", partitions=3)
+        c.create_topic("beta")
+        assert [(t.name, t.partitions) for t in c.list_topics()] == [("alpha", 3), ("beta", 1)]
+        with pytest.raises(TopicExists):
+            c.create_topic("alpha")
+        c.delete_topic("alpha")
+        assert [t.name for t in c.list_topics()] == ["beta"]
+        with pytest.raises(UnknownTopic):
+            c.produce("alpha", b"x")
+        with pytest.raises(UnknownTopic):
+            c.delete_topic("alpha")
+
+
+def test_recreated_topic_starts_empty(node: LocalNode) -> None:
+    with node.client() as c:
+        c.create_topic("t")
+        c.produce_batch("t", [b"a", b"b"])
+        c.delete_topic("t")
+        c.create_topic("t")
+        assert c.read("t", 0, 0) == []
+        assert c.produce("t", b"c") == (0, 0)
+
+
+def test_produce_then_read_in_offset_order(node: LocalNode) -> None:
+    values = [f"value-{i}".encode() for i in range(2500)]
+    with node.client() as c:
+        c.create_topic("t", partitions=1)
+        got = []
+        for i in range(0, len(values), 1000):
+            got += c.produce_batch("t", values[i:i + 1000])
+        assert got == [(0, i) for i in range(len(values))]
+        read: list[Record] = []
+        while len(read) < len(values):
+            batch = c.read("t", 0, len(read), max_records=700)
+            assert batch, "read returned nothing before the end"
+            read += batch
+        assert [r.value for r in read] == values
+        assert [r.offset for r in read] == list(range(len(values)))
+        assert c.read("t", 0, len(values)) == []
+
+
+def test_partition_choice_by_key_hash_and_round_robin(node: LocalNode) -> None:
+    with node.client() as c:
+        c.create_topic("t", partitions=4)
+        keys = [f"user-{i}".encode() for i in range(40)]
+        for k in keys:
+            p, _off = c.produce("t", b"v", key=k)
+            assert p == zlib.crc32(k) % 4 == c.key_partition("t", k)
+        keyless = {c.produce("t", b"v")[0] for _ in range(8)}
+        assert keyless == {0, 1, 2, 3}
+        # A keyed batch without a partition is split by key, offsets given in record order.
+        recs = [Record(f"v{i}".encode(), key=keys[i]) for i in range(40)]
+        pairs = c.produce_batch("t", recs)
+        assert [p for p, _ in pairs] == [zlib.crc32(k) % 4 for k in keys]
+        for (p, off), rec in zip(pairs, recs):
+            assert c.read("t", p, off, 1)[0].value == rec.value
+        assert c.produce_batch("t", [b"x", b"y"], partition=2)[0][0] == 2
+
+
+def test_read_by_key_tag_and_timestamp(node: LocalNode) -> None:
+    with node.client() as c:
+        c.create_topic("t", partitions=2)
+        base = 1_700_000_000_000
+        recs = [Record(f"v{i}".encode(), key=f"k{i % 5}".encode(),
+                       tags=("even",) if i % 2 == 0 else ("odd", "x"),
+                       timestamp=base + i * 10) for i in range(50)]
+        pairs = c.produce_batch("t", recs, partition=1)
+        latest = c.read_by_key("t", "k3", partition=1)
+        assert latest is not None and latest.value == b"v48" and latest.offset == pairs[48][1]
+        assert c.read_by_key("t", "nope", partition=1) is None
+        odd = c.read_by_tag("t", 1, "odd")
+        assert [r.value for r in odd] == [f"v{i}".encode() for i in range(1, 50, 2)]
+        assert [r.value for r in c.read_by_tag("t", 1, "even", offset=40)] == \
+            [b"v40", b"v42", b"v44", b"v46", b"v48"]
+        assert c.offset_for_timestamp("t", 1, base + 205) == 21
+        assert c.offset_for_timestamp("t", 1, base) == 0
+        assert c.offset_for_timestamp("t", 1, base + 10_000) is None
+        rec = c.read("t", 1, 7, 1)[0]
+        assert (rec.key, rec.tags, rec.timestamp) == (b"k2", ("odd", "x"), base + 70)
+
+
+def test_timestamp_defaults_to_append_time(node: LocalNode) -> None:
+    with node.client() as c:
+        c.create_topic("t")
+        before = int(time.time() * 1000)
+        c.produce("t", b"now")
+        after = int(time.time() * 1000)
+        ts = c.read("t", 0, 0)[0].timestamp
+        assert ts is not None and before - 5 <= ts <= after + 5
+
+
+def test_read_by_key_without_partition_uses_key_routing(node: LocalNode) -> None:
+    with node.client() as c:
+        c.create_topic("t", partitions=3)
+        for i in range(3):
+            c.produce("t", f"v{i}", key="same")
+        rec = c.read_by_key("t", "same")
+        assert rec is not None and rec.value == b"v2"
+
+
+def test_consumer_group_offsets(node: LocalNode) -> None:
+    with node.client() as c:
+        c.create_topic("t", partitions=2)
+        c.produce_batch("t", [b"a", b"b", b"c"], partition=1)
+        assert c.committed_offset("g1", "t", 1) is None
+        c.commit_offset("g1", "t", 1, 2)
+        c.commit_offset("g2", "t", 1, 1)
+        assert c.committed_offset("g1", "t", 1) == 2
+        assert c.committed_offset("g2", "t", 1) == 1
+        assert c.committed_offset("g1", "t", 0) is None
+        with pytest.raises(UnknownPartition):
+            c.commit_offset("g1", "t", 5, 0)
+
+
+def test_reads_see_every_acknowledged_write_at_once(node: LocalNode) -> None:
+    """A read right after an ack must see the record, through the cache or a writer."""
+    with node.client() as c:
+        c.create_topic("t", partitions=2)
+        for i in range(200):
+            p, off = c.produce("t", f"v{i}", key=f"k{i}", tags=["t"])
+            assert c.read("t", p, off, 1)[0].value == f"v{i}".encode()
+            rec = c.read_by_key("t", f"k{i}", partition=p)
+            assert rec is not None and rec.offset == off
+
+
+def test_data_survives_clean_restart(make_node, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    n = make_node()
+    with n.client() as c:
+        c.create_topic("t", partitions=2)
+        pairs = c.produce_batch("t", [Record(f"v{i}".encode(), key=b"k") for i in range(300)],
+                                partition=0)
+        c.commit_offset("g", "t", 0, 120)
+    assert n.stop() == 0
+    n2 = make_node(data_dir=tmp_path / "data")
+    with n2.client() as c:
+        assert [(t.name, t.partitions) for t in c.list_topics()] == [("t", 2)]
+        assert [r.value for r in c.read("t", 0, 0, 1000)] == [f"v{i}".encode() for i in range(300)]
+        assert c.committed_offset("g", "t", 0) == 120
+        assert c.produce("t", b"next", partition=0) == (0, pairs[-1][1] + 1)
+        st = c.status()
+    writers = [a for a in st["actors"] if a["role"].startswith("writer")]
+    assert sum(a["figures"].get("replayed_bytes", 0) for a in writers) == 0, \
+        "a clean stop leaves nothing to replay"
+
+
+def test_status_lists_every_actor(node: LocalNode) -> None:
+    with node.client() as c:
+        c.create_topic("t")
+        c.produce_batch("t", [b"x"] * 10)
+        st = c.status()
+    roles = [a["role"] for a in st["actors"]]
+    assert roles == ["log", "cache", "writer-0", "writer-1", "front"]
+    for a in st["actors"]:
+        assert a["state"] == "running" and a["pid"] > 0 and a["rss_bytes"] > 0
+        assert a["restarts"] == 0
+    assert st["log"]["last_lsn"] >= 0
+
+
+def _cli(node: LocalNode, *args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "node", *args, "--port", str(node.port)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_cli_produce_consume_status(node: LocalNode) -> None:
+    _cli(node, "create-topic", "cli", "--partitions", "2")
+    out = _cli(node, "produce", "cli", "hello", "world", "--partition", "1", "--tag", "greet")
+    assert out.splitlines() == ["cli/1@0 hello", "cli/1@1 world"]
+    _cli(node, "produce", "cli", "keyed", "--key", "k")
+    lines = _cli(node, "consume", "cli", "--partition", "1").splitlines()
+    assert [ln.split()[-1] for ln in lines[:2]] == ["hello", "world"]
+    assert "tags=greet" in lines[0]
+    assert [ln.split()[0] for ln in _cli(node, "consume", "cli", "--partition", "1",
+                                        "--from", "1").splitlines()][:1] == ["1"]
+    status = _cli(node, "status")
+    for word in ("log", "cache", "writer-0", "front", "fsyncs/s", "RSS"):
+        assert word in status
+    assert "cli" in _cli(node, "topics")
+
+
+def test_cli_reports_errors_cleanly(node: LocalNode) -> None:
+    out = subprocess.run([sys.executable, "-m", "node", "produce", "missing", "x",
+                          "--port", str(node.port)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "UNKNOWN_TOPIC" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_second_node_on_same_data_dir_is_refused(node: LocalNode, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    other = LocalNode(node.data_dir, log_file=tmp_path / "other.log")
+    with pytest.raises(Exception, match="another node is using"):
+        other.start(timeout_s=30)
+    assert other.proc is not None and other.proc.returncode == 1

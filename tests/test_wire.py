@@ -1,0 +1,467 @@
+"""Unit tests of everything in ``wire/`` that is not the log format: the internal codec,
+the client request schema, record batches and the error-code mapping. No processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+import msgpack
+import pytest
+
+import wire.messages  # noqa: F401  (registers every message type)
+from wire import codec
+from wire.codec import CodecError
+from wire.errors import (
+    BadRequest,
+    Busy,
+    ErrorCode,
+    NodeError,
+    RequestTimeout,
+    StaleSequence,
+    TopicExists,
+    Unavailable,
+    UnknownPartition,
+    UnknownTopic,
+    error_for,
+)
+from wire.protocol import OFFSET_MAX, REQUESTS, parse_request
+from wire.records import Record, check_batch, pack_batch
+
+FRAME_MAX = 1 << 20
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+# ---- the internal codec ---------------------------------------------------------------
+
+
+def _sample(tp: Any, i: int, use_none: bool) -> Any:
+    """A value of annotation ``tp``, distinct for each field index ``i``."""
+    origin = typing.get_origin(tp)
+    if tp is int:
+        return [7, -3, 2**63 - 1, 0, 123456789][i % 5] + i * 1000
+    if tp is str:
+        return f"field-{i}-ü"
+    if tp is bytes:
+        return bytes([i, 0, 255]) * (i + 1)
+    if origin in (types.UnionType, typing.Union):
+        args = typing.get_args(tp)
+        if use_none and type(None) in args:
+            return None
+        return _sample(next(a for a in args if a is not type(None)), i, use_none)
+    if origin is list:
+        return [[i, f"t{i}", 3, b"\x00blob"], [i + 1, None, -1]]
+    if origin is dict:
+        return {"count": i, "nested": [1, "a", b"b", None], "map": {"x": 1.5}}
+    raise AssertionError(f"no sample for annotation {tp!r}: teach this test the new type")
+
+
+def _instances(cls: type) -> list[Any]:
+    hints = typing.get_type_hints(cls)
+    fields = dataclasses.fields(cls)
+    out = []
+    for use_none in (False, True):
+        out.append(cls(*[_sample(hints[f.name], i, use_none) for i, f in enumerate(fields)]))
+    return out
+
+
+REGISTERED = sorted(codec.registered().items())
+
+
+def test_registry_is_not_empty_and_tags_match_classes() -> None:
+    assert len(REGISTERED) >= 20
+    for tag, cls in REGISTERED:
+        assert cls.TAG == tag
+
+
+@pytest.mark.parametrize(("tag", "cls"), REGISTERED, ids=[c.__name__ for _, c in REGISTERED])
+def test_round_trip_of_every_registered_message(tag: int, cls: type) -> None:
+    for msg in _instances(cls):
+        frame = codec.encode(msg)
+        # The layout is [TAG, fields in declaration order], checked independently of decode.
+        expected = [tag] + [getattr(msg, f.name) for f in dataclasses.fields(cls)]
+        assert msgpack.unpackb(frame, raw=False, strict_map_key=False) == expected
+        back = codec.decode(frame)
+        assert type(back) is cls
+        assert back == msg
+
+
+def test_a_tag_cannot_be_registered_twice() -> None:
+    taken = REGISTERED[0][0]
+    with pytest.raises(ValueError, match=str(taken)):
+
+        @codec.message(taken)
+        class Twin(codec.Message):
+            x: int
+
+    assert codec.registered()[taken] is REGISTERED[0][1]
+
+
+def _good_frame() -> tuple[type, bytes]:
+    tag, cls = REGISTERED[0]
+    return cls, codec.encode(_instances(cls)[0])
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"\xc1",  # a byte msgpack never uses
+        b"\x92\x01",  # an array of 2 with one element: truncated
+        pack([10, 1]) + b"\x00",  # trailing bytes after a whole message
+        b"",
+    ],
+    ids=["never-used-byte", "truncated", "trailing-bytes", "empty"],
+)
+def test_decode_rejects_frames_that_are_not_msgpack(frame: bytes) -> None:
+    with pytest.raises(CodecError) as info:
+        codec.decode(frame)
+    assert info.value.code == ErrorCode.BAD_REQUEST
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [{"tag": 10}, [], ["10", 1], [None], 10, [1.5, 1]],
+    ids=["map", "empty-array", "str-tag", "nil-tag", "int", "float-tag"],
+)
+def test_decode_rejects_frames_that_are_not_tagged_arrays(obj: Any) -> None:
+    with pytest.raises(CodecError):
+        codec.decode(pack(obj))
+
+
+def test_decode_rejects_an_unknown_tag() -> None:
+    unknown = max(codec.registered()) + 1
+    with pytest.raises(CodecError, match=f"unknown message tag {unknown}"):
+        codec.decode(pack([unknown, 1, 2]))
+
+
+@pytest.mark.parametrize(("tag", "cls"), REGISTERED, ids=[c.__name__ for _, c in REGISTERED])
+def test_decode_rejects_the_wrong_number_of_fields(tag: int, cls: type) -> None:
+    n = len(dataclasses.fields(cls))
+    for wrong in (n - 1, n + 1):
+        if wrong < 0:
+            continue
+        with pytest.raises(CodecError, match=cls.__name__):
+            codec.decode(pack([tag] + [0] * wrong))
+
+
+def test_decode_enforces_the_frame_size_limit() -> None:
+    cls, frame = _good_frame()
+    assert type(codec.decode(frame, frame_bytes_max=len(frame))) is cls  # at the limit: fine
+    with pytest.raises(CodecError, match="over the limit"):
+        codec.decode(frame, frame_bytes_max=len(frame) - 1)
+
+
+# ---- the client request schema -----------------------------------------------------------
+
+VALID_REQUESTS: dict[str, dict[str, Any]] = {
+    "produce": {"topic": "orders", "partition": 3, "producer_id": 9, "seq": 0,
+                "records": pack([b"a", b"b"])},
+    "create_topic": {"name": "orders", "partitions": 4},
+    "delete_topic": {"name": "orders"},
+    "list_topics": {},
+    "read": {"topic": "orders", "partition": 0, "offset": 10, "max_records": 100},
+    "read_by_key": {"topic": "orders", "partition": 1, "key": b"k1"},
+    "read_by_tag": {"topic": "orders", "partition": 1, "tag": "red", "offset": 0,
+                    "max_records": 5},
+    "offset_for_timestamp": {"topic": "orders", "partition": 2, "timestamp": 1_700_000_000_000},
+    "commit_offset": {"group": "g1", "topic": "orders", "partition": 0, "offset": OFFSET_MAX},
+    "committed_offset": {"group": "g1", "topic": "orders", "partition": 0},
+    "status": {},
+}
+
+
+def test_valid_request_examples_cover_every_op() -> None:
+    assert set(VALID_REQUESTS) == set(REQUESTS)
+
+
+def _parse(req: Any, limit: int = FRAME_MAX) -> tuple[int, str, dict[str, Any]]:
+    return parse_request(pack(req), limit)
+
+
+def _reject(req: Any, limit: int = FRAME_MAX) -> NodeError:
+    with pytest.raises(NodeError) as info:
+        _parse(req, limit)
+    return info.value
+
+
+@pytest.mark.parametrize("op", sorted(VALID_REQUESTS))
+def test_every_op_is_accepted_with_valid_fields(op: str) -> None:
+    req = {"op": op, "id": 41, **VALID_REQUESTS[op]}
+    rid, got_op, fields = _parse(req)
+    assert (rid, got_op) == (41, op)
+    for name, value in VALID_REQUESTS[op].items():
+        assert fields[name] == value
+
+
+def test_produce_partition_is_optional_and_may_be_nil() -> None:
+    base = {"op": "produce", "id": 1, **VALID_REQUESTS["produce"]}
+    del base["partition"]
+    assert _parse(base)[1] == "produce"
+    assert _parse({**base, "partition": None})[2]["partition"] is None
+
+
+def test_not_msgpack_is_a_bad_request() -> None:
+    with pytest.raises(NodeError) as info:
+        parse_request(b"\xc1\xc1", FRAME_MAX)
+    assert info.value.code == ErrorCode.BAD_REQUEST
+    assert info.value.request_id == 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("obj", [[1, 2], "produce", 5, None], ids=["array", "str", "int", "nil"])
+def test_not_a_map_is_a_bad_request(obj: Any) -> None:
+    err = _reject(obj)
+    assert err.code == ErrorCode.BAD_REQUEST
+    assert "map" in err.message
+
+
+@pytest.mark.parametrize("rid", [None, "7", 1.0, True], ids=["absent", "str", "float", "bool"])
+def test_a_request_without_an_integer_id_is_a_bad_request(rid: Any) -> None:
+    req: dict[str, Any] = {"op": "status"}
+    if rid is not None:
+        req["id"] = rid
+    err = _reject(req)
+    assert err.code == ErrorCode.BAD_REQUEST
+    assert "'id'" in err.message
+
+
+@pytest.mark.parametrize("op", ["fly", "", None, 3, "PRODUCE"])
+def test_an_unknown_op_is_answered_with_unknown_op_and_the_id(op: Any) -> None:
+    req = {"id": 12}
+    if op is not None:
+        req["op"] = op
+    err = _reject(req)
+    assert err.code == ErrorCode.UNKNOWN_OP
+    assert err.request_id == 12  # type: ignore[attr-defined]
+
+
+def _required(op: str) -> list[str]:
+    return [name for name, (_types, required) in REQUESTS[op].items() if required]
+
+
+@pytest.mark.parametrize(
+    ("op", "field"),
+    [(op, f) for op in sorted(REQUESTS) for f in _required(op)],
+)
+def test_a_missing_required_field_is_named(op: str, field: str) -> None:
+    req = {"op": op, "id": 5, **VALID_REQUESTS[op]}
+    del req[field]
+    err = _reject(req)
+    assert err.code == ErrorCode.BAD_REQUEST
+    assert err.request_id == 5  # type: ignore[attr-defined]
+    assert f"'{field}'" in err.message and "missing" in err.message
+
+
+def _wrong_value(value: Any) -> list[Any]:
+    """Values of the wrong type for a field whose valid example is ``value``."""
+    if type(value) is int:
+        return ["1", 1.0, True, b"1", [1]]
+    if type(value) is str:
+        return [b"orders", 1, None, ["orders"]]
+    if type(value) is bytes:
+        return ["k1", 1, None, [b"k1"]]
+    raise AssertionError(value)
+
+
+@pytest.mark.parametrize(
+    ("op", "field"),
+    [(op, f) for op in sorted(VALID_REQUESTS) for f in VALID_REQUESTS[op]],
+)
+def test_a_field_of_the_wrong_type_is_named(op: str, field: str) -> None:
+    for wrong in _wrong_value(VALID_REQUESTS[op][field]):
+        if wrong is None and REQUESTS[op][field][0] == (int, type(None)):
+            continue
+        req = {"op": op, "id": 6, **VALID_REQUESTS[op], field: wrong}
+        err = _reject(req)
+        assert err.code == ErrorCode.BAD_REQUEST, wrong
+        assert f"'{field}'" in err.message
+
+
+@pytest.mark.parametrize(
+    ("op", "field"),
+    [(op, f) for op in sorted(VALID_REQUESTS) for f, v in VALID_REQUESTS[op].items()
+     # create_topic's partition count has its own range (1..PARTITIONS_MAX), checked by the
+     # log manager: see test_log_state.
+     if type(v) is int and (op, f) != ("create_topic", "partitions")],
+)
+def test_negative_and_overlarge_integers_are_out_of_range(op: str, field: str) -> None:
+    for bad in (-1, OFFSET_MAX + 1):
+        req = {"op": op, "id": 8, **VALID_REQUESTS[op], field: bad}
+        err = _reject(req)
+        assert err.code == ErrorCode.BAD_REQUEST
+        assert f"'{field}'" in err.message
+
+
+def test_negative_offset_is_rejected() -> None:
+    err = _reject({"op": "read", "id": 2, **VALID_REQUESTS["read"], "offset": -5})
+    assert err.code == ErrorCode.BAD_REQUEST
+    assert "'offset'" in err.message
+
+
+@pytest.mark.parametrize("op", sorted(VALID_REQUESTS))
+def test_an_unknown_extra_field_is_named(op: str) -> None:
+    err = _reject({"op": op, "id": 3, **VALID_REQUESTS[op], "colour": "blue"})
+    assert err.code == ErrorCode.BAD_REQUEST
+    assert "colour" in err.message
+
+
+def test_a_frame_over_the_limit_is_frame_too_large() -> None:
+    frame = pack({"op": "status", "id": 1, "pad": b""})
+    frame_ok = pack({"op": "status", "id": 1})
+    assert parse_request(frame_ok, len(frame_ok))[1] == "status"
+    with pytest.raises(NodeError) as info:
+        parse_request(frame, len(frame) - 1)
+    assert info.value.code == ErrorCode.FRAME_TOO_LARGE
+    # Checked before decoding: a huge frame of garbage is "too large", not "not msgpack".
+    with pytest.raises(NodeError) as info:
+        parse_request(b"\xc1" * 100, 99)
+    assert info.value.code == ErrorCode.FRAME_TOO_LARGE
+
+
+# ---- record batches -----------------------------------------------------------------------
+
+
+def test_check_batch_accepts_plain_values_and_full_records() -> None:
+    recs: list[Record | bytes] = [
+        b"plain",
+        Record(b"v1", key=b"k1", tags=("a", "b"), timestamp=1234),
+        Record(b"v2", key=None, tags=("only-tag",)),
+        Record(b"v3", timestamp=0),
+        Record(b""),
+    ]
+    items = check_batch(pack_batch(recs), records_max=10, value_bytes_max=100)
+    assert items == [
+        b"plain",
+        [b"v1", b"k1", ["a", "b"], 1234],
+        [b"v2", None, ["only-tag"], None],
+        [b"v3", None, [], 0],
+        b"",
+    ]
+
+
+def test_check_batch_accepts_exactly_records_max_records() -> None:
+    n = 7
+    items = check_batch(pack([b"x"] * n), records_max=n, value_bytes_max=10)
+    assert len(items) == n
+
+
+def test_check_batch_counts_records_not_the_fields_of_a_record() -> None:
+    # A structured record is a 4-element array and its tags an array of any length; neither
+    # is a "record" for the records_max limit.
+    one = pack_batch([Record(b"v", key=b"k", tags=("t",), timestamp=1)])
+    assert len(check_batch(one, records_max=1, value_bytes_max=10)) == 1
+    many_tags = pack_batch([Record(b"v", tags=tuple(f"t{i}" for i in range(10)))])
+    assert len(check_batch(many_tags, records_max=2, value_bytes_max=10)) == 1
+
+
+def test_an_empty_batch_is_empty_batch() -> None:
+    with pytest.raises(BadRequest) as info:
+        check_batch(pack([]), records_max=10, value_bytes_max=10)
+    assert info.value.code == ErrorCode.EMPTY_BATCH
+
+
+@pytest.mark.parametrize("n", [11, 12, 500])
+def test_more_than_records_max_is_batch_too_large(n: int) -> None:
+    with pytest.raises(BadRequest) as info:
+        check_batch(pack([b"x"] * n), records_max=10, value_bytes_max=10)
+    assert info.value.code == ErrorCode.BATCH_TOO_LARGE
+
+
+@pytest.mark.parametrize("form", ["plain", "full"])
+def test_a_value_over_value_bytes_max_is_rejected(form: str) -> None:
+    limit = 16
+    ok: Any = b"v" * limit
+    big: Any = b"v" * (limit + 1)
+    if form == "full":
+        ok, big = [ok, b"k", [], None], [big, b"k", [], None]
+    assert check_batch(pack([ok]), records_max=4, value_bytes_max=limit)
+    with pytest.raises(BadRequest) as info:
+        check_batch(pack([b"small", big]), records_max=4, value_bytes_max=limit)
+    assert info.value.code == ErrorCode.BAD_REQUEST
+    assert "record 1" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        "a string value",
+        5,
+        None,
+        [b"v", None, []],  # three fields
+        [b"v", None, [], None, 1],  # five fields
+        ["v", None, [], None],  # value not bin
+        [b"v", "k", [], None],  # key not bin
+        [b"v", None, "tag", None],  # tags not an array
+        [b"v", None, [b"tag"], None],  # a tag not str
+        [b"v", None, [], -1],  # negative timestamp
+        [b"v", None, [], 1.5],  # float timestamp
+        [b"v", None, [], True],  # bool timestamp
+        {"value": b"v"},
+    ],
+)
+def test_records_of_the_wrong_shape_or_type_are_bad_requests(item: Any) -> None:
+    with pytest.raises(BadRequest) as info:
+        check_batch(pack([b"fine", item]), records_max=4, value_bytes_max=100)
+    assert info.value.code == ErrorCode.BAD_REQUEST
+    assert "record 1" in info.value.message
+
+
+@pytest.mark.parametrize("blob", [b"\xc1", pack({"a": 1}), pack(b"bytes"), b""],
+                         ids=["not-msgpack", "map", "bin", "empty"])
+def test_a_batch_that_is_not_an_array_is_a_bad_request(blob: bytes) -> None:
+    with pytest.raises(BadRequest) as info:
+        check_batch(blob, records_max=4, value_bytes_max=100)
+    assert info.value.code == ErrorCode.BAD_REQUEST
+
+
+# ---- error codes ----------------------------------------------------------------------------
+
+EXPECTED_CLASS: dict[ErrorCode, type[NodeError]] = {
+    ErrorCode.BAD_REQUEST: BadRequest,
+    ErrorCode.UNKNOWN_OP: BadRequest,
+    ErrorCode.FRAME_TOO_LARGE: BadRequest,
+    ErrorCode.EMPTY_BATCH: BadRequest,
+    ErrorCode.BATCH_TOO_LARGE: BadRequest,
+    ErrorCode.INVALID_NAME: BadRequest,
+    ErrorCode.UNKNOWN_TOPIC: UnknownTopic,
+    ErrorCode.UNKNOWN_PARTITION: UnknownPartition,
+    ErrorCode.TOPIC_EXISTS: TopicExists,
+    ErrorCode.STALE_SEQUENCE: StaleSequence,
+    ErrorCode.BUSY: Busy,
+    ErrorCode.TIMEOUT: RequestTimeout,
+    ErrorCode.UNAVAILABLE: Unavailable,
+    ErrorCode.INTERNAL: NodeError,
+}
+
+
+def test_expected_classes_cover_every_code() -> None:
+    assert set(EXPECTED_CLASS) == set(ErrorCode)
+
+
+@pytest.mark.parametrize("code", list(ErrorCode), ids=[c.name for c in ErrorCode])
+def test_error_for_gives_the_class_for_the_code(code: ErrorCode) -> None:
+    err = error_for(int(code), "what went wrong")
+    assert isinstance(err, EXPECTED_CLASS[code])
+    assert err.code == code
+    assert err.message == "what went wrong"
+    assert str(err) == f"{code.name}: what went wrong"
+
+
+def test_error_for_an_unknown_code_is_internal_and_keeps_the_number() -> None:
+    unknown = max(ErrorCode) + 1000
+    err = error_for(unknown, "odd")
+    assert type(err) is NodeError
+    assert err.code == ErrorCode.INTERNAL
+    assert str(unknown) in err.message and "odd" in err.message
+
+
+def test_subclass_codes_are_not_shared_between_instances() -> None:
+    a = error_for(ErrorCode.EMPTY_BATCH, "a")
+    b = BadRequest("b")
+    assert a.code == ErrorCode.EMPTY_BATCH
+    assert b.code == ErrorCode.BAD_REQUEST
+    assert BadRequest.code == ErrorCode.BAD_REQUEST
