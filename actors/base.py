@@ -25,7 +25,7 @@ import zmq
 from config import NodeConfig
 from config.schema import from_dict
 from wire import codec
-from wire.messages import Stats, Stop
+from wire.messages import Bundle, Stats, Stop
 
 log = logging.getLogger("shardnode")
 
@@ -121,6 +121,12 @@ class Actor:
         """Send to an actor's mailbox; False if it stayed full for ``wait_ms``."""
         return self.send_bytes(role, codec.encode(msg), wait_ms)
 
+    def send_many(self, role: str, frames: list[bytes], wait_ms: int = 0) -> bool:
+        """Send encoded messages to one actor: alone if one, else as one ``Bundle``."""
+        if len(frames) == 1:
+            return self.send_bytes(role, frames[0], wait_ms)
+        return self.send_bytes(role, codec.encode(Bundle(frames)), wait_ms)
+
     def send_bytes(self, role: str, frame: bytes, wait_ms: int = 0) -> bool:
         sock = self.peer(role)
         try:
@@ -186,6 +192,10 @@ class Actor:
             return
         if isinstance(msg, Stop):
             self.stop(msg.reason)
+            return
+        if isinstance(msg, Bundle):
+            for inner in msg.frames:
+                self.handle_frame(inner)
             return
         self.on_message(msg)
 

@@ -23,7 +23,7 @@ import zmq
 
 from actors.base import CACHE_MANAGER, FRONT_DOOR, Actor, ActorContext
 from actors.log_state import LogState, Pending
-from wire import logrecord
+from wire import codec, logrecord
 from wire.codec import Message
 from wire.logrecord import CorruptLog
 from wire.messages import Hello, LogGroup
@@ -223,13 +223,14 @@ class LogManager(Actor):
         if any(p.catalog_changed for p in group):
             # Before the acks, on the same pipe: a client told "created" can use the topic.
             self.broadcast_catalog()
-        wait_ms = 1000
+        replies = []
         for p in group:
-            if not self.send(FRONT_DOOR, p.reply, wait_ms=wait_ms):
-                wait_ms = 0  # the front door is gone: its clients time out and retry
+            replies.append(codec.encode(p.reply))
             parts = getattr(p.reply, "parts", None)
             if parts and p.record:
                 self.window_records += sum(part[2] for part in parts)
+        # If the front door is gone, its clients time out and retry (produce is idempotent).
+        self.send_many(FRONT_DOOR, replies, wait_ms=1000)
 
     # ---- figures ----------------------------------------------------------------------
 

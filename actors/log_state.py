@@ -107,24 +107,31 @@ class LogState:
         return win
 
     def _remember(self, win: ProducerWindow, seq: int, lsn: int, parts: list[list[int]]) -> None:
-        win.results[seq] = (lsn, parts)
+        results = win.results
+        results[seq] = (lsn, parts)
         if seq > win.max_seq:
             win.max_seq = seq
-            floor = seq - self.window
-            if len(win.results) > self.window:
-                for old in [s for s in win.results if s <= floor]:
-                    del win.results[old]
+        # Sequence numbers arrive (almost always) in order, so the oldest are at the front
+        # of the insertion-ordered dict: evicting costs O(1) per request, not O(window).
+        floor = win.max_seq - self.window
+        while results:
+            oldest = next(iter(results))
+            if oldest > floor and len(results) <= 2 * self.window:
+                break
+            del results[oldest]
 
     def _append(self, msg: Append, now_ms: int) -> Pending | Any:
-        win = self._producer(msg.producer_id)
-        seen = win.results.get(msg.seq)
-        if seen is not None:
-            lsn, parts = seen
-            return Pending(b"", Ack(msg.corr, lsn, parts), lsn)  # answered with its group
-        if msg.seq <= win.max_seq - self.window:
-            return ErrorReply(msg.corr, ErrorCode.STALE_SEQUENCE,
-                              f"sequence {msg.seq} of producer {msg.producer_id} is older than "
-                              f"the last {self.window} remembered (latest {win.max_seq})")
+        known = self.producers.get(msg.producer_id)
+        if known is not None:
+            self.producers.move_to_end(msg.producer_id)  # a retry is use, too
+            seen = known.results.get(msg.seq)
+            if seen is not None:
+                lsn, parts = seen
+                return Pending(b"", Ack(msg.corr, lsn, parts), lsn)  # answered with its group
+            if msg.seq <= known.max_seq - self.window:
+                return ErrorReply(msg.corr, ErrorCode.STALE_SEQUENCE,
+                                  f"sequence {msg.seq} of producer {msg.producer_id} is older "
+                                  f"than the last {self.window} remembered (latest {known.max_seq})")
         logged = []
         acked = []
         for topic_id, partition, count, blob in msg.parts:
@@ -138,6 +145,9 @@ class LogState:
             first = self.next_offset[(topic_id, partition)]
             logged.append([topic_id, partition, first, count, blob])
             acked.append([partition, first, count])
+        # Only a request that is going to be logged touches producer state: a refused one
+        # must not evict another producer's window.
+        win = self._producer(msg.producer_id)
         for (topic_id, partition, first, count, _blob) in logged:
             self.next_offset[(topic_id, partition)] = first + count
         self.last_lsn += 1

@@ -7,7 +7,7 @@ Column families (keys are big-endian so that byte order is numeric order):
     tags      len u16 | tag utf-8 | offset u64    → b""
     time      running max timestamp u64 | offset  → b""   (written when the max grows)
     groups    consumer group utf-8                → committed offset u64
-    meta      b"applied_lsn", b"next_offset", b"max_ts", b"format" → u64
+    meta      b"applied_lsn", b"next_offset", b"max_ts" (+1; 0 = none), b"format" → u64
 
 Every applied log record goes into one WriteBatch together with the new ``applied_lsn``,
 so after a crash the shard is exactly as of some LSN and replay from the log continues
@@ -72,7 +72,7 @@ class ShardStore:
                                    f"up to {FORMAT_VERSION}")
         self.applied_lsn = self._meta(b"applied_lsn")
         self.next_offset = self._meta(b"next_offset")
-        self.max_ts = self._meta(b"max_ts")
+        self.max_ts = self._meta(b"max_ts") - 1  # stored +1, so that 0 means "none yet"
         self.batch: rocksdict.WriteBatch | None = None
         self.batch_lsn = 0
 
@@ -138,7 +138,7 @@ class ShardStore:
         meta = self.h["meta"]
         wb.put(b"applied_lsn", U64.pack(lsn), meta)
         wb.put(b"next_offset", U64.pack(self.next_offset), meta)
-        wb.put(b"max_ts", U64.pack(self.max_ts), meta)
+        wb.put(b"max_ts", U64.pack(self.max_ts + 1), meta)
         wb.put(b"format", U64.pack(FORMAT_VERSION), meta)
         self.db.write(wb, self.write_opts)
         self.batch = None

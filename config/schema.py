@@ -125,17 +125,24 @@ def _build(table: dict[str, dict[str, Any]]) -> NodeConfig:
     return NodeConfig(**sections)
 
 
+_MAY_BE_ZERO = {"port", "group_wait_us_max"}  # port 0: any free port; wait 0: no extra wait
+
+
 def _positive(cfg: NodeConfig) -> None:
     for section in dataclasses.fields(cfg):
         for f in dataclasses.fields(getattr(cfg, section.name)):
             value = getattr(getattr(cfg, section.name), f.name)
-            if isinstance(value, int) and value <= 0 and f.name != "port":
+            if isinstance(value, int) and value <= 0 and f.name not in _MAY_BE_ZERO:
                 raise ConfigError(f"{section.name}.{f.name} must be positive, got {value}")
 
 
 def validate(cfg: NodeConfig) -> None:
     """Check each value and the relations between them; raise ``ConfigError`` naming the key."""
     _positive(cfg)
+    for name in _MAY_BE_ZERO:
+        section = "node" if name == "port" else "log"
+        if getattr(getattr(cfg, section), name) < 0:
+            raise ConfigError(f"{section}.{name} must not be negative")
     if not 0 <= cfg.node.port <= 65535:
         raise ConfigError(f"node.port must be 0-65535, got {cfg.node.port}")
     if cfg.node.writers > 64:
@@ -171,6 +178,10 @@ def load_config(path: str | Path | None = None,
             raise ConfigError(f"config file {p} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {p} is not UTF-8 text: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {p} cannot be read: {exc.strerror}") from None
         _overlay(table, user, str(p))
     if overrides:
         _overlay(table, overrides, "command line")

@@ -21,7 +21,7 @@ import msgpack
 import zmq
 
 from actors.base import CACHE_MANAGER, LOG_MANAGER, SUPERVISOR, Actor, ActorContext
-from wire import protocol
+from wire import codec, protocol
 from wire.codec import Message
 from wire.errors import ErrorCode, NodeError
 from wire.messages import (
@@ -77,6 +77,7 @@ class FrontDoor(Actor):
         self.topics: dict[str, tuple[int, int]] = {}  # name → (topic_id, partitions)
         self.catalog_version = -1
         self.pending: dict[int, Waiting] = {}
+        self.outbox: dict[str, list[tuple[int, bytes]]] = {}  # role → [(corr, frame)]
         self.next_corr = 1
         self.round_robin: dict[str, int] = {}
         self.lsn_seen = 0  # highest LSN answered as durable: reads wait for it
@@ -99,6 +100,12 @@ class FrontDoor(Actor):
     # ---- client side ------------------------------------------------------------------
 
     def on_socket(self, sock: zmq.Socket[bytes]) -> None:
+        try:
+            self.read_clients()
+        finally:
+            self.flush_outbox()
+
+    def read_clients(self) -> None:
         for _ in range(CLIENT_BURST_MAX):
             try:
                 frames = self.router.recv_multipart(zmq.NOBLOCK)
@@ -155,9 +162,18 @@ class FrontDoor(Actor):
         return corr
 
     def forward(self, role: str, corr: int, msg: Message) -> None:
-        if not self.send(role, msg):
-            del self.pending[corr]
-            raise NodeError(f"the {role} queue is full; retry later", ErrorCode.BUSY)
+        """Queue a request for an actor; the burst's requests go out together."""
+        self.outbox.setdefault(role, []).append((corr, codec.encode(msg)))
+
+    def flush_outbox(self) -> None:
+        for role, items in self.outbox.items():
+            if items and not self.send_many(role, [frame for _corr, frame in items]):
+                for corr, _frame in items:
+                    w = self.pending.pop(corr, None)
+                    if w is not None:
+                        self.answer(w.identity, protocol.error(
+                            w.rid, ErrorCode.BUSY, f"the {role} queue is full; retry later"))
+            items.clear()
 
     def route(self, identity: bytes, rid: int, op: str, req: dict[str, Any]) -> None:
         if op == "produce":

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from config import ConfigError, NodeConfig, load_config
-from config.schema import default_table, validate
+from config.schema import _MAY_BE_ZERO, default_table, validate
 
 DEFAULTS_FILE = Path(__file__).resolve().parent.parent / "config" / "defaults.toml"
 
@@ -39,7 +39,8 @@ def write(tmp_path: Path, text: str, name: str = "node.toml") -> Path:
 
 
 def _with(cfg: NodeConfig, section: str, **values: Any) -> NodeConfig:
-    return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **values)})
+    changed = dataclasses.replace(getattr(cfg, section), **values)
+    return dataclasses.replace(cfg, **{section: changed})
 
 
 # ---- defaults and schema in step -------------------------------------------------------
@@ -177,7 +178,7 @@ def test_a_wrong_type_is_named(tmp_path: Path, section: str, key: str) -> None:
 @pytest.mark.parametrize(
     ("section", "key"),
     [(s, k) for s, keys in schema().items() for k, tp in keys.items()
-     if tp is int and (s, k) != ("node", "port")],
+     if tp is int and k not in _MAY_BE_ZERO],
 )
 def test_a_non_positive_value_is_named(tmp_path: Path, section: str, key: str) -> None:
     for bad in (0, -1):
@@ -274,7 +275,8 @@ def test_a_missing_file_says_so(tmp_path: Path) -> None:
     assert "does not exist" in str(info.value)
 
 
-@pytest.mark.parametrize("text", ["[node\nport = 1\n", "port = = 2\n", "[node]\nport = 1\nport = 2\n"],
+@pytest.mark.parametrize("text",
+                         ["[node\nport = 1\n", "port = = 2\n", "[node]\nport = 1\nport = 2\n"],
                          ids=["unclosed-section", "double-equals", "duplicate-key"])
 def test_invalid_toml_says_so(tmp_path: Path, text: str) -> None:
     msg = _error(tmp_path, text)
@@ -288,3 +290,10 @@ def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(p)
     assert str(p) in str(info.value)
+
+
+@pytest.mark.parametrize("key", sorted(_MAY_BE_ZERO))
+def test_keys_that_may_be_zero_still_refuse_negatives(tmp_path: Path, key: str) -> None:
+    section = "node" if key == "port" else "log"
+    load_config(overrides={section: {key: 0}})
+    assert key in _error(tmp_path, f"[{section}]\n{key} = -1\n")

@@ -37,7 +37,8 @@ def sample_bodies() -> list[tuple[Kind, Any]]:
     ]
 
 
-def build(first_lsn: int = 1, bodies: list[tuple[Kind, Any]] | None = None) -> tuple[bytes, list[int]]:
+def build(first_lsn: int = 1,
+          bodies: list[tuple[Kind, Any]] | None = None) -> tuple[bytes, list[int]]:
     """A segment's bytes and the start position of each record (plus the end, last)."""
     bodies = sample_bodies() if bodies is None else bodies
     buf = b""

@@ -54,8 +54,13 @@ def _sample(tp: Any, i: int, use_none: bool) -> Any:
         if use_none and type(None) in args:
             return None
         return _sample(next(a for a in args if a is not type(None)), i, use_none)
+    if tp is Any:
+        return [i, f"t{i}", b"\x00blob", None, -1, [1, "x"]][i % 6]
     if origin is list:
-        return [[i, f"t{i}", 3, b"\x00blob"], [i + 1, None, -1]]
+        (item,) = typing.get_args(tp)
+        if item is Any:
+            return [i, f"t{i}", 3, b"\x00blob", None, [i + 1, -1]]
+        return [_sample(item, i + k, use_none) for k in range(3)]
     if origin is dict:
         return {"count": i, "nested": [1, "a", b"b", None], "map": {"x": 1.5}}
     raise AssertionError(f"no sample for annotation {tp!r}: teach this test the new type")

@@ -76,6 +76,7 @@ class Unavailable(NodeError):
 
 
 _BY_CODE: dict[ErrorCode, type[NodeError]] = {
+    ErrorCode.BAD_REQUEST: BadRequest,
     ErrorCode.UNKNOWN_TOPIC: UnknownTopic,
     ErrorCode.UNKNOWN_PARTITION: UnknownPartition,
     ErrorCode.TOPIC_EXISTS: TopicExists,

@@ -220,6 +220,18 @@ class StatusRequest(Message):
 # ---- to any actor ----------------------------------------------------------------------
 
 
+@message(61)
+class Bundle(Message):
+    """Several encoded messages in one frame: what one burst of work sends to one peer.
+
+    Per-message costs (a ZeroMQ send, a wakeup, a decode) are paid once per bundle, not
+    once per request. The receiver handles the frames in order, as if sent one by one.
+    """
+
+    frames: list[bytes]
+
+
+
 @message(60)
 class Stop(Message):
     """Finish what is in hand, make it durable, and exit."""

@@ -1,0 +1,299 @@
+"""Unit tests of one shard in RocksDB (``actors.shard_store.ShardStore``), on ``tmp_path``.
+
+Randomised tests print their seed; ``SHARDNODE_SEED=<seed>`` replays one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.shard_store import FORMAT_VERSION, U64, ShardStore, StoreFormatError, shard_dir
+from wire.records import Record, pack_batch
+
+TS = 1_700_000_000_000
+
+
+class Model:
+    """What the shard should hold, computed from the batches given to it."""
+
+    def __init__(self) -> None:
+        self.rows: list[list[Any]] = []
+
+    def add(self, records: list[Record | bytes], batch_ts: int) -> None:
+        for r in records:
+            off = len(self.rows)
+            if isinstance(r, bytes):
+                self.rows.append([off, batch_ts, None, [], r])
+            else:
+                ts = batch_ts if r.timestamp is None else r.timestamp
+                self.rows.append([off, ts, r.key, list(r.tags), r.value])
+
+    def by_key(self, key: bytes) -> list[list[Any]]:
+        hits = [row for row in self.rows if row[2] == key]
+        return hits[-1:]
+
+    def by_tag(self, tag: str, offset: int, max_records: int) -> list[list[Any]]:
+        return [row for row in self.rows if tag in row[3] and row[0] >= offset][:max_records]
+
+    def offset_for(self, ts: int) -> int | None:
+        return next((row[0] for row in self.rows if row[1] >= ts), None)
+
+
+class Shard:
+    """A store plus its model, fed batch by batch with increasing LSNs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.store = ShardStore(path, 1, 0)
+        self.model = Model()
+        self.lsn = 0
+
+    def produce(self, records: list[Record | bytes], batch_ts: int = TS,
+                finish: bool = True) -> int:
+        self.lsn += 2  # LSNs of a shard need not be contiguous (other shards take some)
+        first = len(self.model.rows)
+        n = self.store.apply_produce(self.lsn, first, len(records), batch_ts, pack_batch(records))
+        assert n == len(records)
+        if finish:
+            self.store.finish(self.lsn)
+        self.model.add(records, batch_ts)
+        return self.lsn
+
+    def reopen(self) -> None:
+        self.store.flush()
+        self.store.close()
+        self.store = ShardStore(self.path, 1, 0)
+
+
+@pytest.fixture
+def shard(tmp_path: Path) -> Iterator[Shard]:
+    s = Shard(shard_dir(tmp_path, 1, 0))
+    yield s
+    s.store.close()
+
+
+def _norm(rows: list[Any]) -> list[Any]:
+    return [[o, ts, k, list(tags), v] for o, ts, k, tags, v in rows]
+
+
+# ---- writing and reading ----------------------------------------------------------------------
+
+
+def test_a_new_store_is_empty(shard: Shard) -> None:
+    st = shard.store
+    assert (st.applied_lsn, st.next_offset, st.max_ts) == (0, 0, -1)  # -1: nothing indexed yet
+    assert st.read(0, 10) == []
+    assert st.read_by_key(b"k") == []
+    assert st.read_by_tag("t", 0, 10) == []
+    assert st.offset_for_timestamp(0) is None
+    assert st.committed_offset("g") is None
+
+
+def test_apply_then_read(shard: Shard) -> None:
+    shard.produce([b"a", Record(b"b", key=b"kb", tags=("x",), timestamp=TS - 1)], batch_ts=TS)
+    lsn = shard.produce([Record(b"c", tags=("x", "y")), b"", Record(b"e", key=b"")],
+                        batch_ts=TS + 10)
+    st = shard.store
+    assert st.applied_lsn == lsn
+    assert st.next_offset == 5
+    rows = shard.model.rows
+    assert _norm(st.read(0, 100)) == rows
+    for offset in range(6):
+        for max_records in (1, 2, 100):
+            assert _norm(st.read(offset, max_records)) == rows[offset:offset + max_records]
+
+
+def test_values_of_every_size_round_trip(shard: Shard) -> None:
+    values = [b"", b"\x00", bytes(range(256)), b"v" * 100_000]
+    shard.produce(list(values))
+    assert [row[4] for row in shard.store.read(0, 10)] == values
+
+
+def test_read_by_key_returns_the_latest_record_with_the_key(shard: Shard) -> None:
+    shard.produce([Record(b"1", key=b"a"), Record(b"2", key=b"b"), Record(b"3", key=b"a")])
+    shard.produce([b"no-key", Record(b"4", key=b"b"), Record(b"5", key=b"c")])
+    shard.produce([Record(b"6", key=b"a", tags=("t",))])
+    st = shard.store
+    for key in (b"a", b"b", b"c", b"missing", b""):
+        assert _norm(st.read_by_key(key)) == shard.model.by_key(key), key
+    assert st.read_by_key(b"a")[0][4] == b"6"
+
+
+def test_read_by_tag_from_an_offset(shard: Shard) -> None:
+    seed = int(os.environ.get("SHARDNODE_SEED", random.randrange(2**32)))
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    tags = ["red", "re", "redd", "blue", "ü-tag"]  # prefixes of each other must not mix
+    for _ in range(6):
+        shard.produce([Record(f"v{rng.random()}".encode(),
+                              tags=tuple(rng.sample(tags, rng.randint(0, 3))))
+                       for _ in range(rng.randint(1, 8))])
+    st = shard.store
+    n = len(shard.model.rows)
+    for tag in tags + ["missing"]:
+        for offset in (0, 1, n // 2, n - 1, n):
+            for max_records in (1, 3, 1000):
+                assert _norm(st.read_by_tag(tag, offset, max_records)) == \
+                    shard.model.by_tag(tag, offset, max_records), (tag, offset, max_records)
+
+
+def test_offset_for_timestamp_with_out_of_order_timestamps(shard: Shard) -> None:
+    seed = int(os.environ.get("SHARDNODE_SEED", random.randrange(2**32)))
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    for b in range(8):
+        batch_ts = TS + 1000 * b
+        shard.produce([Record(b"v", timestamp=None if rng.random() < 0.3
+                              else batch_ts + rng.randint(-5000, 5000))
+                       for _ in range(rng.randint(1, 6))], batch_ts=batch_ts)
+    stamps = sorted({row[1] for row in shard.model.rows})
+    queries = {0, 1, stamps[0] - 1, stamps[-1], stamps[-1] + 1, TS + 10**9}
+    for ts in stamps:
+        queries |= {ts - 1, ts, ts + 1}
+    for q in sorted(queries):
+        assert shard.store.offset_for_timestamp(q) == shard.model.offset_for(q), q
+
+
+def test_offset_for_timestamp_spelled_out(shard: Shard) -> None:
+    shard.produce([Record(b"a", timestamp=100), Record(b"b", timestamp=300),
+                   Record(b"c", timestamp=200), Record(b"d", timestamp=400),
+                   Record(b"e", timestamp=250)])
+    st = shard.store
+    assert st.offset_for_timestamp(50) == 0
+    assert st.offset_for_timestamp(100) == 0
+    assert st.offset_for_timestamp(150) == 1  # 300 at offset 1 is the first >= 150
+    assert st.offset_for_timestamp(250) == 1
+    assert st.offset_for_timestamp(301) == 3
+    assert st.offset_for_timestamp(401) is None
+
+
+def test_offset_for_timestamp_with_timestamp_zero(shard: Shard) -> None:
+    # Timestamp 0 is a valid timestamp (wire.records accepts any non-negative int).
+    shard.produce([Record(b"a", timestamp=0), Record(b"b", timestamp=0)])
+    assert shard.store.offset_for_timestamp(0) == 0
+    shard.produce([Record(b"c", timestamp=5)])
+    assert shard.store.offset_for_timestamp(0) == 0
+    assert shard.store.offset_for_timestamp(1) == 2
+
+
+def test_committed_offsets(shard: Shard) -> None:
+    shard.produce([b"a", b"b", b"c"])
+    st = shard.store
+    st.apply_offset_commit(10, "g1", 2)
+    st.apply_offset_commit(10, "g2", 1)
+    st.finish(10)
+    assert (st.committed_offset("g1"), st.committed_offset("g2")) == (2, 1)
+    st.apply_offset_commit(11, "g1", 3)
+    st.finish(11)
+    assert st.committed_offset("g1") == 3
+    assert st.committed_offset("g3") is None
+    assert st.committed_offset("g") is None  # a prefix of a group is another group
+    assert st.applied_lsn == 11
+
+
+# ---- idempotence and order --------------------------------------------------------------------
+
+
+def test_reapplying_an_applied_lsn_changes_nothing(shard: Shard) -> None:
+    first_lsn = shard.produce([Record(b"a", key=b"k", tags=("t",), timestamp=TS)])
+    last_lsn = shard.produce([b"b", b"c"], batch_ts=TS + 5)
+    st = shard.store
+    st.apply_offset_commit(last_lsn + 1, "g", 1)
+    st.finish(last_lsn + 1)
+    before = (st.applied_lsn, st.next_offset, st.max_ts, st.read(0, 100),
+              st.read_by_key(b"k"), st.read_by_tag("t", 0, 10), st.committed_offset("g"))
+    # Replay after a crash: the same records again, as the log holds them.
+    assert st.apply_produce(first_lsn, 0, 1, TS, pack_batch([Record(b"X", key=b"k",
+                                                                     tags=("t",),
+                                                                     timestamp=TS + 99)])) == 0
+    assert st.apply_produce(last_lsn, 1, 2, TS + 5, pack_batch([b"Y", b"Z"])) == 0
+    st.apply_offset_commit(last_lsn + 1, "g", 0)
+    st.finish(last_lsn + 1)
+    st.finish(last_lsn)
+    after = (st.applied_lsn, st.next_offset, st.max_ts, st.read(0, 100),
+             st.read_by_key(b"k"), st.read_by_tag("t", 0, 10), st.committed_offset("g"))
+    assert after == before
+
+
+def test_a_gap_in_offsets_raises_and_applies_nothing(shard: Shard) -> None:
+    shard.produce([b"a", b"b"])
+    st = shard.store
+    for first in (3, 1, 0):
+        with pytest.raises(RuntimeError, match=f"offset {first}"):
+            st.apply_produce(shard.lsn + 1, first, 1, TS, pack_batch([b"x"]))
+    assert st.next_offset == 2
+    assert _norm(st.read(0, 10)) == shard.model.rows
+    shard.produce([b"c"])  # the right offset still works
+    assert _norm(st.read(0, 10)) == shard.model.rows
+
+
+# ---- durability ---------------------------------------------------------------------------------
+
+
+def test_reopen_after_flush_and_close_keeps_everything(shard: Shard) -> None:
+    shard.produce([Record(b"a", key=b"k1", tags=("t",), timestamp=TS + 50),
+                   Record(b"b", key=b"k2", timestamp=TS + 20)])
+    shard.produce([b"c", Record(b"d", key=b"k1", tags=("t", "u"))], batch_ts=TS + 30)
+    st = shard.store
+    st.apply_offset_commit(shard.lsn + 1, "grp", 3)
+    st.finish(shard.lsn + 1)
+    want = (st.applied_lsn, st.next_offset, st.max_ts)
+    assert want == (shard.lsn + 1, 4, TS + 50)
+    shard.reopen()
+    st = shard.store
+    assert (st.applied_lsn, st.next_offset, st.max_ts) == want
+    m = shard.model
+    assert _norm(st.read(0, 100)) == m.rows
+    assert _norm(st.read_by_key(b"k1")) == m.by_key(b"k1")
+    assert _norm(st.read_by_tag("t", 1, 10)) == m.by_tag("t", 1, 10)
+    assert st.offset_for_timestamp(TS + 25) == m.offset_for(TS + 25)
+    assert st.committed_offset("grp") == 3
+    # And it carries on where it left off, with the running max timestamp kept.
+    shard.produce([Record(b"e", timestamp=TS + 40), Record(b"f", timestamp=TS + 60)])
+    assert st.offset_for_timestamp(TS + 55) == m.offset_for(TS + 55) == 5
+
+
+def test_an_unfinished_batch_is_not_applied(shard: Shard) -> None:
+    shard.produce([b"a"])
+    st = shard.store
+    applied = st.applied_lsn
+    st.apply_produce(shard.lsn + 1, 1, 1, TS, pack_batch([b"lost"]))  # no finish
+    shard.reopen()
+    st = shard.store
+    assert (st.applied_lsn, st.next_offset) == (applied, 1)
+    assert [row[4] for row in st.read(0, 10)] == [b"a"]
+
+
+def test_a_store_of_a_newer_format_is_refused(tmp_path: Path) -> None:
+    path = shard_dir(tmp_path, 3, 1)
+    st = ShardStore(path, 3, 1)
+    st.apply_produce(1, 0, 1, TS, pack_batch([b"a"]))
+    st.finish(1)
+    st.cf["meta"][b"format"] = U64.pack(FORMAT_VERSION + 1)
+    st.flush()
+    st.close()
+    for _ in range(2):  # the refused open closes the database: a second try says the same
+        with pytest.raises(StoreFormatError) as info:
+            ShardStore(path, 3, 1)
+        assert str(path) in str(info.value)
+        assert str(FORMAT_VERSION + 1) in str(info.value)
+
+
+def test_a_store_of_the_current_format_opens(tmp_path: Path) -> None:
+    path = shard_dir(tmp_path, 3, 1)
+    st = ShardStore(path, 3, 1)
+    st.apply_produce(1, 0, 1, TS, pack_batch([b"a"]))
+    st.finish(1)
+    assert U64.unpack(st.cf["meta"][b"format"])[0] == FORMAT_VERSION
+    st.flush()
+    st.close()
+    st = ShardStore(path, 3, 1)
+    assert st.applied_lsn == 1
+    st.destroy()
+    assert not path.exists()
