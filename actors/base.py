@@ -86,7 +86,7 @@ class Actor:
         self.cfg: NodeConfig = from_dict(ctx.config)
         self.run_dir = Path(ctx.run_dir)
         self.parent_pid = ctx.parent_pid
-        self.zctx = zmq.Context.instance()
+        self.zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.mailbox = self.zctx.socket(zmq.PULL)
         self.mailbox.setsockopt(zmq.LINGER, 0)
         self.mailbox.setsockopt(zmq.RCVHWM, self.cfg.limits.mailbox_messages_max)

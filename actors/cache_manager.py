@@ -16,7 +16,7 @@ from actors.base import FRONT_DOOR, LOG_MANAGER, Actor, ActorContext, writer_rol
 from actors.cache_state import CacheState
 from wire import codec
 from wire.codec import Message
-from wire.messages import Catalog, Hello, LogGroup, Read, RecordsReply, READ_MESSAGES
+from wire.messages import READ_MESSAGES, Catalog, Hello, LogGroup, Read, RecordsReply
 from wire.records import pack_read
 
 log = logging.getLogger("shardnode")

@@ -92,7 +92,7 @@ def recover(log_dir: Path, state: LogState) -> tuple[int, int, Path | None, int]
     torn = 0
     last_path: Path | None = None
     last_size = 0
-    for i, (first_lsn, path) in enumerate(segments):
+    for i, (_first_lsn, path) in enumerate(segments):
         is_last = i == len(segments) - 1
         scan = logrecord.scan_bytes(path, path.read_bytes(), last=is_last)
         for entry in scan.entries:
@@ -187,7 +187,7 @@ class LogManager(Actor):
             deadline = time.monotonic() + wait_us / 1e6
             while self.running and len(self.queue) < self.cfg.log.group_requests_max:
                 left_ms = (deadline - time.monotonic()) * 1000
-                if left_ms <= 0 or not self.mailbox.poll(left_ms, zmq.POLLIN):
+                if left_ms <= 0 or not self.mailbox.poll(int(left_ms) + 1, zmq.POLLIN):
                     break
                 self.drain_mailbox()
         if self.queue:

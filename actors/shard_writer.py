@@ -17,7 +17,6 @@ import collections
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -220,7 +219,7 @@ class ShardWriter(Actor):
         if isinstance(msg, LogGroup):
             self.on_group(msg)
         elif hasattr(msg, "lsn_min"):
-            if msg.lsn_min <= self.processed_lsn:  # type: ignore[attr-defined]
+            if msg.lsn_min <= self.processed_lsn:
                 self.serve(msg)
             elif len(self.parked) >= PARKED_READS_MAX:
                 self.reply_error(msg, ErrorCode.BUSY, "too many reads waiting for this writer")

@@ -136,7 +136,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
     with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms) as c:
         key = None if args.key is None else args.key.encode()
         recs = [Record(v.encode(), key, tuple(args.tag)) for v in args.values]
-        for (p, off), value in zip(c.produce_batch(args.topic, recs, args.partition), args.values):
+        for (p, off), value in zip(c.produce_batch(args.topic, recs, args.partition), args.values, strict=False):
             print(f"{args.topic}/{p}@{off} {value}")
     return 0
 

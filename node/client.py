@@ -30,7 +30,7 @@ from wire.errors import Busy, ErrorCode, NodeError, RequestTimeout, Unavailable,
 from wire.protocol import DEFAULT_PORT
 from wire.records import Record, pack_batch, to_wire, unpack_read
 
-__all__ = ["NodeClient", "Record", "TopicInfo", "Pipeline", "NodeError"]
+__all__ = ["NodeClient", "NodeError", "Pipeline", "Record", "TopicInfo"]
 
 DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{DEFAULT_PORT}"
 _RETRYABLE = (ErrorCode.BUSY, ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE)
@@ -75,7 +75,7 @@ class NodeClient:
         self._seq = itertools.count()
         self._ids = itertools.count(1)
         self._partitions: dict[str, int] = {}
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.sock = self._ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
@@ -126,6 +126,7 @@ class NodeClient:
                 continue  # the late answer to an attempt we gave up on
             if not reply.get("ok"):
                 raise error_for(reply.get("code", 0), reply.get("error", ""))
+            assert isinstance(reply, dict)
             return reply
 
     # ---- topics -------------------------------------------------------------------

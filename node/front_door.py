@@ -242,7 +242,7 @@ class FrontDoor(Actor):
                 assign = [rr % partitions if k is None else zlib.crc32(k) % partitions
                           for k in keys]
                 split: dict[int, list[Any]] = {}
-                for p, item in zip(assign, items):
+                for p, item in zip(assign, items, strict=False):
                     split.setdefault(p, []).append(item)
                 if len(split) == 1:
                     (p, _), = split.items()

@@ -8,6 +8,7 @@ and the crash test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -58,7 +59,7 @@ class LocalNode:
         if self.config is not None:
             cmd += ["--config", str(self.config)]
         cmd += self.extra_args
-        self._log = open(self.log_file, "ab")
+        self._log = open(self.log_file, "ab")  # noqa: SIM115 - open while the node runs
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         self.wait_ready(timeout_s)
@@ -116,10 +117,8 @@ class LocalNode:
         """SIGKILL the whole node at once (supervisor and every actor)."""
         if self.proc is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait(10)
         self._wait_gone(10)
         self._close_log()
@@ -135,7 +134,7 @@ class LocalNode:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
-            raise NodeFailed(f"node did not stop within {timeout_s} s:\n{self.log_tail()}")
+            raise NodeFailed(f"node did not stop within {timeout_s} s:\n{self.log_tail()}") from None
         left = [p for p in members if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         self._wait_gone(10)
         left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

@@ -41,7 +41,7 @@ from actors.base import (
 )
 from config import NodeConfig
 from wire import codec
-from wire.messages import StatusReply, StatusRequest, Stats, Stop
+from wire.messages import Stats, StatusReply, StatusRequest, Stop
 
 log = logging.getLogger("shardnode")
 
@@ -79,10 +79,10 @@ class Supervisor:
         self.data = cfg.data_path
         self.run_dir = run_dir_for(self.data)
         roles = [LOG_MANAGER, CACHE_MANAGER] + [writer_role(i) for i in range(cfg.node.writers)]
-        self.order = roles + [FRONT_DOOR]
+        self.order = [*roles, FRONT_DOOR]
         self.children = {role: Child(role) for role in self.order}
         self.spawn = multiprocessing.get_context("spawn")
-        self.zctx = zmq.Context.instance()
+        self.zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.mailbox: zmq.Socket[bytes] | None = None
         self.front: zmq.Socket[bytes] | None = None
         self.restart_times: collections.deque[float] = collections.deque()
@@ -276,10 +276,8 @@ class Supervisor:
 
     def shutdown(self) -> None:
         timeout_s = self.cfg.supervisor.stop_timeout_ms / 1000
-        push = self.zctx.socket(zmq.PUSH)
-        push.setsockopt(zmq.LINGER, 0)
         try:
-            for role in [FRONT_DOOR, LOG_MANAGER, CACHE_MANAGER] + self.order[2:-1]:
+            for role in [FRONT_DOOR, LOG_MANAGER, CACHE_MANAGER, *self.order[2:-1]]:
                 child = self.children[role]
                 proc = child.process
                 if proc is None or proc.exitcode is not None:
@@ -299,14 +297,14 @@ class Supervisor:
                     proc.join(5)
                 child.state = "stopped"
         finally:
-            push.close(0)
             for child in self.children.values():
                 if child.process is not None and child.process.exitcode is None:
                     child.process.kill()
                     child.process.join(5)
-            for sock in (self.mailbox, self.front):
-                if sock is not None:
-                    sock.close(0)
+            if self.mailbox is not None:
+                self.mailbox.close(0)
+            if self.front is not None:
+                self.front.close(0)
             self.mailbox = self.front = None
             if self._lock_fd >= 0:
                 os.close(self._lock_fd)

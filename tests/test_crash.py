@@ -142,7 +142,7 @@ def kill_actor_under_load(make_node: Any, tmp_path: Path, role: str, kills: int 
     prods = start_producers(node)
     for k in range(kills):
         target = (k + 1) * 15
-        wait_until("progress", lambda: min(p.done_batches for p in prods) >= target)
+        wait_until("progress", lambda t=target: min(p.done_batches for p in prods) >= t)
         pid = node.kill_actor(role)
         wait_until(f"{role} restart", restarted(node, role, pid))
     finish(prods)
@@ -175,7 +175,8 @@ def test_kill_whole_node_under_load(make_node: Any, tmp_path: Path) -> None:
     node = make_node(CONFIG)
     prods = start_producers(node)
     for round_ in range(2):
-        wait_until("progress", lambda: min(p.done_batches for p in prods) >= (round_ + 1) * 15)
+        target = (round_ + 1) * 15
+        wait_until("progress", lambda t=target: min(p.done_batches for p in prods) >= t)
         node.kill()
         node.start()  # same data dir and port; producers retry into the new node
     finish(prods)

@@ -9,7 +9,7 @@ import zlib
 
 import pytest
 
-from node.client import NodeClient, Record
+from node.client import Record
 from node.local import LocalNode
 from wire.errors import TopicExists, UnknownPartition, UnknownTopic
 
@@ -70,7 +70,7 @@ def test_partition_choice_by_key_hash_and_round_robin(node: LocalNode) -> None:
         recs = [Record(f"v{i}".encode(), key=keys[i]) for i in range(40)]
         pairs = c.produce_batch("t", recs)
         assert [p for p, _ in pairs] == [zlib.crc32(k) % 4 for k in keys]
-        for (p, off), rec in zip(pairs, recs):
+        for (p, off), rec in zip(pairs, recs, strict=False):
             assert c.read("t", p, off, 1)[0].value == rec.value
         assert c.produce_batch("t", [b"x", b"y"], partition=2)[0][0] == 2
 

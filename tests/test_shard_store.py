@@ -136,7 +136,7 @@ def test_read_by_tag_from_an_offset(shard: Shard) -> None:
                        for _ in range(rng.randint(1, 8))])
     st = shard.store
     n = len(shard.model.rows)
-    for tag in tags + ["missing"]:
+    for tag in [*tags, "missing"]:
         for offset in (0, 1, n // 2, n - 1, n):
             for max_records in (1, 3, 1000):
                 assert _norm(st.read_by_tag(tag, offset, max_records)) == \

@@ -81,7 +81,7 @@ REGISTERED = sorted(codec.registered().items())
 def test_registry_is_not_empty_and_tags_match_classes() -> None:
     assert len(REGISTERED) >= 20
     for tag, cls in REGISTERED:
-        assert cls.TAG == tag
+        assert tag == cls.TAG
 
 
 @pytest.mark.parametrize(("tag", "cls"), REGISTERED, ids=[c.__name__ for _, c in REGISTERED])
@@ -108,7 +108,7 @@ def test_a_tag_cannot_be_registered_twice() -> None:
 
 
 def _good_frame() -> tuple[type, bytes]:
-    tag, cls = REGISTERED[0]
+    _tag, cls = REGISTERED[0]
     return cls, codec.encode(_instances(cls)[0])
 
 

@@ -9,7 +9,8 @@ field count; messages between our own processes are trusted beyond that.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 import msgpack
 
@@ -37,26 +38,28 @@ _ARITY: dict[int, int] = {}
 M = TypeVar("M", bound=type[Message])
 
 
-def message(tag: int) -> Any:
+@dataclass_transform(frozen_default=True)
+def message(tag: int) -> Callable[[M], M]:
     """Class decorator: make a frozen, slotted dataclass and register it under ``tag``."""
 
     def wrap(cls: M) -> M:
         if tag in _REGISTRY:
             raise ValueError(f"message tag {tag} used twice: {_REGISTRY[tag].__name__}, {cls.__name__}")
-        dc = dataclasses.dataclass(frozen=True, slots=True)(cls)
+        dc: Any = dataclasses.dataclass(frozen=True, slots=True)(cls)
         dc.TAG = tag
         _REGISTRY[tag] = dc
         _ARITY[tag] = len(dataclasses.fields(dc))
-        return dc  # type: ignore[return-value]
+        return dc  # type: ignore[no-any-return]
 
     return wrap
 
 
 def encode(msg: Message) -> bytes:
     """Pack a message as ``[TAG, field0, field1, ...]``."""
-    fields = [msg.TAG]
-    fields.extend(getattr(msg, f) for f in msg.__slots__)  # type: ignore[attr-defined]
-    return msgpack.packb(fields, use_bin_type=True)
+    slots: tuple[str, ...] = msg.__slots__  # the dataclass's fields, in declared order
+    fields: list[Any] = [msg.TAG]
+    fields.extend(getattr(msg, f) for f in slots)
+    return bytes(msgpack.packb(fields, use_bin_type=True))
 
 
 def decode(frame: bytes, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> Message:

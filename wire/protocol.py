@@ -107,6 +107,7 @@ def parse_request(frame: bytes, frame_bytes_max: int) -> tuple[int, str, dict[st
     extra = set(req) - set(schema) - {"op", "id"}
     if extra:
         raise _error(rid, ErrorCode.BAD_REQUEST, f"{op}: unknown fields {sorted(extra)}")
+    assert isinstance(op, str)
     return rid, op, req
 
 
@@ -126,9 +127,9 @@ def check_name(what: str, name: str) -> None:
 def ok(rid: int, **fields: Any) -> bytes:
     fields["id"] = rid
     fields["ok"] = True
-    return msgpack.packb(fields, use_bin_type=True)
+    return bytes(msgpack.packb(fields, use_bin_type=True))
 
 
 def error(rid: int, code: int, text: str) -> bytes:
-    return msgpack.packb({"id": rid, "ok": False, "code": int(code), "error": text},
-                         use_bin_type=True)
+    return bytes(msgpack.packb({"id": rid, "ok": False, "code": int(code), "error": text},
+                               use_bin_type=True))

@@ -45,7 +45,7 @@ def to_wire(record: Record | bytes) -> Any:
 
 
 def pack_batch(records: Iterable[Record | bytes]) -> bytes:
-    return msgpack.packb([to_wire(r) for r in records], use_bin_type=True)
+    return bytes(msgpack.packb([to_wire(r) for r in records], use_bin_type=True))
 
 
 def check_batch(blob: bytes, records_max: int, value_bytes_max: int) -> list[Any]:
@@ -100,4 +100,4 @@ def unpack_read(blob: bytes) -> list[Record]:
 
 def pack_read(rows: Sequence[Any]) -> bytes:
     """Pack ``[offset, ts, key, tags, value]`` rows for a read reply."""
-    return msgpack.packb(rows, use_bin_type=True)
+    return bytes(msgpack.packb(rows, use_bin_type=True))
