@@ -34,6 +34,10 @@ POLL_MS_MAX = 100
 DRAIN_MESSAGES_MAX = 4096  # messages handled per burst before the actor looks up
 EVENTS_KEPT = 200  # recent events each actor keeps for debugging
 
+# Exit codes an actor uses to tell the supervisor why it stopped.
+EXIT_FAILED = 1  # an unexpected error: restart it
+EXIT_REFUSED = 65  # it must not run on what it found (a corrupt log, a newer format): stop the node
+
 SUPERVISOR = "supervisor"
 FRONT_DOOR = "front"
 LOG_MANAGER = "log"
@@ -76,6 +80,10 @@ def _die_with_parent() -> None:
         libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
     except OSError:
         pass
+
+
+class RefuseToStart(Exception):
+    """Raised by ``on_start`` when the actor must not run; the node stops with the message."""
 
 
 class Actor:
@@ -283,7 +291,10 @@ def actor_main(ctx: ActorContext) -> None:
         finally:
             actor.on_stop()
             actor.close()
+    except RefuseToStart as exc:
+        log.critical("%s refuses to start: %s", ctx.role, exc)
+        code = EXIT_REFUSED
     except Exception:
         log.exception("actor %s failed", ctx.role)
-        code = 1
+        code = EXIT_FAILED
     sys.exit(code)

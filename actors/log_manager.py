@@ -21,7 +21,7 @@ from typing import Any
 
 import zmq
 
-from actors.base import CACHE_MANAGER, FRONT_DOOR, Actor, ActorContext
+from actors.base import CACHE_MANAGER, FRONT_DOOR, Actor, ActorContext, RefuseToStart
 from actors.log_state import LogState, Pending
 from wire import codec, logrecord
 from wire.codec import Message
@@ -141,7 +141,10 @@ class LogManager(Actor):
     def on_start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
-        replayed, torn, last_path, last_size = recover(self.log_dir, self.state)
+        try:
+            replayed, torn, last_path, last_size = recover(self.log_dir, self.state)
+        except CorruptLog as exc:
+            raise RefuseToStart(str(exc)) from None
         self.recovery_ms = (time.monotonic() - t0) * 1000
         self.replayed_bytes = replayed
         self.log_bytes = replayed

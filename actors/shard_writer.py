@@ -22,10 +22,10 @@ from typing import Any
 import msgpack
 import zmq
 
-from actors.base import FRONT_DOOR, Actor, ActorContext
+from actors.base import FRONT_DOOR, Actor, ActorContext, RefuseToStart
 from actors.cache_manager import owner
 from actors.log_manager import fsync_dir
-from actors.shard_store import ShardStore, shard_dir
+from actors.shard_store import ShardStore, StoreFormatError, shard_dir
 from wire import codec, logrecord
 from wire.codec import Message
 from wire.errors import ErrorCode
@@ -82,7 +82,10 @@ class ShardWriter(Actor):
                 continue
             topic_id, partition = (int(x) for x in name[1:].split("-p"))
             if self.owns(topic_id, partition):
-                self.stores[(topic_id, partition)] = ShardStore(d, topic_id, partition)
+                try:
+                    self.stores[(topic_id, partition)] = ShardStore(d, topic_id, partition)
+                except StoreFormatError as exc:
+                    raise RefuseToStart(str(exc)) from None
         floor = min([self.catalog_lsn] + [s.applied_lsn for s in self.stores.values()])
         self.processed_lsn = floor
         t0 = time.monotonic()

@@ -31,6 +31,7 @@ import zmq
 
 from actors.base import (
     CACHE_MANAGER,
+    EXIT_REFUSED,
     FRONT_DOOR,
     LOG_MANAGER,
     SUPERVISOR,
@@ -146,8 +147,9 @@ class Supervisor:
                 proc = self.children[r].process
                 if proc is not None and proc.exitcode is not None:
                     self.shutdown()
-                    raise NodeStartError(f"the {r} actor exited with code {proc.exitcode} while "
-                                         f"starting; its log above says why")
+                    why = ("refused to start" if proc.exitcode == EXIT_REFUSED
+                           else f"exited with code {proc.exitcode} while starting")
+                    raise NodeStartError(f"the {r} actor {why}; its log above says why")
             if time.monotonic() > deadline:
                 self.shutdown()
                 raise NodeStartError(f"actors {roles} did not start within {timeout_s:.0f} s")
@@ -199,6 +201,10 @@ class Supervisor:
                 proc.kill()
                 proc.join(5)
             if proc.exitcode is not None:
+                if proc.exitcode == EXIT_REFUSED:
+                    self.failed = True
+                    self.request_stop(f"{role} refused to run; its log above says why")
+                    return
                 self._restart(child, proc.exitcode)
                 if self.stopping:
                     return

@@ -1,0 +1,125 @@
+"""Starting and stopping: torn tails, corrupt logs, signals, orphaned actors, back-pressure."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import psutil
+import pytest
+import zmq
+
+from node.local import LocalNode, NodeFailed
+from wire import logrecord
+from wire.errors import ErrorCode
+
+
+def segment(data_dir: Path) -> Path:
+    segs = logrecord.list_segments(data_dir / "log")
+    assert len(segs) == 1
+    return segs[0][1]
+
+
+def fill(node: LocalNode, n: int = 20) -> list[bytes]:
+    values = [f"v{i}".encode() for i in range(n)]
+    with node.client() as c:
+        c.create_topic("t")
+        for v in values:
+            c.produce("t", v)
+    return values
+
+
+def test_torn_tail_is_cut_off_and_the_node_starts(make_node: Any, tmp_path: Path) -> None:
+    node = make_node()
+    values = fill(node)
+    node.kill()
+    seg = segment(node.data_dir)
+    whole = seg.stat().st_size
+    last = logrecord.encode(10_000, logrecord.Kind.PRODUCE, [1, 1, 0, []])
+    with open(seg, "ab") as f:
+        f.write(last[: len(last) // 2])  # a write cut short by the crash
+    node2 = make_node(data_dir=node.data_dir)
+    with node2.client() as c:
+        assert [r.value for r in c.read("t", 0, 0)] == values
+        assert c.produce("t", b"after") == (0, len(values))
+        torn_cut = c.status()["log"]
+    assert seg.stat().st_size > whole  # cut back to `whole`, then "after" appended
+    assert torn_cut["recovery_ms"] >= 0
+
+
+def test_corrupt_record_followed_by_good_ones_refuses_to_start(make_node: Any,
+                                                                tmp_path: Path) -> None:
+    node = make_node()
+    fill(node)
+    node.stop()
+    seg = segment(node.data_dir)
+    data = bytearray(seg.read_bytes())
+    entries = logrecord.scan_bytes(seg, bytes(data), last=True).entries
+    victim = entries[len(entries) // 2]
+    data[victim.position + logrecord.HEADER_BYTES] ^= 0xFF  # flip a byte of its body
+    seg.write_bytes(bytes(data))
+    bad = LocalNode(node.data_dir, log_file=tmp_path / "bad.log")
+    with pytest.raises(NodeFailed):
+        bad.start(timeout_s=60)
+    assert bad.proc is not None and bad.proc.wait(30) == 1
+    text = (tmp_path / "bad.log").read_text()
+    assert f"{seg} is corrupt at byte {victim.position}" in text
+    assert "refused to start" in text
+    assert seg.read_bytes() == bytes(data), "a corrupt log must not be modified"
+
+
+def test_sigint_stops_cleanly(node: LocalNode) -> None:
+    fill(node, 3)
+    members = node.processes()
+    assert node.proc is not None
+    node.proc.send_signal(signal.SIGINT)
+    assert node.proc.wait(30) == 0
+    deadline = time.monotonic() + 10
+    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in members):
+        assert time.monotonic() < deadline, "actors left behind after SIGINT"
+        time.sleep(0.02)  # poll until the actors are gone
+    node.proc = None
+
+
+def test_actors_exit_when_the_supervisor_dies(node: LocalNode) -> None:
+    # Five actors, plus multiprocessing's resource tracker: every one of them must go.
+    actors = [p for p in node.processes() if node.proc is not None and p.pid != node.proc.pid]
+    assert len(actors) >= 5
+    assert node.proc is not None
+    os.kill(node.proc.pid, signal.SIGKILL)
+    node.proc.wait(10)
+    deadline = time.monotonic() + 15
+    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in actors):
+        assert time.monotonic() < deadline, "actors outlived their supervisor"
+        time.sleep(0.05)  # poll until the orphans exit by themselves
+    node.proc = None
+
+
+def test_full_node_answers_busy_and_keeps_serving(make_node: Any) -> None:
+    node = make_node("[limits]\npending_requests_max = 4\n")
+    with node.client() as c:
+        c.create_topic("t")
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(node.endpoint)
+    try:
+        n = 300
+        for i in range(n):
+            sock.send(msgpack.packb({"op": "produce", "id": i, "topic": "t", "producer_id": 9,
+                                     "seq": i, "records": msgpack.packb([b"x"])}))
+        codes = []
+        for _ in range(n):
+            assert sock.poll(10_000, zmq.POLLIN)
+            reply = msgpack.unpackb(sock.recv())
+            codes.append(0 if reply["ok"] else reply["code"])
+        assert set(codes) <= {0, ErrorCode.BUSY}
+        assert codes.count(ErrorCode.BUSY) > 0, "300 requests at once, 4 allowed in flight"
+        assert codes.count(0) > 0
+    finally:
+        sock.close(0)
+    with node.client() as c:
+        assert c.produce("t", b"after") is not None
