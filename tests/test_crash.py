@@ -3,7 +3,6 @@ in order, after SIGKILL of any actor or of the whole node; retries never duplica
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 import msgpack
 
 from node.client import NodeClient
+from node.crashcheck import Producer, check
 from node.local import LocalNode
 from wire.errors import NodeError
 
@@ -26,77 +26,8 @@ TOPIC = "crash"
 PARTITIONS = 3
 
 
-class Producer(threading.Thread):
-    """Writes numbered batches; retries each batch with the same sequence number until it is
-    acknowledged, as an idempotent producer must. Records what was acknowledged."""
-
-    def __init__(self, endpoint: str, name: str, batches: int, batch: int,
-                 partition: int | None) -> None:
-        super().__init__(daemon=True)
-        self.endpoint, self.tag, self.batches, self.batch = endpoint, name, batches, batch
-        self.partition = partition
-        self.acked: dict[bytes, tuple[int, int]] = {}
-        self.sent: set[bytes] = set()
-        self.error: BaseException | None = None
-        self.done_batches = 0
-
-    def run(self) -> None:
-        try:
-            with NodeClient(self.endpoint, timeout_ms=3000, retries=0) as c:
-                for b in range(self.batches):
-                    values = [f"{self.tag}-{b}-{i}".encode() for i in range(self.batch)]
-                    self.sent.update(values)
-                    fields: dict[str, Any] = {"topic": TOPIC, "producer_id": c.producer_id,
-                                              "seq": b, "records": msgpack.packb(values)}
-                    if self.partition is not None:
-                        fields["partition"] = self.partition
-                    deadline = time.monotonic() + 120
-                    while True:
-                        try:
-                            reply = c.call("produce", **fields)
-                            break
-                        except NodeError:
-                            if time.monotonic() > deadline:
-                                raise
-                    (p, first, n), = reply["parts"]
-                    assert n == len(values)
-                    for i, v in enumerate(values):
-                        self.acked[v] = (p, first + i)
-                    self.done_batches = b + 1
-        except BaseException as exc:  # surfaced by the test
-            self.error = exc
-
-
-def read_all(c: NodeClient) -> dict[int, list[bytes]]:
-    out = {}
-    for p in range(PARTITIONS):
-        values: list[bytes] = []
-        while True:
-            recs = c.read(TOPIC, p, len(values), 1000)
-            if not recs:
-                break
-            assert [r.offset for r in recs] == list(range(len(values), len(values) + len(recs))), \
-                f"offsets of partition {p} are not contiguous"
-            values += [r.value for r in recs]
-        out[p] = values
-    return out
-
-
 def verify(c: NodeClient, producers: list[Producer]) -> int:
-    stored = read_all(c)
-    where: dict[bytes, tuple[int, int]] = {}
-    for p, values in stored.items():
-        for off, v in enumerate(values):
-            assert v not in where, f"{v!r} stored twice: at {where[v]} and {(p, off)}"
-            where[v] = (p, off)
-    sent = set().union(*(pr.sent for pr in producers))
-    assert set(where) <= sent, f"records that were never sent: {sorted(set(where) - sent)[:5]}"
-    acked = 0
-    for pr in producers:
-        for v, pos in pr.acked.items():
-            assert where.get(v) == pos, f"acknowledged {v!r} at {pos}, found at {where.get(v)}"
-            acked += 1
-    return acked
+    return check(c, TOPIC, PARTITIONS, [p.ledger for p in producers])
 
 
 def wait_until(what: str, cond: Callable[[], bool], timeout_s: float = 60) -> None:
@@ -122,18 +53,19 @@ def restarted(node: LocalNode, role: str, old_pid: int) -> Callable[[], bool]:
 def start_producers(node: LocalNode, batches: int = 60, batch: int = 50) -> list[Producer]:
     with node.client() as c:
         c.create_topic(TOPIC, partitions=PARTITIONS)
-    prods = [Producer(node.endpoint, "a", batches, batch, 0),
-             Producer(node.endpoint, "b", batches, batch, 1),
-             Producer(node.endpoint, "c", batches, batch, None)]
+    prods = [Producer(node.endpoint, TOPIC, "a", batch, 0, batches),
+             Producer(node.endpoint, TOPIC, "b", batch, 1, batches),
+             Producer(node.endpoint, TOPIC, "c", batch, None, batches)]
     for p in prods:
         p.start()
     return prods
 
 
 def finish(prods: list[Producer]) -> None:
+    wait_until("producers done", lambda: all(p.idle() for p in prods), timeout_s=180)
     for p in prods:
-        p.join(180)
-        assert not p.is_alive(), "producer stuck"
+        p.stop()
+        p.join(10)
         assert p.error is None, repr(p.error)
 
 

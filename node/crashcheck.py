@@ -1,0 +1,137 @@
+"""Crash checking: idempotent producers that record what was acknowledged, and the check
+that after any crash every acknowledged record is present exactly once, in order.
+
+Used by ``tests/test_crash.py`` and ``scripts/crashtest``. Producers are threads, each with
+its own ``NodeClient``; each batch is retried with the same sequence number until it is
+acknowledged, as an idempotent producer must. A producer can be paused between batches,
+so the check reads a state that no request is changing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from node.client import NodeClient
+from wire.errors import NodeError
+
+BATCH_RETRY_S_MAX = 180.0  # a batch not acknowledged in this long fails the producer
+
+
+@dataclass
+class Ledger:
+    """What one producer sent and what the node acknowledged, value → (partition, offset)."""
+
+    sent: set[bytes] = field(default_factory=set)
+    acked: dict[bytes, tuple[int, int]] = field(default_factory=dict)
+
+
+class Producer(threading.Thread):
+    """Writes numbered batches of unique values to ``topic`` until stopped or done."""
+
+    def __init__(self, endpoint: str, topic: str, name: str, batch: int,
+                 partition: int | None, batches_max: int | None = None) -> None:
+        super().__init__(daemon=True, name=f"producer-{name}")
+        self.endpoint, self.topic, self.tag, self.batch = endpoint, topic, name, batch
+        self.partition = partition
+        self.batches_max = batches_max
+        self.ledger = Ledger()
+        self.error: BaseException | None = None
+        self.done_batches = 0
+        self.quota = 0 if batches_max is None else batches_max  # batches allowed so far
+        self.allowed = threading.Condition()
+        self.stopping = False
+
+    def allow(self, more: int) -> None:
+        """Let the producer write ``more`` batches beyond what it has written."""
+        with self.allowed:
+            self.quota = self.done_batches + more
+            self.allowed.notify_all()
+
+    def idle(self) -> bool:
+        return self.done_batches >= self.quota or self.error is not None or not self.is_alive()
+
+    def stop(self) -> None:
+        with self.allowed:
+            self.stopping = True
+            self.allowed.notify_all()
+
+    def run(self) -> None:
+        try:
+            with NodeClient(self.endpoint, timeout_ms=3000, retries=0) as c:
+                b = 0
+                while True:
+                    with self.allowed:
+                        while not self.stopping and b >= self.quota:
+                            self.allowed.wait(1.0)
+                        if self.stopping:
+                            return
+                    self.write(c, b)
+                    b += 1
+                    self.done_batches = b
+        except BaseException as exc:  # surfaced by the checker
+            self.error = exc
+
+    def write(self, c: NodeClient, b: int) -> None:
+        values = [f"{self.tag}-{b}-{i}".encode() for i in range(self.batch)]
+        self.ledger.sent.update(values)
+        fields: dict[str, Any] = {"topic": self.topic, "producer_id": c.producer_id,
+                                  "seq": b, "records": msgpack.packb(values)}
+        if self.partition is not None:
+            fields["partition"] = self.partition
+        deadline = time.monotonic() + BATCH_RETRY_S_MAX
+        while True:
+            try:
+                reply = c.call("produce", **fields)
+                break
+            except NodeError:
+                if time.monotonic() > deadline:
+                    raise
+        (p, first, n), = reply["parts"]
+        if n != len(values):
+            raise AssertionError(f"acknowledged {n} records of a batch of {len(values)}")
+        for i, v in enumerate(values):
+            self.ledger.acked[v] = (p, first + i)
+
+
+class CheckFailed(AssertionError):
+    """What the node holds disagrees with what it acknowledged."""
+
+
+def read_partition(c: NodeClient, topic: str, partition: int) -> list[bytes]:
+    values: list[bytes] = []
+    while True:
+        recs = c.read(topic, partition, len(values), 1000)
+        if not recs:
+            return values
+        offsets = [r.offset for r in recs]
+        if offsets != list(range(len(values), len(values) + len(recs))):
+            raise CheckFailed(f"partition {partition}: offsets {offsets[0]}.. are not contiguous "
+                              f"after {len(values)}")
+        values += [r.value for r in recs]
+
+
+def check(c: NodeClient, topic: str, partitions: int, ledgers: list[Ledger]) -> int:
+    """Raise ``CheckFailed`` unless every acknowledged record is present exactly once at its
+    acknowledged offset and nothing is present that was never sent; return the count."""
+    where: dict[bytes, tuple[int, int]] = {}
+    for p in range(partitions):
+        for off, v in enumerate(read_partition(c, topic, p)):
+            if v in where:
+                raise CheckFailed(f"{v!r} is stored twice: at {where[v]} and at {(p, off)}")
+            where[v] = (p, off)
+    sent = set().union(*(ledger.sent for ledger in ledgers))
+    unknown = set(where) - sent
+    if unknown:
+        raise CheckFailed(f"{len(unknown)} records were never sent, e.g. {sorted(unknown)[:3]}")
+    acked = 0
+    for ledger in ledgers:
+        for v, pos in ledger.acked.items():
+            if where.get(v) != pos:
+                raise CheckFailed(f"acknowledged {v!r} at {pos}, found at {where.get(v)}")
+            acked += 1
+    return acked
