@@ -18,12 +18,10 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from node.client import NodeClient  # noqa: E402
-from node.crashcheck import CheckFailed, Producer, check  # noqa: E402
-from node.local import LocalNode  # noqa: E402
-from wire.errors import NodeError  # noqa: E402
+from node.client import NodeClient
+from node.crashcheck import CheckFailed, Producer, check
+from node.local import LocalNode
+from wire.errors import NodeError
 
 TOPIC = "crashtest"
 PARTITIONS = 3
