@@ -41,6 +41,7 @@ EXIT_REFUSED = 65  # it must not run on what it found (a corrupt log, a newer fo
 SUPERVISOR = "supervisor"
 FRONT_DOOR = "front"
 LOG_MANAGER = "log"
+TRANSACTION_MANAGER = "txn"
 CACHE_MANAGER = "cache"
 
 
@@ -257,6 +258,9 @@ def _actor_class(role: str) -> type[Actor]:
     if role == LOG_MANAGER:
         from actors.log_manager import LogManager
         return LogManager
+    if role == TRANSACTION_MANAGER:
+        from actors.transaction_manager import TransactionManager
+        return TransactionManager
     if role == CACHE_MANAGER:
         from actors.cache_manager import CacheManager
         return CacheManager

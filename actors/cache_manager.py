@@ -16,7 +16,16 @@ from actors.base import FRONT_DOOR, LOG_MANAGER, Actor, ActorContext, writer_rol
 from actors.cache_state import CacheState
 from wire import codec
 from wire.codec import Message
-from wire.messages import READ_MESSAGES, Catalog, Hello, LogGroup, Read, RecordsReply
+from wire.messages import (
+    READ_MESSAGES,
+    Catalog,
+    Flushed,
+    FlushTo,
+    Hello,
+    LogGroup,
+    Read,
+    RecordsReply,
+)
 from wire.records import pack_read
 
 log = logging.getLogger("shardnode")
@@ -33,6 +42,8 @@ class CacheManager(Actor):
         self.state = CacheState(self.cfg.cache.bytes_max)
         self.writers = [writer_role(i) for i in range(self.cfg.node.writers)]
         self.forwarded = 0
+        # The flush in hand: checkpoint id → {writer role: flushed LSN, or None while waiting}
+        self.flushing: dict[int, dict[str, int | None]] = {}
 
     def on_start(self) -> None:
         self.send(LOG_MANAGER, Hello(self.role), wait_ms=100)
@@ -44,6 +55,10 @@ class CacheManager(Actor):
             self.on_read(msg)
         elif isinstance(msg, READ_MESSAGES):
             self.forward(msg)
+        elif isinstance(msg, FlushTo):
+            self.on_flush_to(msg)
+        elif isinstance(msg, Flushed):
+            self.on_flushed(msg)
         elif isinstance(msg, Catalog):
             self.state.keep_topics({row[0] for row in msg.topics})
         else:
@@ -60,6 +75,23 @@ class CacheManager(Actor):
             # up from the log by itself, so this never waits long.
             self.send_bytes(w, frame, wait_ms=200)
         self.state.add_group(msg.last_lsn, msg.data)
+
+    def on_flush_to(self, msg: FlushTo) -> None:
+        """The checkpoint's "flush everything": every writer flushes to the LSN and answers."""
+        self.flushing = {msg.ckpt_id: dict.fromkeys(self.writers)}  # an older one is abandoned
+        frame = self.current_frame
+        for w in self.writers:
+            self.send_bytes(w, frame, wait_ms=1000)
+
+    def on_flushed(self, msg: Flushed) -> None:
+        waiting = self.flushing.get(msg.ckpt_id)
+        if waiting is None or msg.role not in waiting:
+            return
+        waiting[msg.role] = msg.lsn
+        lsns = [lsn for lsn in waiting.values() if lsn is not None]
+        if len(lsns) == len(waiting):
+            del self.flushing[msg.ckpt_id]
+            self.send(LOG_MANAGER, Flushed(msg.ckpt_id, self.role, min(lsns)), wait_ms=1000)
 
     def on_read(self, msg: Read) -> None:
         rows = None

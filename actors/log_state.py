@@ -219,6 +219,43 @@ class LogState:
         rows = [[t.topic_id, t.name, t.partitions] for t in self.by_id.values()]
         return Catalog(self.catalog_lsn, rows)
 
+    # ---- snapshots ------------------------------------------------------------------
+
+    SNAPSHOT_FORMAT = 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything needed to go on from ``last_lsn`` without the records before it."""
+        return {
+            "format": self.SNAPSHOT_FORMAT,
+            "last_lsn": self.last_lsn,
+            "catalog_lsn": self.catalog_lsn,
+            "next_topic_id": self.next_topic_id,
+            "topics": [[t.topic_id, t.name, t.partitions] for t in self.by_id.values()],
+            "next_offset": [[tid, p, off] for (tid, p), off in self.next_offset.items()],
+            "producers": [[pid, w.max_seq, [[seq, lsn, parts] for seq, (lsn, parts)
+                                            in w.results.items()]]
+                          for pid, w in self.producers.items()],
+        }
+
+    def restore(self, snap: dict[str, Any]) -> None:
+        if snap.get("format") != self.SNAPSHOT_FORMAT:
+            raise ValueError(f"snapshot format {snap.get('format')} is not "
+                             f"{self.SNAPSHOT_FORMAT}")
+        self.last_lsn = snap["last_lsn"]
+        self.catalog_lsn = snap["catalog_lsn"]
+        self.next_topic_id = snap["next_topic_id"]
+        self.topics.clear()
+        self.by_id.clear()
+        for tid, name, parts in snap["topics"]:
+            topic = Topic(tid, name, parts)
+            self.topics[name] = topic
+            self.by_id[tid] = topic
+        self.next_offset = {(tid, p): off for tid, p, off in snap["next_offset"]}
+        self.producers.clear()
+        for pid, max_seq, results in snap["producers"]:
+            win = ProducerWindow(max_seq, {seq: (lsn, parts) for seq, lsn, parts in results})
+            self.producers[pid] = win
+
     # ---- recovery -------------------------------------------------------------------
 
     def replay(self, entry: logrecord.Entry) -> None:

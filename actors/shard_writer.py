@@ -22,7 +22,8 @@ from typing import Any
 import msgpack
 import zmq
 
-from actors.base import FRONT_DOOR, Actor, ActorContext, RefuseToStart
+from actors import faults
+from actors.base import CACHE_MANAGER, FRONT_DOOR, Actor, ActorContext, RefuseToStart
 from actors.cache_manager import owner
 from actors.log_manager import fsync_dir
 from actors.shard_store import ShardStore, StoreFormatError, shard_dir
@@ -33,6 +34,8 @@ from wire.logrecord import Entry, Kind
 from wire.messages import (
     CommittedOffset,
     ErrorReply,
+    Flushed,
+    FlushTo,
     LogGroup,
     OffsetForTimestamp,
     Read,
@@ -65,6 +68,7 @@ class ShardWriter(Actor):
         self.applied_records = 0
         self.caught_up_bytes = 0
         self.recovery_ms = 0.0
+        self.last_flush_ms = 0.0
 
     def owns(self, topic_id: int, partition: int) -> bool:
         return owner(topic_id, partition, self.writers) == self.index
@@ -198,6 +202,20 @@ class ShardWriter(Actor):
         if self.parked:
             self.serve_parked()
 
+    def on_flush_to(self, msg: FlushTo) -> None:
+        """Make every shard durable to at least ``msg.lsn`` (a checkpoint's flush step)."""
+        if self.processed_lsn < msg.lsn:
+            self.catch_up(until_lsn=msg.lsn)  # durable on disk, so the log has it
+        t0 = time.monotonic()
+        for store in self.stores.values():
+            store.finish(max(store.applied_lsn, self.processed_lsn))
+            store.flush()
+        if self.processed_lsn > self.catalog_lsn:
+            self._save_catalog_lsn(self.processed_lsn)
+        faults.crash_point("writer.after_flush", self.cfg.data_path)
+        self.last_flush_ms = (time.monotonic() - t0) * 1000
+        self.send(CACHE_MANAGER, Flushed(msg.ckpt_id, self.role, self.processed_lsn), wait_ms=1000)
+
     def apply_catalog(self, e: Entry) -> None:
         if e.lsn <= self.catalog_lsn:
             return
@@ -221,6 +239,8 @@ class ShardWriter(Actor):
     def on_message(self, msg: Message) -> None:
         if isinstance(msg, LogGroup):
             self.on_group(msg)
+        elif isinstance(msg, FlushTo):
+            self.on_flush_to(msg)
         elif hasattr(msg, "lsn_min"):
             if msg.lsn_min <= self.processed_lsn:
                 self.serve(msg)
@@ -281,4 +301,5 @@ class ShardWriter(Actor):
             "parked_reads": len(self.parked),
             "recovery_ms": round(self.recovery_ms, 1),
             "replayed_bytes": self.caught_up_bytes,
+            "last_flush_ms": round(self.last_flush_ms, 1),
         }

@@ -8,6 +8,7 @@ from config.schema import (
     NodeConfig,
     NodeSection,
     SupervisorConfig,
+    TransactionsConfig,
     load_config,
 )
 
@@ -19,5 +20,6 @@ __all__ = [
     "NodeConfig",
     "NodeSection",
     "SupervisorConfig",
+    "TransactionsConfig",
     "load_config",
 ]

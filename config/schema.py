@@ -15,6 +15,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+CHECKPOINT_MODES = ("fuzzy", "blocking")
+
 
 class ConfigError(ValueError):
     """A configuration that cannot run; the message names the key and the reason."""
@@ -47,6 +49,14 @@ class LogConfig:
     group_wait_us_max: int
     producers_max: int
     producer_window_max: int
+    checkpoint_bytes: int
+    checkpoint_mode: str
+    checkpoint_timeout_ms: int
+
+
+@dataclass(frozen=True)
+class TransactionsConfig:
+    held_requests_max: int
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,7 @@ class NodeConfig:
     node: NodeSection
     limits: LimitsConfig
     log: LogConfig
+    transactions: TransactionsConfig
     cache: CacheConfig
     supervisor: SupervisorConfig
 
@@ -87,6 +98,7 @@ _SECTION_TYPES: dict[str, type] = {
     "node": NodeSection,
     "limits": LimitsConfig,
     "log": LogConfig,
+    "transactions": TransactionsConfig,
     "cache": CacheConfig,
     "supervisor": SupervisorConfig,
 }
@@ -162,6 +174,12 @@ def validate(cfg: NodeConfig) -> None:
                           "a longer window only adds latency")
     if lim.read_records_max > lim.batch_records_max * 100:
         raise ConfigError("limits.read_records_max is unreasonably large")
+    if log.checkpoint_mode not in CHECKPOINT_MODES:
+        raise ConfigError(f"log.checkpoint_mode must be one of {CHECKPOINT_MODES}, "
+                          f"got {log.checkpoint_mode!r}")
+    if log.checkpoint_bytes < log.group_bytes_max:
+        raise ConfigError("log.checkpoint_bytes must be at least log.group_bytes_max: "
+                          "otherwise every group commit would start a checkpoint")
     if cfg.cache.bytes_max < lim.value_bytes_max:
         raise ConfigError("cache.bytes_max must hold at least one record of limits.value_bytes_max")
 

@@ -2,6 +2,7 @@
 
     shardnode start [--config FILE] [--data-dir DIR] [--port N]
     shardnode status [--port N]
+    shardnode checkpoint [--port N]
     shardnode create-topic NAME [--partitions N]
     shardnode topics
     shardnode delete-topic NAME
@@ -87,14 +88,32 @@ def cmd_status(args: argparse.Namespace) -> int:
     console.print(t)
     lg = st["log"]
     lt = Table(title="log manager")
-    for col in ("log MB", "fsyncs/s", "records/fsync", "last LSN", "topics", "recovery ms",
-                "replayed MB"):
-        lt.add_column(col, justify="right")
-    lt.add_row(_mb(lg.get("log_bytes")), str(lg.get("fsyncs_per_s", "-")),
-               str(lg.get("records_per_fsync", "-")), str(lg.get("last_lsn", "-")),
-               str(lg.get("topics", "-")), str(lg.get("recovery_ms", "-")),
-               _mb(lg.get("replayed_bytes")))
+    lt.add_column("figure")
+    lt.add_column("value", justify="right")
+    for label, value in (
+        ("log MB", _mb(lg.get("log_bytes"))),
+        ("fsyncs/s", lg.get("fsyncs_per_s")),
+        ("records/fsync", lg.get("records_per_fsync")),
+        ("last LSN", lg.get("last_lsn")),
+        ("topics", lg.get("topics")),
+        ("recovery ms", lg.get("recovery_ms")),
+        ("replayed MB", _mb(lg.get("replayed_bytes"))),
+        ("checkpoints (abandoned)",
+         f"{lg.get('checkpoints', '-')} ({lg.get('checkpoints_abandoned', '-')})"),
+        ("checkpoint phase", lg.get("checkpoint_phase")),
+        ("last checkpoint ms", lg.get("last_checkpoint_ms")),
+    ):
+        lt.add_row(label, "-" if value is None else str(value))
     console.print(lt)
+    return 0
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    from node.client import NodeClient
+
+    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms, retries=0) as c:
+        lsn = c.checkpoint()
+    print(f"checkpoint done: shards durable to LSN {lsn}; older log segments deleted")
     return 0
 
 
@@ -188,6 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     client_args(s)
     s.add_argument("--json", action="store_true", help="print the raw status as JSON")
     s.set_defaults(func=cmd_status)
+
+    s = sub.add_parser("checkpoint", help="flush the shards and truncate the log now")
+    client_args(s)
+    s.set_defaults(func=cmd_checkpoint, timeout_ms=120_000)
 
     s = sub.add_parser("create-topic", help="create a topic")
     client_args(s)

@@ -35,7 +35,7 @@ __all__ = ["NodeClient", "NodeError", "Pipeline", "Record", "TopicInfo"]
 DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{DEFAULT_PORT}"
 _RETRYABLE = (ErrorCode.BUSY, ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE)
 _IDEMPOTENT = {"produce", "read", "read_by_key", "read_by_tag", "offset_for_timestamp",
-               "committed_offset", "commit_offset", "list_topics", "status"}
+               "committed_offset", "commit_offset", "list_topics", "status", "checkpoint"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +214,10 @@ class NodeClient:
         return None if value is None else int(value)
 
     # ---- the node -----------------------------------------------------------------
+
+    def checkpoint(self) -> int:
+        """Run a checkpoint now; returns the LSN up to which the shards are durable."""
+        return int(self.call("checkpoint")["lsn"])
 
     def status(self) -> dict[str, Any]:
         status: dict[str, Any] = self.call("status")["status"]

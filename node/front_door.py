@@ -20,7 +20,14 @@ from typing import Any
 import msgpack
 import zmq
 
-from actors.base import CACHE_MANAGER, LOG_MANAGER, SUPERVISOR, Actor, ActorContext
+from actors.base import (
+    CACHE_MANAGER,
+    LOG_MANAGER,
+    SUPERVISOR,
+    TRANSACTION_MANAGER,
+    Actor,
+    ActorContext,
+)
 from wire import codec, protocol
 from wire.codec import Message
 from wire.errors import ErrorCode, NodeError
@@ -28,6 +35,7 @@ from wire.messages import (
     Ack,
     Append,
     Catalog,
+    Checkpoint,
     CommitOffset,
     CommittedOffset,
     CreateTopic,
@@ -152,12 +160,13 @@ class FrontDoor(Actor):
                             ErrorCode.UNKNOWN_PARTITION)
         return topic_id, partition
 
-    def wait_for(self, identity: bytes, rid: int, assign: list[int] | None = None) -> int:
+    def wait_for(self, identity: bytes, rid: int, assign: list[int] | None = None,
+                 timeout_ms: int | None = None) -> int:
         if len(self.pending) >= self.lim.pending_requests_max:
             raise NodeError(f"{len(self.pending)} requests in flight; retry later", ErrorCode.BUSY)
         corr = self.next_corr
         self.next_corr += 1
-        deadline = time.monotonic() + self.lim.request_timeout_ms / 1000
+        deadline = time.monotonic() + (timeout_ms or self.lim.request_timeout_ms) / 1000
         self.pending[corr] = Waiting(identity, rid, deadline, assign)
         return corr
 
@@ -196,11 +205,12 @@ class FrontDoor(Actor):
         elif op == "create_topic":
             protocol.check_name("topic name", req["name"])
             corr = self.wait_for(identity, rid)
-            self.forward(LOG_MANAGER, corr, CreateTopic(corr, req["name"], req["partitions"]))
+            self.forward(TRANSACTION_MANAGER, corr,
+                         CreateTopic(corr, req["name"], req["partitions"]))
         elif op == "delete_topic":
             self.topic(req["name"])
             corr = self.wait_for(identity, rid)
-            self.forward(LOG_MANAGER, corr, DeleteTopic(corr, req["name"]))
+            self.forward(TRANSACTION_MANAGER, corr, DeleteTopic(corr, req["name"]))
         elif op == "list_topics":
             corr = self.wait_for(identity, rid)
             self.forward(LOG_MANAGER, corr, ListTopics(corr))
@@ -208,13 +218,16 @@ class FrontDoor(Actor):
             protocol.check_name("group name", req["group"])
             topic_id, partition = self.partition(req["topic"], req["partition"])
             corr = self.wait_for(identity, rid)
-            self.forward(LOG_MANAGER, corr,
+            self.forward(TRANSACTION_MANAGER, corr,
                          CommitOffset(corr, req["group"], topic_id, partition, req["offset"]))
         elif op == "committed_offset":
             topic_id, partition = self.partition(req["topic"], req["partition"])
             corr = self.wait_for(identity, rid)
             self.forward(CACHE_MANAGER, corr,
                          CommittedOffset(corr, req["group"], topic_id, partition, self.lsn_seen))
+        elif op == "checkpoint":
+            corr = self.wait_for(identity, rid, timeout_ms=self.cfg.log.checkpoint_timeout_ms * 3)
+            self.forward(LOG_MANAGER, corr, Checkpoint(corr, self.role))
         elif op == "status":
             corr = self.wait_for(identity, rid)
             self.forward(SUPERVISOR, corr, StatusRequest(corr))
@@ -252,7 +265,8 @@ class FrontDoor(Actor):
                     parts = [[topic_id, p, len(recs), msgpack.packb(recs, use_bin_type=True)]
                              for p, recs in sorted(split.items())]
         corr = self.wait_for(identity, rid, assign)
-        self.forward(LOG_MANAGER, corr, Append(corr, req["producer_id"], req["seq"], parts))
+        self.forward(TRANSACTION_MANAGER, corr,
+                     Append(corr, req["producer_id"], req["seq"], parts))
 
     # ---- actor side -------------------------------------------------------------------
 

@@ -74,7 +74,8 @@ class LocalNode:
                     raise NodeFailed(f"node exited with {self.proc.returncode}:\n{self.log_tail()}")
                 try:
                     st = c.status()
-                    if all(a["state"] == "running" for a in st["actors"]):
+                    mine = self.proc is None or st["pid"] == self.proc.pid  # not another node's port
+                    if mine and all(a["state"] == "running" for a in st["actors"]):
                         return st
                 except NodeError:
                     pass

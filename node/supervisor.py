@@ -1,13 +1,14 @@
 """The supervisor: the node's main process. It starts the actors, watches them, restarts
 the ones that die, answers ``status``, and stops them all cleanly.
 
-Actors start in dependency order — log manager, cache manager, shard writers, front door —
-each a spawned process. A dead actor is restarted on its own (its peers reconnect to its
-mailbox by themselves); more than ``restarts_max`` restarts within ``restart_window_s``
-stop the node with the reason. An actor silent for ``heartbeat_timeout_ms`` is killed and
-restarted. Stopping goes front door first (no new work), then the log manager (its queue
-is committed and synced), then the rest; whatever does not exit in time is killed, so no
-process is left behind.
+Actors start in dependency order — log manager, transaction manager, cache manager, shard
+writers, front door — each a spawned process. Restarts are rest-for-one: when an actor
+dies, the actors after it in that order are stopped too, and all of them start again in
+order (what they hold may depend on the one that died). More than ``restarts_max``
+restarts within ``restart_window_s`` stop the node with the reason; an actor silent for
+``heartbeat_timeout_ms`` is killed and restarted. A clean stop closes the front door, runs a
+checkpoint (so the next start replays nothing), then stops the rest; whatever does not exit
+in time is killed, so no process is left behind.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from actors.base import (
     FRONT_DOOR,
     LOG_MANAGER,
     SUPERVISOR,
+    TRANSACTION_MANAGER,
     ActorContext,
     actor_main,
     mailbox_address,
@@ -42,7 +44,7 @@ from actors.base import (
 )
 from config import NodeConfig
 from wire import codec
-from wire.messages import Stats, StatusReply, StatusRequest, Stop
+from wire.messages import Checkpoint, Done, ErrorReply, Stats, StatusReply, StatusRequest, Stop
 
 log = logging.getLogger("shardnode")
 
@@ -79,17 +81,18 @@ class Supervisor:
         self.cfg = cfg
         self.data = cfg.data_path
         self.run_dir = run_dir_for(self.data)
-        roles = [LOG_MANAGER, CACHE_MANAGER] + [writer_role(i) for i in range(cfg.node.writers)]
-        self.order = [*roles, FRONT_DOOR]
+        writers = [writer_role(i) for i in range(cfg.node.writers)]
+        self.order = [LOG_MANAGER, TRANSACTION_MANAGER, CACHE_MANAGER, *writers, FRONT_DOOR]
         self.children = {role: Child(role) for role in self.order}
         self.spawn = multiprocessing.get_context("spawn")
         self.zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.mailbox: zmq.Socket[bytes] | None = None
-        self.front: zmq.Socket[bytes] | None = None
         self.restart_times: collections.deque[float] = collections.deque()
         self.stopping = False
         self.stop_reason = ""
         self.failed = False
+        self.checkpoint_done: Done | ErrorReply | None = None
+        self.peers: dict[str, zmq.Socket[bytes]] = {}  # PUSH sockets to actors' mailboxes
         self.started_at = time.time()
         self._lock_fd = -1
 
@@ -116,10 +119,6 @@ class Supervisor:
         if sock_path.exists():
             sock_path.unlink()
         self.mailbox.bind(mailbox_address(self.run_dir, SUPERVISOR))
-        self.front = self.zctx.socket(zmq.PUSH)
-        self.front.setsockopt(zmq.LINGER, 0)
-        self.front.setsockopt(zmq.SNDHWM, 1000)
-        self.front.connect(mailbox_address(self.run_dir, FRONT_DOOR))
         for role in self.order:
             self._spawn(role)
             self._wait_ready([role], ready_timeout_s)
@@ -179,14 +178,10 @@ class Supervisor:
                     if child.state == "starting":
                         child.state = "running"
             elif isinstance(msg, StatusRequest):
-                self._send_front(StatusReply(msg.corr, self.status()))
-
-    def _send_front(self, msg: codec.Message) -> None:
-        assert self.front is not None
-        try:
-            self.front.send(codec.encode(msg), zmq.NOBLOCK)
-        except zmq.Again:
-            log.warning("front door mailbox full; status reply dropped")
+                if not self._tell(FRONT_DOOR, StatusReply(msg.corr, self.status())):
+                    log.warning("front door mailbox full; status reply dropped")
+            elif isinstance(msg, (Done, ErrorReply)):
+                self.checkpoint_done = msg
 
     def check_children(self) -> None:
         now = time.monotonic()
@@ -206,8 +201,7 @@ class Supervisor:
                     self.request_stop(f"{role} refused to run; its log above says why")
                     return
                 self._restart(child, proc.exitcode)
-                if self.stopping:
-                    return
+                return  # the order after it was restarted as well
 
     def _restart(self, child: Child, exitcode: int) -> None:
         now = time.monotonic()
@@ -221,9 +215,34 @@ class Supervisor:
             return
         self.restart_times.append(now)
         child.restarts += 1
-        log.warning("%s (pid %d) exited with code %s; restarting it (restart %d)",
-                    child.role, child.pid, exitcode, child.restarts)
-        self._spawn(child.role)
+        rest = self.order[self.order.index(child.role) + 1:]
+        log.warning("%s (pid %d) exited with code %s; restarting it and %s (restart %d)",
+                    child.role, child.pid, exitcode, rest or "nothing after it", child.restarts)
+        for role in reversed(rest):  # rest-for-one: those started after it go too
+            self._stop_child(self.children[role], signal_first=True)
+        for role in [child.role, *rest]:
+            if role != child.role:
+                self.children[role].restarts += 1
+            self._spawn(role)
+            try:
+                self._wait_ready([role], self.cfg.supervisor.stop_timeout_ms / 1000 * 4)
+            except NodeStartError as exc:
+                self.failed = True
+                self.request_stop(str(exc))
+                return
+
+    def _stop_child(self, child: Child, signal_first: bool) -> None:
+        proc = child.process
+        if proc is None or proc.exitcode is not None:
+            return
+        if signal_first:
+            proc.terminate()  # SIGTERM: the actor stops cleanly
+        proc.join(self.cfg.supervisor.stop_timeout_ms / 1000)
+        if proc.exitcode is None:
+            log.error("%s did not stop within %d ms; killing it", child.role,
+                      self.cfg.supervisor.stop_timeout_ms)
+            proc.kill()
+            proc.join(5)
 
     def request_stop(self, reason: str) -> None:
         if not self.stopping:
@@ -280,38 +299,66 @@ class Supervisor:
 
     # ---- stop -------------------------------------------------------------------------
 
-    def shutdown(self) -> None:
-        timeout_s = self.cfg.supervisor.stop_timeout_ms / 1000
+    def _tell(self, role: str, msg: codec.Message) -> bool:
+        """Send to an actor's mailbox (a socket kept open, so nothing sent is dropped)."""
+        sock = self.peers.get(role)
+        if sock is None:
+            sock = self.zctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 1000)
+            sock.connect(mailbox_address(self.run_dir, role))
+            self.peers[role] = sock
         try:
-            for role in [FRONT_DOOR, LOG_MANAGER, CACHE_MANAGER, *self.order[2:-1]]:
+            sock.send(codec.encode(msg), zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+
+    def _alive(self, role: str) -> bool:
+        proc = self.children[role].process
+        return proc is not None and proc.exitcode is None
+
+    def _checkpoint_before_stop(self) -> None:
+        """Make the shards durable and truncate the log, so the next start replays nothing."""
+        if not all(self._alive(r) for r in self.order[:-1]) or self.mailbox is None:
+            return
+        self.checkpoint_done = None
+        if not self._tell(LOG_MANAGER, Checkpoint(0, SUPERVISOR)):
+            return
+        deadline = time.monotonic() + self.cfg.log.checkpoint_timeout_ms / 1000
+        while self.checkpoint_done is None and time.monotonic() < deadline:
+            if not all(self._alive(r) for r in self.order[:-1]):
+                return
+            self.poll_mailbox(100)
+        if isinstance(self.checkpoint_done, Done):
+            log.info("checkpoint at stop: shards durable to LSN %d", self.checkpoint_done.lsn)
+        else:
+            log.warning("no checkpoint at stop (%s); the next start replays the log",
+                        getattr(self.checkpoint_done, "text", "timed out"))
+
+    def shutdown(self) -> None:
+        try:
+            for role in [FRONT_DOOR, LOG_MANAGER, TRANSACTION_MANAGER, CACHE_MANAGER,
+                         *self.order[3:-1]]:
+                if role == LOG_MANAGER:
+                    self._checkpoint_before_stop()
                 child = self.children[role]
-                proc = child.process
-                if proc is None or proc.exitcode is not None:
+                if not self._alive(role):
                     continue
-                sock = self.zctx.socket(zmq.PUSH)
-                sock.setsockopt(zmq.LINGER, 0)
-                sock.connect(mailbox_address(self.run_dir, role))
-                try:
-                    sock.send(codec.encode(Stop(self.stop_reason or "stop")), zmq.NOBLOCK)
-                except zmq.Again:
-                    proc.terminate()
-                proc.join(timeout_s)
-                sock.close(0)
-                if proc.exitcode is None:
-                    log.error("%s did not stop within %.0f s; killing it", role, timeout_s)
-                    proc.kill()
-                    proc.join(5)
+                sent = self._tell(role, Stop(self.stop_reason or "stop"))
+                self._stop_child(child, signal_first=not sent)
                 child.state = "stopped"
         finally:
             for child in self.children.values():
                 if child.process is not None and child.process.exitcode is None:
                     child.process.kill()
                     child.process.join(5)
+            for sock in self.peers.values():
+                sock.close(0)
+            self.peers.clear()
             if self.mailbox is not None:
                 self.mailbox.close(0)
-            if self.front is not None:
-                self.front.close(0)
-            self.mailbox = self.front = None
+            self.mailbox = None
             if self._lock_fd >= 0:
                 os.close(self._lock_fd)
                 self._lock_fd = -1

@@ -25,7 +25,7 @@ from wire.errors import NodeError
 
 TOPIC = "crashtest"
 PARTITIONS = 3
-ROLES = ["log", "cache", "writer-0", "writer-1", "front"]
+ROLES = ["log", "txn", "cache", "writer-0", "writer-1", "front"]
 CONFIG = """
 [limits]
 request_timeout_ms = 2000

@@ -167,7 +167,7 @@ def test_status_lists_every_actor(node: LocalNode) -> None:
         c.produce_batch("t", [b"x"] * 10)
         st = c.status()
     roles = [a["role"] for a in st["actors"]]
-    assert roles == ["log", "cache", "writer-0", "writer-1", "front"]
+    assert roles == ["log", "txn", "cache", "writer-0", "writer-1", "front"]
     for a in st["actors"]:
         assert a["state"] == "running" and a["pid"] > 0 and a["rss_bytes"] > 0
         assert a["restarts"] == 0

@@ -164,6 +164,7 @@ def test_decode_enforces_the_frame_size_limit() -> None:
 # ---- the client request schema -----------------------------------------------------------
 
 VALID_REQUESTS: dict[str, dict[str, Any]] = {
+    "checkpoint": {},
     "produce": {"topic": "orders", "partition": 3, "producer_id": 9, "seq": 0,
                 "records": pack([b"a", b"b"])},
     "create_topic": {"name": "orders", "partitions": 4},

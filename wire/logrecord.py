@@ -16,6 +16,10 @@ Bodies, by kind (msgpack arrays, fields in this order):
 
 ``blob`` is the packed records array exactly as the client sent it (see ``wire.records``).
 
+At each checkpoint the log manager also writes ``checkpoint.snap`` (its state as of an LSN:
+the catalog, every shard's next offset, the producers' recent sequence numbers) before it
+deletes old segments, so recovery never needs a deleted record.
+
 Scanning tells a torn tail from corruption: a bad record with nothing valid after it is a
 write cut short by a crash (cut it off); a bad record followed by a valid one is damage in
 the middle of the log, and the node must not start on it.
@@ -185,3 +189,26 @@ def list_segments(log_dir: Path) -> list[tuple[int, Path]]:
             found.append((int(stem), p))
     found.sort()
     return found
+
+
+# ---- the log manager's state snapshot, written at each checkpoint ------------------------
+
+SNAPSHOT_MAGIC = 0x53484E53  # "SHNS"
+SNAPSHOT_HEADER = struct.Struct("<III")  # magic, body length, crc32 of the body
+SNAPSHOT_NAME = "checkpoint.snap"
+
+
+def encode_snapshot(state: Any) -> bytes:
+    body = msgpack.packb(state, use_bin_type=True)
+    return bytes(SNAPSHOT_HEADER.pack(SNAPSHOT_MAGIC, len(body), zlib.crc32(body)) + body)
+
+
+def decode_snapshot(path: Path, data: bytes) -> Any:
+    """The snapshot's state; raises ``CorruptLog`` if the file does not check out."""
+    if len(data) < SNAPSHOT_HEADER.size:
+        raise CorruptLog(path, 0, "snapshot is shorter than its header")
+    magic, length, crc = SNAPSHOT_HEADER.unpack_from(data)
+    body = data[SNAPSHOT_HEADER.size:]
+    if magic != SNAPSHOT_MAGIC or length != len(body) or zlib.crc32(body) != crc:
+        raise CorruptLog(path, 0, "snapshot fails its magic, length or checksum")
+    return msgpack.unpackb(body, raw=False, strict_map_key=False)

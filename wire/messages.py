@@ -5,7 +5,8 @@ back. Batches of records travel as opaque bytes (``blob``): the packed records a
 client sent, untouched until the shard writer decodes it once to build its indexes.
 
 Tags are grouped by the actor that receives the message:
-1x log manager, 2x front door, 3x cache manager, 4x shard writer, 5x supervisor, 6x any actor.
+1x log manager, 2x front door, 3x cache manager, 4x shard writer, 5x supervisor, 6x any actor,
+7x transaction manager and the checkpoint handshake.
 """
 
 from __future__ import annotations
@@ -65,6 +66,14 @@ class ListTopics(Message):
     """Ask for the topic table; answered with ``TopicsReply``."""
 
     corr: int
+
+
+@message(16)
+class Checkpoint(Message):
+    """Run a checkpoint now; answer ``Done(corr, lsn)`` to ``reply_to`` when it is finished."""
+
+    corr: int
+    reply_to: str
 
 
 @message(15)
@@ -240,3 +249,55 @@ class Stop(Message):
 
 
 READ_MESSAGES = (Read, ReadByKey, ReadByTag, OffsetForTimestamp, CommittedOffset)
+
+
+# ---- the transaction manager and the checkpoint handshake -----------------------------
+
+
+@message(70)
+class Ended(Message):
+    """Log manager → transaction manager: these requests are answered (durable or refused)."""
+
+    corrs: list[int]
+
+
+@message(71)
+class CheckpointRequest(Message):
+    """Log manager → transaction manager: a checkpoint wants to start."""
+
+    ckpt_id: int
+
+
+@message(72)
+class CheckpointReady(Message):
+    """Transaction manager → log manager: go ahead (in blocking mode: nothing is active now).
+
+    ``oldest_lsn`` is the oldest LSN an active transaction still needs, or 0 for none.
+    """
+
+    ckpt_id: int
+    oldest_lsn: int
+
+
+@message(73)
+class CheckpointFinished(Message):
+    """Log manager → transaction manager: the checkpoint is over (or abandoned); resume."""
+
+    ckpt_id: int
+
+
+@message(74)
+class FlushTo(Message):
+    """Apply everything up to ``lsn`` and make it durable in RocksDB, then answer ``Flushed``."""
+
+    ckpt_id: int
+    lsn: int
+
+
+@message(75)
+class Flushed(Message):
+    """Everything up to ``lsn`` is durable in the shards of ``role`` (or of all, from the cache)."""
+
+    ckpt_id: int
+    role: str
+    lsn: int

@@ -65,6 +65,7 @@ REQUESTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     },
     "committed_offset": {"group": (_STR, True), "topic": (_STR, True), "partition": (_INT, True)},
     "status": {},
+    "checkpoint": {},
 }
 
 # Integer fields that must not be negative.

@@ -1,0 +1,46 @@
+"""Fault injection seams, for tests: crash an actor at a named point, or fail an fsync.
+
+``SHARDNODE_FAULTS`` lists the armed points, comma-separated, e.g.
+``checkpoint.after_snapshot,log.fsync``. Each fires once per data directory: firing records
+the point in ``<data dir>/faults-fired`` first, so the restarted actor goes on normally.
+With the variable unset (always, outside tests) every call is one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger("shardnode")
+
+ENV = "SHARDNODE_FAULTS"
+EXIT_INJECTED = 99
+
+_armed = frozenset(p for p in os.environ.get(ENV, "").split(",") if p)
+
+
+def _fire(point: str, data_dir: Path) -> bool:
+    if point not in _armed:
+        return False
+    fired = data_dir / "faults-fired"
+    done = set(fired.read_text().split()) if fired.exists() else set()
+    if point in done:
+        return False
+    with open(fired, "a") as f:
+        f.write(point + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    log.warning("fault injected at %s", point)
+    return True
+
+
+def crash_point(point: str, data_dir: Path) -> None:
+    """Exit at once, as a SIGKILL would, if ``point`` is armed and has not fired yet."""
+    if _armed and _fire(point, data_dir):
+        os._exit(EXIT_INJECTED)
+
+
+def fails(point: str, data_dir: Path) -> bool:
+    """True once if ``point`` is armed: the caller then behaves as if its I/O failed."""
+    return bool(_armed) and _fire(point, data_dir)

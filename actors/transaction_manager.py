@@ -1,0 +1,84 @@
+"""The transaction manager actor: store transactions, and the checkpoint gate.
+
+Write requests from the front door pass through here on their way to the log manager (a
+burst of them as one bundle); the log manager tells it which ended, one message per group
+commit. See ``actors/txn_state.py`` for the logic.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from actors.base import FRONT_DOOR, LOG_MANAGER, Actor, ActorContext
+from actors.txn_state import Forward, Instruction, Ready, Reject, TxnState
+from wire.codec import Message
+from wire.errors import ErrorCode
+from wire.messages import (
+    CheckpointFinished,
+    CheckpointReady,
+    CheckpointRequest,
+    Ended,
+    ErrorReply,
+)
+
+log = logging.getLogger("shardnode")
+
+
+class TransactionManager(Actor):
+    def __init__(self, ctx: ActorContext) -> None:
+        super().__init__(ctx)
+        self.state = TxnState(self.cfg.log.checkpoint_mode, self.cfg.transactions.held_requests_max,
+                              stale_s=2 * self.cfg.limits.request_timeout_ms / 1000)
+        self.incoming: list[tuple[int, bytes]] = []
+        self.gate_closed_at = 0.0
+
+    def on_message(self, msg: Message) -> None:
+        corr = getattr(msg, "corr", None)
+        if isinstance(msg, Ended):
+            self.perform(self.state.end(msg.corrs))
+        elif isinstance(msg, CheckpointRequest):
+            self.gate_closed_at = time.monotonic()
+            self.perform(self.state.checkpoint_requested(msg.ckpt_id))
+        elif isinstance(msg, CheckpointFinished):
+            if self.state.gate is not None:
+                log.info("checkpoint %d finished; gate was closed %.1f ms", msg.ckpt_id,
+                         (time.monotonic() - self.gate_closed_at) * 1000)
+            self.perform(self.state.checkpoint_finished(msg.ckpt_id, time.monotonic()))
+        elif corr is not None:
+            self.incoming.append((corr, self.current_frame))  # a write request
+        else:
+            log.error("transaction manager got an unexpected %s", type(msg).__name__)
+
+    def on_idle(self) -> None:
+        if self.incoming:
+            items, self.incoming = self.incoming, []
+            self.perform(self.state.requests(items, time.monotonic()))
+
+    def on_tick(self, now: float) -> None:
+        self.perform(self.state.tick(now))
+
+    def perform(self, instructions: list[Instruction]) -> None:
+        for ins in instructions:
+            if isinstance(ins, Forward):
+                if not self.send_many(LOG_MANAGER, ins.frames, wait_ms=1000):
+                    log.warning("log manager mailbox full; %d requests dropped (clients retry)",
+                                len(ins.frames))
+            elif isinstance(ins, Ready):
+                self.send(LOG_MANAGER, CheckpointReady(ins.ckpt_id, ins.oldest_lsn), wait_ms=1000)
+            elif isinstance(ins, Reject):
+                self.send(FRONT_DOOR, ErrorReply(ins.corr, ErrorCode.BUSY,
+                                                 "held back by a checkpoint and the queue is full; "
+                                                 "retry later"), wait_ms=100)
+
+    def figures(self) -> dict[str, Any]:
+        s = self.state
+        return {
+            "active": len(s.active),
+            "held": len(s.held),
+            "gate": s.gate is not None,
+            "began": s.began,
+            "ended": s.ended,
+            "expired": s.expired,
+        }

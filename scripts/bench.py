@@ -1,0 +1,1334 @@
+"""shardnode's benchmark: named scenarios against a node it starts itself, and the same
+workloads against peers in the same run, on the same machine.
+
+    scripts/bench                                   # every scenario, every peer
+    scripts/bench ingest-batched read-tail --seconds 10 --repeat 3
+    scripts/bench --quick --json out.json --plot docs/bench.png
+
+Scenarios: ingest-batched, ingest-single, read-tail, read-key, recovery.
+Systems: shardnode (the node, started here on a fresh data dir); redis (Redis Streams,
+``appendfsync always``, started here on a free loopback port); floor (rocksdict, one
+``sync=True`` put per record: ingest only); disk (raw fdatasync and synced 1 MiB writes under
+the data dir: the ceiling, ingest only).
+
+Every client workload runs in its own process (spawn start method): the parent starts the
+servers, lines the clients up, fires them together, samples the servers' RSS and collects
+one ``ClientResult`` per client from a queue. Every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import multiprocessing as mp
+import os
+import queue
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Protocol, Self, cast
+
+import psutil
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from node.client import NodeClient, NodeError, Record
+from node.local import LocalNode, free_port
+from wire.records import pack_batch
+
+log = logging.getLogger("bench")
+console = Console()
+
+ROOT = Path(__file__).resolve().parent.parent
+MB = 1_000_000
+MIB = 1 << 20
+KEY_BYTES = 16  # b"key-%012d"
+
+START_TIMEOUT_S = 60.0      # a client process has this long to connect and line up
+DRAIN_TIMEOUT_S = 15.0      # after its time is up, a client waits this long for answers
+PREFILL_TIMEOUT_S = 600.0   # an untimed fill (prefill, recovery fill) must end by then
+SERVE_TIMEOUT_S = 300.0     # a restarted server must serve the last record by then
+RSS_INTERVAL_S = 0.5
+DISK_SEQ_BYTES_MAX = 1 << 30  # the sequential-write probe stops after 1 GiB
+FLOOR = "floor"
+DISK = "disk"
+SHARDNODE = "shardnode"
+REDIS = "redis"
+
+
+# ---- settings ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    scenarios: tuple[str, ...]
+    producers: int = 4
+    batch: int = 1000
+    size: int = 100
+    concurrency: int = 64
+    seconds: float = 5.0
+    repeat: int = 1
+    read_records: int = 1_000_000
+    keys: int = 200_000
+    recovery_mb: int = 256
+    peers: frozenset[str] = frozenset({REDIS, FLOOR, DISK})
+    install: bool = True
+    quick: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.producers >= 1 and self.batch >= 1 and self.concurrency >= 1
+        assert self.size >= KEY_BYTES, "values carry their key number: at least 16 bytes"
+        assert self.seconds > 0 and self.repeat >= 1 and self.recovery_mb >= 1
+        assert self.read_records >= self.batch and self.keys >= 1
+
+
+QUICK = {"seconds": 0.5, "repeat": 1, "read_records": 20_000, "keys": 2_000, "recovery_mb": 4}
+
+
+# ---- results and the shared timing helpers -------------------------------------------
+
+
+@dataclass(slots=True)
+class ClientResult:
+    """What one client process measured. Times are ``time.monotonic()`` (system-wide)."""
+
+    records: int = 0
+    payload_bytes: int = 0
+    started: float = 0.0
+    finished: float = 0.0
+    latencies_s: list[float] = field(default_factory=list)
+    errors: int = 0
+    last: str = ""  # the position of the last record written (offset or stream id)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..100) of ``values``; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    records: int
+    payload_bytes: int
+    elapsed_s: float
+    p50_s: float | None
+    p99_s: float | None
+    errors: int
+    rss_mb: float | None
+
+    @classmethod
+    def of(cls, results: Sequence[ClientResult], rss_mb: float | None) -> Measurement:
+        """Clients measured together: their records over the span from first start to last end."""
+        latencies = [x for r in results for x in r.latencies_s]
+        span = max(r.finished for r in results) - min(r.started for r in results)
+        return cls(sum(r.records for r in results), sum(r.payload_bytes for r in results),
+                   max(span, 1e-9), percentile(latencies, 50), percentile(latencies, 99),
+                   sum(r.errors for r in results), rss_mb)
+
+    @property
+    def per_s(self) -> float:
+        return self.records / self.elapsed_s
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.payload_bytes / MB / self.elapsed_s
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+@dataclass(slots=True)
+class Row:
+    """One line of a scenario's table, and one object of the ``--json`` list."""
+
+    scenario: str
+    system: str
+    msgs_per_s: float
+    mb_per_s: float
+    p50_ms: float | None
+    p99_ms: float | None
+    rss_mb: float | None
+    records: int
+    seconds: float
+    errors: int = 0
+    runs: int = 1
+    note: str = ""
+    shardnode_ratio: float | None = None  # shardnode ÷ this system (disk: shardnode's share)
+
+    @classmethod
+    def of(cls, scenario: str, system: str, m: Measurement, note: str = "") -> Row:
+        return cls(scenario, system, m.per_s, m.mb_per_s, _ms(m.p50_s), _ms(m.p99_s),
+                   m.rss_mb, m.records, m.elapsed_s, m.errors, 1, note)
+
+
+def median_row(rows: Sequence[Row]) -> Row:
+    """The median of each figure over repeated runs of one scenario on one system."""
+    assert rows and len({(r.scenario, r.system) for r in rows}) == 1
+
+    def med(values: list[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return statistics.median(present) if present else None
+
+    first = rows[0]
+    out = replace(first, runs=len(rows), errors=sum(r.errors for r in rows))
+    for name in ("msgs_per_s", "mb_per_s", "p50_ms", "p99_ms", "rss_mb", "seconds"):
+        setattr(out, name, med([getattr(r, name) for r in rows]))
+    out.records = int(statistics.median(r.records for r in rows))
+    return out
+
+
+# ---- records the clients send ---------------------------------------------------------
+
+
+def key_of(i: int) -> bytes:
+    return b"key-%012d" % i
+
+
+def value_of(i: int, size: int) -> bytes:
+    """A keyed record's value: its key number, padded; a read checks it against the key."""
+    return (b"%016d" % i).ljust(size, b"v")
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One client's work. ``seconds`` or ``records_max`` (or both) bound it."""
+
+    index: int
+    target: str             # node endpoint, redis "host:port", or a directory
+    name: str               # topic (redis: stream prefix, or hash for keyed records)
+    partition: int = 0
+    batch: int = 1000
+    size: int = 100
+    seconds: float = 0.0
+    records_max: int = 0
+    keyed: bool = False     # keyed records numbered from ``first``, partitioned by key
+    first: int = 0
+    keys: int = 0           # read-key: the key space to draw from
+    concurrency: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        assert self.seconds > 0 or self.records_max > 0, "a job needs a bound"
+
+
+class Budget:
+    """How long a client goes on: until its time is up or it has done ``records_max``."""
+
+    def __init__(self, job: Job) -> None:
+        limit_s = job.seconds if job.seconds > 0 else PREFILL_TIMEOUT_S
+        self.deadline = time.monotonic() + limit_s
+        self.records_max = job.records_max
+
+    def next_count(self, done: int, batch: int) -> int:
+        """Records for the next request; 0 when the client is done."""
+        if time.monotonic() >= self.deadline:
+            return 0
+        if self.records_max:
+            return max(0, min(batch, self.records_max - done))
+        return batch
+
+
+class Payload:
+    """The records of one client: ``batch`` fixed random values, or keyed records."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        rng = random.Random(job.seed * 1000 + job.index)
+        self.values = [] if job.keyed else [rng.randbytes(job.size) for _ in range(job.batch)]
+
+    def batch(self, done: int, n: int) -> tuple[list[bytes] | None, list[bytes]]:
+        """(keys or None, values) of the ``n`` records after the first ``done``."""
+        if not self.job.keyed:
+            return None, self.values if n == len(self.values) else self.values[:n]
+        numbers = range(self.job.first + done, self.job.first + done + n)
+        return [key_of(i) for i in numbers], [value_of(i, self.job.size) for i in numbers]
+
+
+# ---- client processes: line up, go together, report through a queue -----------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    index: int
+    result: ClientResult
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    index: int
+    error: str
+
+
+class Gate:
+    """A client's side of the start line: say it is ready, then wait for the start."""
+
+    def __init__(self, index: int, reports: Any, go: Any) -> None:
+        self.index, self.reports, self.go = index, reports, go
+
+    def wait(self) -> None:
+        self.reports.put(Ready(self.index))
+        if not self.go.wait(START_TIMEOUT_S):
+            raise TimeoutError(f"client {self.index}: no start signal in {START_TIMEOUT_S} s")
+
+
+ClientFn = Callable[[Job, Gate], ClientResult]
+
+
+def _client_main(fn: ClientFn, job: Job, reports: Any, go: Any) -> None:
+    try:
+        reports.put(Finished(job.index, fn(job, Gate(job.index, reports, go))))
+    except BaseException:  # whatever it was, the parent must hear of it
+        reports.put(Failed(job.index, traceback.format_exc()))
+
+
+class ClientsFailed(RuntimeError):
+    """A client process failed, died or did not finish in time."""
+
+
+class RssSampler:
+    """The largest total RSS of some processes, sampled every ``interval_s`` in a thread."""
+
+    def __init__(self, processes: Callable[[], list[psutil.Process]],
+                 interval_s: float = RSS_INTERVAL_S) -> None:
+        self.processes = processes
+        self.interval_s = interval_s
+        self.max_bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss", daemon=True)
+
+    def sample(self) -> None:
+        total = 0
+        for p in self.processes():
+            with contextlib.suppress(psutil.Error):
+                total += p.memory_info().rss
+        self.max_bytes = max(self.max_bytes, total)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def __enter__(self) -> Self:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5 * self.interval_s + 5)
+        self.sample()
+
+    @property
+    def max_mb(self) -> float | None:
+        return self.max_bytes / MB if self.max_bytes else None
+
+
+def run_clients(fn: ClientFn, jobs: Sequence[Job],
+                rss_of: Callable[[], list[psutil.Process]] | None = None,
+                timeout_s: float | None = None) -> tuple[list[ClientResult], float | None]:
+    """Run ``fn`` once per job, each in its own process, all starting together.
+
+    Returns the results in job order and the largest RSS (MB) of ``rss_of()`` — or of the
+    client processes themselves when it is None — seen while they ran.
+    """
+    ctx = mp.get_context("spawn")
+    reports = ctx.Queue()
+    go = ctx.Event()
+    procs = [ctx.Process(target=_client_main, args=(fn, job, reports, go), daemon=True,
+                         name=f"{fn.__name__}-{job.index}") for job in jobs]
+    if timeout_s is None:
+        longest = max(j.seconds for j in jobs)
+        timeout_s = longest + DRAIN_TIMEOUT_S + 30 if longest > 0 else PREFILL_TIMEOUT_S
+    results: dict[int, ClientResult] = {}
+    ready: set[int] = set()
+
+    def collect(until: Callable[[], bool], deadline: float, what: str) -> None:
+        while not until():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ClientsFailed(f"{fn.__name__}: clients not {what} in time")
+            try:
+                msg = reports.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                dead = [p.name for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise ClientsFailed(f"client processes died: {dead}") from None
+                continue
+            if isinstance(msg, Failed):
+                raise ClientsFailed(f"client {msg.index} of {fn.__name__} failed:\n{msg.error}")
+            if isinstance(msg, Ready):
+                ready.add(msg.index)
+            elif isinstance(msg, Finished):
+                results[msg.index] = msg.result
+
+    try:
+        for p in procs:
+            p.start()
+        collect(lambda: len(ready) == len(jobs), time.monotonic() + START_TIMEOUT_S, "ready")
+        live = [psutil.Process(p.pid) for p in procs if p.pid is not None]
+        with RssSampler(rss_of or (lambda: live)) as rss:
+            go.set()
+            collect(lambda: len(results) == len(jobs), time.monotonic() + timeout_s, "finished")
+    finally:
+        finished = len(results) == len(jobs)
+        for p in procs:
+            p.join(timeout=5 if finished else 0)  # after a failure, end the others at once
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        reports.close()
+    return [results[j.index] for j in jobs], rss.max_mb
+
+
+# ---- workloads: shardnode (run inside client processes) -----------------------------
+
+
+def sn_produce(job: Job, gate: Gate) -> ClientResult:
+    """Batches of ``job.batch`` records, one produce request at a time, each acknowledged
+    once durable. Unkeyed records go to ``job.partition``; keyed ones by key hash."""
+    payload = Payload(job)
+    res = ClientResult()
+    with NodeClient(job.target, timeout_ms=30_000) as c:
+        c.partitions(job.name)
+        gate.wait()
+        budget = Budget(job)
+        res.started = time.monotonic()
+        while n := budget.next_count(res.records, job.batch):
+            keys, values = payload.batch(res.records, n)
+            records: list[Record] | list[bytes] = values if keys is None else \
+                [Record(v, k) for k, v in zip(keys, values, strict=True)]
+            t0 = time.monotonic()
+            offsets = c.produce_batch(job.name, records, None if job.keyed else job.partition)
+            res.finished = time.monotonic()
+            res.latencies_s.append(res.finished - t0)
+            if len(offsets) != n:
+                raise AssertionError(f"{n} records produced, {len(offsets)} offsets answered")
+            res.records += n
+            res.payload_bytes += n * job.size
+            res.last = str(offsets[-1][1])
+    return res
+
+
+def sn_produce_single(job: Job, gate: Gate) -> ClientResult:
+    """Single-record produce requests, ``job.concurrency`` of them in flight at once."""
+    value = random.Random(job.index).randbytes(job.size)
+    blob = pack_batch([value])
+    res = ClientResult()
+    sent: dict[int, float] = {}
+    with NodeClient(job.target, timeout_ms=30_000) as c:
+        c.partitions(job.name)
+        pipe = c.pipeline()
+        gate.wait()
+        res.started = time.monotonic()
+        deadline = res.started + job.seconds
+        while True:
+            now = time.monotonic()
+            if now < deadline:
+                while len(sent) < job.concurrency:
+                    sent[pipe.submit(job.name, [value], job.partition, blob=blob)] = now
+            elif not sent or now > deadline + DRAIN_TIMEOUT_S:
+                break
+            for rid, out in pipe.poll(100):
+                t = time.monotonic()
+                t0 = sent.pop(rid)
+                if isinstance(out, NodeError):
+                    res.errors += 1
+                    continue
+                res.records += 1
+                res.payload_bytes += job.size
+                res.latencies_s.append(t - t0)
+                res.finished = t
+        res.errors += len(sent)  # never answered within the drain time
+    return res
+
+
+def sn_read_tail(job: Job, gate: Gate) -> ClientResult:
+    """Read a partition from offset 0 to ``job.records_max`` in reads of ``job.batch``."""
+    res = ClientResult()
+    with NodeClient(job.target, timeout_ms=30_000) as c:
+        gate.wait()
+        budget = Budget(job)
+        res.started = time.monotonic()
+        while n := budget.next_count(res.records, job.batch):
+            t0 = time.monotonic()
+            records = c.read(job.name, job.partition, res.records, n)
+            res.finished = time.monotonic()
+            res.latencies_s.append(res.finished - t0)
+            if not records or records[0].offset != res.records or \
+                    records[-1].offset != res.records + len(records) - 1:
+                raise AssertionError(f"read at offset {res.records}: got offsets "
+                                     f"{[r.offset for r in records[:1] + records[-1:]]}")
+            res.records += len(records)
+            res.payload_bytes += sum(len(r.value) for r in records)
+    return res
+
+
+def sn_read_key(job: Job, gate: Gate) -> ClientResult:
+    """Random ``read_by_key`` calls, one at a time, each checked against its key."""
+    rng = random.Random(job.seed * 1000 + job.index)
+    res = ClientResult()
+    with NodeClient(job.target, timeout_ms=30_000) as c:
+        c.partitions(job.name)
+        gate.wait()
+        budget = Budget(job)
+        res.started = time.monotonic()
+        while budget.next_count(res.records, 1):
+            i = rng.randrange(job.keys)
+            t0 = time.monotonic()
+            record = c.read_by_key(job.name, key_of(i))
+            res.finished = time.monotonic()
+            res.latencies_s.append(res.finished - t0)
+            if record is None or record.value != value_of(i, job.size):
+                res.errors += 1
+            res.records += 1
+            res.payload_bytes += job.size
+    return res
+
+
+# ---- workloads: redis ----------------------------------------------------------------
+
+
+def _redis_address(target: str) -> tuple[str, int]:
+    host, port = target.rsplit(":", 1)
+    return host, int(port)
+
+
+def _stream(job: Job) -> str:
+    return f"{job.name}:{job.partition}"
+
+
+def redis_produce(job: Job, gate: Gate) -> ClientResult:
+    """XADD pipelined ``job.batch`` at a time into the job's stream (keyed records: one
+    HSET of the batch into the hash ``job.name``)."""
+    import redis
+
+    host, port = _redis_address(job.target)
+    payload = Payload(job)
+    res = ClientResult()
+    r = redis.Redis(host=host, port=port, socket_timeout=30)
+    try:
+        r.ping()
+        gate.wait()
+        budget = Budget(job)
+        res.started = time.monotonic()
+        stream = _stream(job)
+        while n := budget.next_count(res.records, job.batch):
+            keys, values = payload.batch(res.records, n)
+            t0 = time.monotonic()
+            pipe = r.pipeline(transaction=False)
+            if keys is None:
+                for v in values:
+                    pipe.xadd(stream, {b"v": v})
+            else:
+                pipe.hset(job.name, mapping=dict(zip(keys, values, strict=True)))
+            replies = pipe.execute()
+            res.finished = time.monotonic()
+            res.latencies_s.append(res.finished - t0)
+            res.records += n
+            res.payload_bytes += n * job.size
+            if keys is None:
+                res.last = replies[-1].decode()
+    finally:
+        r.close()
+    return res
+
+
+def redis_produce_single(job: Job, gate: Gate) -> ClientResult:
+    """``job.concurrency`` concurrent XADDs of one record each (redis.asyncio)."""
+    import asyncio
+
+    import redis.asyncio as aredis
+
+    host, port = _redis_address(job.target)
+    value = random.Random(job.index).randbytes(job.size)
+    res = ClientResult()
+    stream = _stream(job)
+
+    async def main() -> None:
+        r = aredis.Redis(host=host, port=port, socket_timeout=30,
+                         max_connections=job.concurrency)
+        try:
+            await r.ping()
+            gate.wait()
+            res.started = time.monotonic()
+            deadline = res.started + job.seconds
+
+            async def writer() -> None:
+                while time.monotonic() < deadline:
+                    t0 = time.monotonic()
+                    await r.xadd(stream, {b"v": value})
+                    t = time.monotonic()
+                    res.latencies_s.append(t - t0)
+                    res.records += 1
+                    res.payload_bytes += job.size
+                    res.finished = max(res.finished, t)
+
+            await asyncio.wait_for(asyncio.gather(*(writer() for _ in range(job.concurrency))),
+                                   timeout=job.seconds + DRAIN_TIMEOUT_S)
+        finally:
+            await r.aclose()
+
+    asyncio.run(main())
+    return res
+
+
+def redis_read_tail(job: Job, gate: Gate) -> ClientResult:
+    """XRANGE ``job.batch`` entries at a time from the start of the stream."""
+    import redis
+
+    host, port = _redis_address(job.target)
+    res = ClientResult()
+    r = redis.Redis(host=host, port=port, socket_timeout=30)
+    try:
+        r.ping()
+        gate.wait()
+        budget = Budget(job)
+        res.started = time.monotonic()
+        start = "-"
+        while n := budget.next_count(res.records, job.batch):
+            t0 = time.monotonic()
+            entries = cast(list[tuple[bytes, dict[bytes, bytes]]],
+                           r.xrange(_stream(job), min=start, max="+", count=n))
+            res.finished = time.monotonic()
+            res.latencies_s.append(res.finished - t0)
+            if not entries:
+                raise AssertionError(f"stream ended after {res.records} entries")
+            res.records += len(entries)
+            res.payload_bytes += sum(len(e[1][b"v"]) for e in entries)
+            start = "(" + entries[-1][0].decode()
+    finally:
+        r.close()
+    return res
+
+
+def redis_read_key(job: Job, gate: Gate) -> ClientResult:
+    """Random HGETs on the hash ``job.name``: Redis' nearest equivalent of read_by_key."""
+    import redis
+
+    host, port = _redis_address(job.target)
+    rng = random.Random(job.seed * 1000 + job.index)
+    res = ClientResult()
+    r = redis.Redis(host=host, port=port, socket_timeout=30)
+    try:
+        r.ping()
+        gate.wait()
+        budget = Budget(job)
+        res.started = time.monotonic()
+        while budget.next_count(res.records, 1):
+            i = rng.randrange(job.keys)
+            t0 = time.monotonic()
+            value = r.hget(job.name, key_of(i))
+            res.finished = time.monotonic()
+            res.latencies_s.append(res.finished - t0)
+            if value != value_of(i, job.size):
+                res.errors += 1
+            res.records += 1
+            res.payload_bytes += job.size
+    finally:
+        r.close()
+    return res
+
+
+# ---- workloads: floor and disk -------------------------------------------------------
+
+
+def floor_produce(job: Job, gate: Gate) -> ClientResult:
+    """One process, one rocksdict put with ``sync=True`` (one fsync) per record."""
+    from rocksdict import Options, Rdict, WriteOptions
+
+    value = random.Random(job.index).randbytes(job.size)
+    sync = WriteOptions()
+    sync.sync = True
+    res = ClientResult()
+    db = Rdict(job.target, Options(raw_mode=True))
+    try:
+        gate.wait()
+        budget = Budget(job)
+        res.started = time.monotonic()
+        while budget.next_count(res.records, 1):
+            t0 = time.monotonic()
+            db.put(key_of(res.records), value, sync)
+            res.finished = time.monotonic()
+            res.latencies_s.append(res.finished - t0)
+            res.records += 1
+            res.payload_bytes += job.size
+    finally:
+        db.close()
+    return res
+
+
+def disk_synced_writes(job: Job, gate: Gate) -> ClientResult:
+    """Append ``job.size`` bytes and fdatasync, again and again, to a file in ``job.target``."""
+    path = Path(job.target) / f"disk-probe-{job.size}"
+    data = random.Random(job.index).randbytes(job.size)
+    res = ClientResult()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    try:
+        gate.wait()
+        budget = Budget(job)
+        res.started = time.monotonic()
+        while budget.next_count(res.records, 1):
+            t0 = time.monotonic()
+            os.write(fd, data)
+            os.fdatasync(fd)
+            res.finished = time.monotonic()
+            res.latencies_s.append(res.finished - t0)
+            res.records += 1
+            res.payload_bytes += job.size
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    return res
+
+
+# ---- servers -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Workloads:
+    """A system's client functions, one per kind of work."""
+
+    produce: ClientFn
+    produce_single: ClientFn
+    read_tail: ClientFn
+    read_key: ClientFn
+
+
+class Server(Protocol):
+    system: str
+    workloads: Workloads
+    target: str
+    note: Mapping[str, str]
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def kill(self) -> None: ...
+    def processes(self) -> list[psutil.Process]: ...
+    def create_topic(self, name: str, partitions: int) -> None: ...
+    def log_bytes(self) -> int: ...
+    def serves(self, name: str, lasts: dict[int, str]) -> bool: ...
+    def recovery_note(self) -> str: ...
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+class NodeServer:
+    """shardnode through ``LocalNode``, on its own fresh data directory."""
+
+    system = SHARDNODE
+    workloads = Workloads(sn_produce, sn_produce_single, sn_read_tail, sn_read_key)
+    note: Mapping[str, str] = MappingProxyType({})
+
+    def __init__(self, work_dir: Path) -> None:
+        self.node = LocalNode(work_dir / "data", log_file=work_dir / "node.log")
+        self.target = self.node.endpoint
+
+    def start(self) -> None:
+        self.node.start(timeout_s=SERVE_TIMEOUT_S)
+        # LocalNode takes any node answering on its port for its own: make sure it is ours.
+        with self.node.client(timeout_ms=5000) as c:
+            pid = c.status()["pid"]
+        if self.node.proc is None or pid != self.node.proc.pid:
+            self.node.kill()
+            raise RuntimeError(f"port {self.node.port} is answered by another node (pid {pid})")
+
+    def stop(self) -> None:
+        if self.node.proc is not None:
+            self.node.stop()
+
+    def kill(self) -> None:
+        self.node.kill()
+
+    def processes(self) -> list[psutil.Process]:
+        return self.node.processes()
+
+    def create_topic(self, name: str, partitions: int) -> None:
+        with self.node.client() as c:
+            c.create_topic(name, partitions)
+
+    def log_bytes(self) -> int:
+        return dir_bytes(self.node.data_dir / "log")
+
+    def serves(self, name: str, lasts: dict[int, str]) -> bool:
+        try:
+            with NodeClient(self.target, timeout_ms=1000, retries=0) as c:
+                for partition, last in lasts.items():
+                    got = c.read(name, partition, int(last), 1)
+                    if not got or got[0].offset != int(last):
+                        return False
+        except NodeError:
+            return False
+        return True
+
+    def recovery_note(self) -> str:
+        try:
+            with self.node.client(timeout_ms=2000) as c:
+                figures = c.status()["log"]
+            return f"log scan {figures.get('recovery_ms')} ms by the node's own figure"
+        except NodeError:
+            return ""
+
+
+class RedisServer:
+    """``redis-server`` with ``appendonly yes``, ``appendfsync always`` and no snapshots,
+    on a free loopback port, in its own directory."""
+
+    system = REDIS
+    workloads = Workloads(redis_produce, redis_produce_single, redis_read_tail, redis_read_key)
+    note: Mapping[str, str] = MappingProxyType({
+        "ingest-batched": "XADD pipelined, one stream per producer",
+        "ingest-single": "redis.asyncio, concurrent XADDs",
+        "read-tail": "XRANGE, 1000 entries a time",
+        "read-key": "HGET on a hash: the nearest equivalent of read_by_key",
+        "recovery": "AOF replay (auto-rewrite off)",
+    })
+
+    def __init__(self, binary: str, work_dir: Path) -> None:
+        self.binary = binary
+        self.dir = work_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.target = f"127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        (self.dir / "redis.conf").write_text(
+            f"bind 127.0.0.1\nport {self.port}\ndir {self.dir}\n"
+            "appendonly yes\nappendfsync always\nsave \"\"\n"
+            "auto-aof-rewrite-percentage 0\ndaemonize no\n"
+            f"logfile {self.dir / 'redis.log'}\n")
+
+    def start(self) -> None:
+        import redis
+
+        self.proc = subprocess.Popen([self.binary, str(self.dir / "redis.conf")],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + SERVE_TIMEOUT_S
+        r = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"redis-server exited with {self.proc.returncode}; "
+                                       f"see {self.dir / 'redis.log'}")
+                with contextlib.suppress(redis.exceptions.RedisError):
+                    if r.ping():
+                        return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server not answering in {SERVE_TIMEOUT_S} s")
+                time.sleep(0.01)  # poll interval while redis-server starts
+        finally:
+            r.close()
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self.proc = None
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+        self.proc = None
+
+    def processes(self) -> list[psutil.Process]:
+        if self.proc is None:
+            return []
+        with contextlib.suppress(psutil.Error):
+            return [psutil.Process(self.proc.pid)]
+        return []
+
+    def create_topic(self, name: str, partitions: int) -> None:
+        """Streams come into being with their first entry."""
+
+    def log_bytes(self) -> int:
+        return dir_bytes(self.dir / "appendonlydir")
+
+    def serves(self, name: str, lasts: dict[int, str]) -> bool:
+        import redis
+
+        r = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
+        try:
+            return all(r.xrange(f"{name}:{p}", min=last, max=last) for p, last in lasts.items())
+        except redis.exceptions.RedisError:  # LOADING while it replays, refused before that
+            return False
+        finally:
+            r.close()
+
+    def recovery_note(self) -> str:
+        return ""
+
+
+def find_redis_server(install: bool) -> str | None:
+    """The ``redis-server`` binary, installed from Debian's packages if missing and root."""
+    found = shutil.which("redis-server") or \
+        shutil.which("redis-server", path="/usr/bin:/usr/sbin")
+    if found:
+        return found
+    if not install:
+        log.warning("redis-server is not installed (and --no-install): skipping the redis peer")
+        return None
+    if os.geteuid() != 0:
+        log.warning("redis-server is not installed and this is not root: skipping the redis "
+                    "peer (install it with: apt-get install -y redis-server)")
+        return None
+    log.info("installing redis-server from Debian's packages")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update", "-q"],
+                ["apt-get", "install", "-y", "-q", "--no-install-recommends", "redis-server"]):
+        try:
+            subprocess.run(cmd, env=env, check=True, timeout=300, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE)
+        except (subprocess.SubprocessError, OSError) as exc:
+            log.warning("could not install redis-server (%s): skipping the redis peer", exc)
+            return None
+    return shutil.which("redis-server")
+
+
+# ---- the bench: servers, peers and shared measuring steps ----------------------------
+
+
+class Bench:
+    def __init__(self, settings: Settings, work: Path) -> None:
+        self.s = settings
+        self.work = work
+        self.servers: list[Server] = []
+        self.redis_binary: str | None = None
+        self._cache: dict[str, Row] = {}
+        self.recovery_records: int | None = None  # every system recovers as many records
+        self._names = 0
+        self.failures: list[str] = []  # what went wrong outside a scenario
+
+    def start(self) -> None:
+        node = NodeServer(self.work / SHARDNODE)
+        node.start()
+        self.servers.append(node)
+        if REDIS in self.s.peers:
+            self.redis_binary = find_redis_server(self.s.install)
+            if self.redis_binary is not None:
+                server = RedisServer(self.redis_binary, self.work / REDIS)
+                try:
+                    server.start()
+                except Exception as exc:  # the node's figures are still worth having
+                    log.error("redis-server did not start: %s", exc)
+                    self.failures.append(f"redis-server did not start: {exc}")
+                    server.kill()
+                    return
+                self.servers.append(server)
+
+    def close(self) -> None:
+        for server in self.servers:
+            try:
+                server.stop()
+            except Exception as exc:  # stop every server, and say which did not stop cleanly
+                log.error("%s did not stop cleanly: %s", server.system, exc)
+
+    def fresh(self, system: str) -> Server:
+        """A new server of ``system`` on a fresh directory of its own (recovery)."""
+        work = self.work / f"{system}-{self.name('fresh')}"
+        if system == SHARDNODE:
+            return NodeServer(work)
+        assert self.redis_binary is not None
+        return RedisServer(self.redis_binary, work)
+
+    def name(self, prefix: str) -> str:
+        self._names += 1
+        return f"{prefix}-{self._names}"
+
+    def job(self, index: int, target: str, name: str, **kw: Any) -> Job:
+        return Job(index, target, name, batch=self.s.batch, size=self.s.size,
+                   concurrency=self.s.concurrency, **kw)
+
+    def fill(self, server: Server, name: str, clients: int, total: int, *, keyed: bool = False,
+             one_partition: bool = False) -> list[tuple[Job, ClientResult]]:
+        """Write ``total`` records with ``clients`` producers, untimed. Client ``i`` writes to
+        partition ``i`` (or all to partition 0), or keyed records of the ``i``-th slice."""
+        per = math.ceil(total / clients)
+        jobs = [self.job(i, server.target, name, partition=0 if one_partition else i,
+                         records_max=min(per, total - i * per), keyed=keyed, first=i * per)
+                for i in range(clients) if total - i * per > 0]
+        results, _ = run_clients(server.workloads.produce, jobs)
+        return list(zip(jobs, results, strict=True))
+
+    def repeated(self, run: Callable[[], Row]) -> Row:
+        return median_row([run() for _ in range(self.s.repeat)])
+
+    def once(self, what: str, run: Callable[[], Row]) -> Row:
+        """A measurement shared by several scenarios, taken once per bench run."""
+        if what not in self._cache:
+            self._cache[what] = self.repeated(run)
+        return self._cache[what]
+
+    def peer_rows(self, scenario: str) -> list[Row]:
+        """The floor and the disk, for an ingest scenario's table."""
+        rows = []
+        if FLOOR in self.s.peers:
+            rows.append(replace(self.once(FLOOR, self.floor), scenario=scenario))
+        if DISK in self.s.peers:
+            rows.append(replace(self.once(DISK, self.disk), scenario=scenario))
+        return rows
+
+    def floor(self) -> Row:
+        path = self.work / self.name(FLOOR)
+        job = self.job(0, str(path), FLOOR, seconds=self.s.seconds)
+        results, rss = run_clients(floor_produce, [job])
+        shutil.rmtree(path, ignore_errors=True)
+        return Row.of("ingest", FLOOR, Measurement.of(results, rss),
+                      "rocksdict put sync=True, one process: one fsync per record")
+
+    def disk(self) -> Row:
+        """msgs/s and latency: fdatasyncs of small writes; MB/s: synced 1 MiB writes."""
+        small = self.job(0, str(self.work), DISK, seconds=self.s.seconds)
+        big = replace(small, size=MIB, records_max=DISK_SEQ_BYTES_MAX // MIB)
+        syncs, _ = run_clients(disk_synced_writes, [small])
+        seq, _ = run_clients(disk_synced_writes, [big])
+        f, b = Measurement.of(syncs, None), Measurement.of(seq, None)
+        row = Row.of("ingest", DISK, f)
+        row.mb_per_s = b.mb_per_s
+        row.note = (f"msgs/s, p50, p99: fdatasync of {self.s.size}-byte appends; "
+                    f"MB/s: synced 1 MiB appends")
+        return row
+
+
+def scenario_row(scenario: str, server: Server, m: Measurement, note: str = "") -> Row:
+    return Row.of(scenario, server.system, m, server.note.get(scenario, note))
+
+
+# ---- scenarios: one function each, run for every server ------------------------------
+
+
+def ingest_batched(b: Bench, server: Server) -> Row:
+    s = b.s
+
+    def run() -> Row:
+        topic = b.name("ingest-batched")
+        server.create_topic(topic, s.producers)
+        jobs = [b.job(p, server.target, topic, partition=p, seconds=s.seconds)
+                for p in range(s.producers)]
+        results, rss = run_clients(server.workloads.produce, jobs, server.processes)
+        return scenario_row("ingest-batched", server, Measurement.of(results, rss),
+                            f"{s.producers} producers, batches of {s.batch}")
+
+    return b.repeated(run)
+
+
+def ingest_single(b: Bench, server: Server) -> Row:
+    s = b.s
+
+    def run() -> Row:
+        topic = b.name("ingest-single")
+        server.create_topic(topic, 1)
+        job = b.job(0, server.target, topic, seconds=s.seconds)
+        results, rss = run_clients(server.workloads.produce_single, [job], server.processes)
+        return scenario_row("ingest-single", server, Measurement.of(results, rss),
+                            f"{s.concurrency} single-record requests in flight")
+
+    return b.repeated(run)
+
+
+def read_tail(b: Bench, server: Server) -> Row:
+    s = b.s
+    topic = b.name("read-tail")
+    server.create_topic(topic, 1)
+    b.fill(server, topic, s.producers, s.read_records, one_partition=True)
+    job = b.job(0, server.target, topic, records_max=s.read_records)
+
+    def run() -> Row:
+        results, rss = run_clients(server.workloads.read_tail, [job], server.processes)
+        return scenario_row("read-tail", server, Measurement.of(results, rss),
+                            f"offset 0 to {s.read_records:,}, reads of {s.batch}")
+
+    return b.repeated(run)
+
+
+def read_key(b: Bench, server: Server) -> Row:
+    s = b.s
+    topic = b.name("read-key")
+    server.create_topic(topic, s.producers)
+    b.fill(server, topic, s.producers, s.keys, keyed=True)
+    job = b.job(0, server.target, topic, seconds=s.seconds, keys=s.keys, seed=7)
+
+    def run() -> Row:
+        results, rss = run_clients(server.workloads.read_key, [job], server.processes)
+        m = Measurement.of(results, rss)
+        if m.errors:
+            raise AssertionError(f"{m.errors} of {m.records} reads by key returned a wrong value")
+        return scenario_row("read-key", server, m, f"one client, {s.keys:,} keys")
+
+    return b.repeated(run)
+
+
+def recovery(b: Bench, server: Server) -> Row:
+    """Fill a fresh server's log to about ``recovery_mb`` (the first system run decides the
+    record count; the others write as many records), SIGKILL it, restart it, and time until
+    a read of the last record of every partition succeeds. Run once (not repeated)."""
+    s = b.s
+    fresh = b.fresh(server.system)
+    fresh.start()
+    try:
+        topic = "recovery"
+        fresh.create_topic(topic, s.producers)
+        filled = b.fill(fresh, topic, 1, s.batch)  # to learn how many log bytes a record takes
+        if b.recovery_records is None:  # the first system sets the count for the others
+            per_record = max(1.0, fresh.log_bytes() / s.batch)
+            b.recovery_records = max(2 * s.batch, int(s.recovery_mb * MB / per_record))
+        filled += b.fill(fresh, topic, s.producers, b.recovery_records - s.batch)
+        lasts = {job.partition: res.last for job, res in filled}  # later fills come later
+        records = sum(res.records for _job, res in filled)
+        fresh.kill()
+        log_bytes = fresh.log_bytes()
+        t0 = time.monotonic()
+        with RssSampler(fresh.processes) as rss:
+            fresh.start()
+            deadline = t0 + SERVE_TIMEOUT_S
+            while not fresh.serves(topic, lasts):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{fresh.system} not serving the last record after "
+                                       f"{SERVE_TIMEOUT_S} s")
+                time.sleep(0.01)  # poll interval until the last record reads back
+            elapsed = time.monotonic() - t0
+        m = Measurement(records, log_bytes, elapsed, None, None, 0, rss.max_mb)
+        own = fresh.recovery_note()
+        row = scenario_row("recovery", fresh, m)
+        what = (f"{log_bytes / MB:.0f} MB log, {records:,} records: serving after "
+                f"{elapsed:.2f} s (MB/s = log bytes / time)")
+        row.note = "; ".join(x for x in (what, server.note.get("recovery", ""), own) if x)
+        return row
+    finally:
+        fresh.stop()
+
+
+SCENARIOS: dict[str, Callable[[Bench, Server], Row]] = {
+    "ingest-batched": ingest_batched,
+    "ingest-single": ingest_single,
+    "read-tail": read_tail,
+    "read-key": read_key,
+    "recovery": recovery,
+}
+INGEST = ("ingest-batched", "ingest-single")
+
+
+def run_scenario(b: Bench, scenario: str) -> tuple[list[Row], list[str]]:
+    """Every system's row of one scenario, with the ratios; and what failed."""
+    rows: list[Row] = []
+    failures: list[str] = []
+    for server in b.servers:
+        log.info("%s: %s", scenario, server.system)
+        try:
+            rows.append(SCENARIOS[scenario](b, server))
+        except Exception as exc:
+            log.error("%s on %s failed: %s", scenario, server.system, exc)
+            failures.append(f"{scenario} on {server.system}: {exc}")
+    if scenario in INGEST:
+        try:
+            rows += b.peer_rows(scenario)
+        except Exception as exc:
+            log.error("%s: floor/disk failed: %s", scenario, exc)
+            failures.append(f"{scenario} floor/disk: {exc}")
+    add_ratios(rows)
+    return rows, failures
+
+
+def add_ratios(rows: list[Row]) -> None:
+    sn = next((r for r in rows if r.system == SHARDNODE), None)
+    if sn is None:
+        return
+    for r in rows:
+        if r.system == DISK:
+            r.shardnode_ratio = sn.mb_per_s / r.mb_per_s if r.mb_per_s else None
+        elif r.system != SHARDNODE:
+            r.shardnode_ratio = sn.msgs_per_s / r.msgs_per_s if r.msgs_per_s else None
+
+
+# ---- output --------------------------------------------------------------------------
+
+
+def _num(x: float | None, digits: int = 0) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def ratio_text(r: Row) -> str:
+    if r.shardnode_ratio is None:
+        return ""
+    if r.system == DISK:
+        share = r.shardnode_ratio
+        return f"{share:.0%} of disk MB/s" if share >= 0.1 else f"{share:.1%} of disk MB/s"
+    return f"{r.shardnode_ratio:.2f}x"
+
+
+def print_table(scenario: str, rows: list[Row], s: Settings) -> None:
+    n = max((r.runs for r in rows), default=1)
+    runs = "1 run" if n == 1 else f"median of {n} runs"
+    t = Table(title=f"{scenario}  ({s.size}-byte values, {runs})", title_justify="left")
+    for col in ("system", "msgs/s", "MB/s", "p50 ms", "p99 ms", "RSS MB", "shardnode ÷ this"):
+        t.add_column(col, justify="left" if col == "system" else "right", no_wrap=True)
+    for r in rows:
+        t.add_row(r.system, _num(r.msgs_per_s), _num(r.mb_per_s, 1), _num(r.p50_ms, 2),
+                  _num(r.p99_ms, 2), _num(r.rss_mb), ratio_text(r))
+    console.print(t)
+    for r in rows:
+        errors = f" [red]{r.errors} errors[/red]" if r.errors else ""
+        console.print(f"  {r.system}: {r.note}{errors}", highlight=False)
+    console.print()
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios = list(dict.fromkeys(r.scenario for r in rows))
+    systems = list(dict.fromkeys(r.system for r in rows))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8))
+    width = 0.8 / max(1, len(systems))
+    for i, system in enumerate(systems):
+        xs, tput, p50, p99 = [], [], [], []
+        for j, scenario in enumerate(scenarios):
+            row = next((r for r in rows if r.scenario == scenario and r.system == system), None)
+            if row is None:
+                continue
+            xs.append(j + (i - (len(systems) - 1) / 2) * width)
+            tput.append(row.msgs_per_s)
+            p50.append(row.p50_ms or 0.0)
+            p99.append(row.p99_ms or 0.0)
+        color = f"C{i}"
+        top.bar(xs, tput, width, label=system, color=color)
+        bottom.bar(xs, p99, width, color=color, alpha=0.4)
+        bottom.bar(xs, p50, width, color=color)
+    for ax, label in ((top, "records/s (log)"), (bottom, "latency ms, p50 solid, p99 pale (log)")):
+        ax.set_xticks(range(len(scenarios)), scenarios)
+        ax.set_yscale("log")
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    top.legend(ncols=len(systems), fontsize=8)
+    top.set_title(f"shardnode bench {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
+                  f"{os.cpu_count()} CPUs (recovery: records replayed per second)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- main ----------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
+    p = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("scenarios", nargs="*", metavar="SCENARIO",
+                   help=f"any of {', '.join(SCENARIOS)} (default: all)")
+    p.add_argument("--producers", type=int, default=4, help="producer processes (default 4)")
+    p.add_argument("--batch", type=int, default=1000, help="records per batch (default 1000)")
+    p.add_argument("--size", type=int, default=100, help="value bytes (default 100)")
+    p.add_argument("--concurrency", type=int, default=64,
+                   help="ingest-single: requests in flight (default 64)")
+    p.add_argument("--seconds", type=float, help="length of each timed run (default 5)")
+    p.add_argument("--repeat", type=int, help="runs per scenario, median reported (default 1)")
+    p.add_argument("--read-records", type=int, help="read-tail: records to prefill and read")
+    p.add_argument("--keys", type=int, help="read-key: keyed records to prefill")
+    p.add_argument("--recovery-mb", type=int, help="recovery: log size to fill (default 256)")
+    p.add_argument("--peers", default="redis,floor,disk",
+                   help="comma-separated peers to run: redis, floor, disk, or none")
+    p.add_argument("--no-install", action="store_true",
+                   help="do not apt-get install redis-server when it is missing")
+    p.add_argument("--quick", action="store_true", help="every scenario small (smoke run)")
+    p.add_argument("--json", type=Path, help="write the rows as a JSON list to this file")
+    p.add_argument("--plot", type=Path, help="draw throughput and latency to this PNG")
+    p.add_argument("--work-dir", type=Path, help="where data goes (default ./var/bench/run-*)")
+    p.add_argument("--keep", action="store_true", help="keep the data directories")
+    a = p.parse_args(argv)
+    unknown = [x for x in a.scenarios if x not in SCENARIOS]
+    if unknown:
+        p.error(f"unknown scenario(s) {unknown}; choose from {list(SCENARIOS)}")
+    peers = frozenset() if a.peers == "none" else frozenset(a.peers.split(","))
+    if peers - {REDIS, FLOOR, DISK}:
+        p.error(f"unknown peer(s) {sorted(peers - {REDIS, FLOOR, DISK})}")
+    base = QUICK if a.quick else {}
+    given = {k: v for k, v in (("seconds", a.seconds), ("repeat", a.repeat),
+                               ("read_records", a.read_records), ("keys", a.keys),
+                               ("recovery_mb", a.recovery_mb)) if v is not None}
+    settings = Settings(tuple(a.scenarios or SCENARIOS), a.producers, a.batch, a.size,
+                        a.concurrency, peers=peers, install=not a.no_install, quick=a.quick,
+                        **{**base, **given})
+    return settings, a
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", datefmt="%H:%M:%S",
+                        handlers=[RichHandler(console=Console(stderr=True), show_path=False)])
+    s, a = parse_args(argv)
+    if a.work_dir is not None:
+        a.work_dir.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix="run-", dir=a.work_dir))
+    else:
+        (ROOT / "var" / "bench").mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix="run-", dir=ROOT / "var" / "bench"))
+    log.info("bench in %s: %s; %s", work, ", ".join(s.scenarios),
+             {k: v for k, v in asdict(s).items() if k not in ("scenarios", "peers")})
+    started = time.monotonic()
+    rows: list[Row] = []
+    failures: list[str] = []
+    bench = Bench(s, work)
+    try:
+        bench.start()
+        for scenario in s.scenarios:
+            got, failed = run_scenario(bench, scenario)
+            rows += got
+            failures += failed
+    except Exception as exc:
+        log.exception("the bench could not run")
+        failures.append(f"bench: {exc}")
+    finally:
+        bench.close()
+        failures += bench.failures
+    for scenario in s.scenarios:
+        print_table(scenario, [r for r in rows if r.scenario == scenario], s)
+    if REDIS in s.peers and bench.redis_binary is None:
+        console.print("[yellow]redis peer skipped: redis-server not available[/yellow]")
+    if a.json is not None:
+        a.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    if a.plot is not None and rows:
+        plot(rows, a.plot)
+    console.print(f"{len(rows)} rows in {time.monotonic() - started:.0f} s, "
+                  f"{os.cpu_count()} CPUs, data in {work}")
+    for f in failures:
+        console.print(f"[red]FAILED[/red] {f}")
+    if not failures and not a.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
