@@ -101,7 +101,7 @@ class FrontDoor(Actor):
     def on_stop(self) -> None:
         for w in self.pending.values():
             self.router.send_multipart([w.identity, protocol.error(
-                w.rid, ErrorCode.UNAVAILABLE, "the node is stopping; retry against it later")])
+                w.rid, ErrorCode.UNAVAILABLE, "the front door is stopping (node stop or restart); retry")])
         self.pending.clear()
         self.router.close(0)
 

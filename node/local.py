@@ -36,12 +36,14 @@ class NodeFailed(RuntimeError):
 
 class LocalNode:
     def __init__(self, data_dir: Path, port: int | None = None, config: Path | None = None,
-                 log_file: Path | None = None, extra_args: list[str] | None = None) -> None:
+                 log_file: Path | None = None, extra_args: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.config = config
         self.log_file = log_file or (self.data_dir.parent / f"node-{self.port}.log")
         self.extra_args = extra_args or []
+        self.env = env  # added to this process's environment (fault seams in tests)
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: Any = None
 
@@ -60,8 +62,9 @@ class LocalNode:
             cmd += ["--config", str(self.config)]
         cmd += self.extra_args
         self._log = open(self.log_file, "ab")  # noqa: SIM115 - open while the node runs
+        env = None if self.env is None else {**os.environ, **self.env}
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, env=env)
         self.wait_ready(timeout_s)
         return self
 

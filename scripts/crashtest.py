@@ -11,6 +11,7 @@ failed trial with how to replay it, and last ``N passed, N failed``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import sys
 import tempfile
@@ -26,9 +27,19 @@ from wire.errors import NodeError
 TOPIC = "crashtest"
 PARTITIONS = 3
 ROLES = ["log", "txn", "cache", "writer-0", "writer-1", "front"]
+# Small log limits, so that checkpoints (and segment rolls) happen every few batches and
+# kills land inside them too.
 CONFIG = """
 [limits]
 request_timeout_ms = 2000
+frame_bytes_max = 1048576
+value_bytes_max = 65536
+
+[log]
+segment_bytes_max = 1048576
+group_bytes_max = 1048576
+checkpoint_bytes = 1048576
+checkpoint_timeout_ms = 5000
 
 [supervisor]
 restarts_max = 1000000   # the harness kills on purpose; never give up
@@ -52,6 +63,11 @@ def serving(node: LocalNode) -> bool:
         return False
 
 
+def request_checkpoint(node: LocalNode) -> None:
+    with contextlib.suppress(NodeError), NodeClient(node.endpoint, timeout_ms=5000, retries=0) as c:
+        c.checkpoint()
+
+
 def run_trial(node: LocalNode, producers: list[Producer], trial_seed: int, kill: str,
               batches: int) -> str:
     """One trial; returns what was killed."""
@@ -59,6 +75,9 @@ def run_trial(node: LocalNode, producers: list[Producer], trial_seed: int, kill:
     target = rng.choice([*ROLES, "node"]) if kill == "any" else kill
     for p in producers:
         p.allow(batches)
+    if rng.random() < 0.5:
+        # Kill inside a checkpoint, too: ask for one just before the kill.
+        threading.Thread(target=request_checkpoint, args=(node,), daemon=True).start()
     # The random moment: some time after the producers resumed, while they write.
     threading.Event().wait(rng.uniform(0.0, 0.3))  # ok-sleep: choosing when to kill
     if target == "node":
@@ -80,7 +99,8 @@ def run_trial(node: LocalNode, producers: list[Producer], trial_seed: int, kill:
             raise CheckFailed(f"producer {p.tag} failed: {p.error!r}")
     with node.client() as c:
         check(c, TOPIC, PARTITIONS, [p.ledger for p in producers])
-    return target
+        checkpoints = c.status()["log"].get("checkpoints", 0)
+    return f"{target} (checkpoints so far in this log manager: {checkpoints})"
 
 
 def main(argv: list[str] | None = None) -> int:

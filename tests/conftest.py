@@ -19,13 +19,14 @@ def make_node(tmp_path: Path) -> Iterator[object]:
     """A factory: ``make_node(config_text=None)`` starts a node on ``tmp_path/data``."""
     started: list[LocalNode] = []
 
-    def make(config_text: str | None = None, data_dir: Path | None = None) -> LocalNode:
+    def make(config_text: str | None = None, data_dir: Path | None = None,
+             env: dict[str, str] | None = None) -> LocalNode:
         cfg = None
         if config_text is not None:
             cfg = tmp_path / f"node-{len(started)}.toml"
             cfg.write_text(config_text)
         n = LocalNode(data_dir or tmp_path / "data", config=cfg,
-                      log_file=tmp_path / f"node-{len(started)}.log")
+                      log_file=tmp_path / f"node-{len(started)}.log", env=env)
         n.start()
         started.append(n)
         return n

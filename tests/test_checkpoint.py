@@ -1,0 +1,188 @@
+"""The checkpoint handshake across processes: it truncates the log, keeps every record,
+bounds the log under endless load, and recovers from a crash at every step."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.client import NodeClient
+from node.local import LocalNode
+from wire import logrecord
+from wire.errors import NodeError
+
+SMALL = """
+[limits]
+frame_bytes_max = 1048576
+value_bytes_max = 65536
+request_timeout_ms = 3000
+
+[log]
+segment_bytes_max = 1048576
+group_bytes_max = 1048576
+checkpoint_bytes = {ckpt}
+checkpoint_mode = "{mode}"
+checkpoint_timeout_ms = 10000
+
+[supervisor]
+restarts_max = 20
+"""
+
+
+def config(mode: str = "fuzzy", ckpt: int = 2 * 1024 * 1024) -> str:
+    return SMALL.format(mode=mode, ckpt=ckpt)
+
+
+def log_bytes(data_dir: Path) -> int:
+    return sum(p.stat().st_size for _f, p in logrecord.list_segments(data_dir / "log"))
+
+
+def produce(c: NodeClient, n_batches: int, start: int = 0, batch: int = 100) -> list[bytes]:
+    values = []
+    for b in range(start, start + n_batches):
+        vals = [f"{b}-{i}-".encode() + b"x" * 200 for i in range(batch)]
+        c.produce_batch("t", vals, partition=b % 2)
+        values += vals
+    return values
+
+
+def stored(c: NodeClient) -> list[bytes]:
+    out: list[bytes] = []
+    for p in range(2):
+        off = 0
+        while recs := c.read("t", p, off, 1000):
+            out += [r.value for r in recs]
+            off = recs[-1].offset + 1  # type: ignore[operator]
+    return out
+
+
+def wait_status(node: LocalNode, what: str, cond: Any, timeout_s: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    with node.client(timeout_ms=2000, retries=0) as c:
+        while True:
+            try:
+                st = c.status()
+                if cond(st):
+                    return st
+            except Exception:
+                pass
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.05)  # poll interval
+
+
+@pytest.mark.parametrize("mode", ["fuzzy", "blocking"])
+def test_checkpoint_truncates_the_log_and_keeps_every_record(make_node: Any, mode: str) -> None:
+    node = make_node(config(mode, ckpt=64 * 1024 * 1024))
+    with node.client() as c:
+        c.create_topic("t", partitions=2)
+        values = produce(c, 60)
+        before = log_bytes(node.data_dir)
+        assert before > 1024 * 1024
+        lsn = c.checkpoint()
+        assert lsn >= 61
+        after = log_bytes(node.data_dir)
+        assert after < 1024 * 1024, f"{before} -> {after} bytes"
+        assert sorted(stored(c)) == sorted(values)
+        values += produce(c, 10, start=60)
+    node.kill()  # the snapshot and the shards must carry what was truncated
+    node2 = make_node(config(mode, ckpt=64 * 1024 * 1024), data_dir=node.data_dir)
+    with node2.client() as c:
+        assert sorted(stored(c)) == sorted(values)
+        assert c.produce("t", b"more", partition=0)[1] == 35 * 100
+
+
+def test_log_stays_bounded_under_endless_load(make_node: Any) -> None:
+    ckpt = 2 * 1024 * 1024
+    node = make_node(config("fuzzy", ckpt=ckpt))
+    peak = 0
+    with node.client() as c:
+        c.create_topic("t", partitions=2)
+        total = 0
+        for b in range(600):  # ~12 MB of records, six times the checkpoint size
+            produce(c, 1, start=b)
+            total += 100
+            peak = max(peak, log_bytes(node.data_dir))
+    wait_status(node, "checkpoints to be reported", lambda st: st["log"]["checkpoints"] >= 3)
+    assert peak < 3 * ckpt + 2 * 1024 * 1024, f"log grew to {peak} bytes"
+    assert log_bytes(node.data_dir) < 3 * ckpt
+
+
+@pytest.mark.parametrize("point", [
+    "checkpoint.after_request",
+    "checkpoint.after_ready",
+    "checkpoint.after_flushed",
+    "checkpoint.after_snapshot",
+    "checkpoint.after_truncate",
+    "writer.after_flush",
+])
+def test_crash_at_each_step_of_the_handshake(make_node: Any, point: str) -> None:
+    node = make_node(config("fuzzy", ckpt=64 * 1024 * 1024), env={"SHARDNODE_FAULTS": point})
+    with node.client(timeout_ms=20_000) as c:
+        c.create_topic("t", partitions=2)
+        values = produce(c, 30)
+        with contextlib.suppress(NodeError):
+            c.checkpoint()  # an actor dies mid-way; the client's retry may finish it
+    fired = (node.data_dir / "faults-fired").read_text().split()
+    assert fired == [point], "the fault must have fired exactly once"
+    wait_status(node, "restart", lambda st: all(a["state"] == "running" for a in st["actors"])
+                and sum(a["restarts"] for a in st["actors"]) > 0)
+    with node.client(timeout_ms=20_000) as c:
+        values += produce(c, 10, start=30)
+        assert sorted(stored(c)) == sorted(values)
+        c.checkpoint()  # the next checkpoint completes
+        assert log_bytes(node.data_dir) < 1024 * 1024
+    node.kill()
+    node2 = make_node(config("fuzzy", ckpt=64 * 1024 * 1024), data_dir=node.data_dir)
+    with node2.client() as c:
+        assert sorted(stored(c)) == sorted(values)
+
+
+def test_fsync_failure_is_fatal_to_the_log_manager_and_recovered(make_node: Any) -> None:
+    node = make_node(config(), env={"SHARDNODE_FAULTS": "log.fsync"})
+    with node.client(timeout_ms=20_000) as c:
+        with contextlib.suppress(NodeError):
+            c.create_topic("t", partitions=2)  # its fsync fails: the log manager exits
+        wait_status(node, "log restart", lambda st: st["actors"][0]["restarts"] == 1
+                    and all(a["state"] == "running" for a in st["actors"]))
+        if "t" not in [t.name for t in c.list_topics()]:
+            c.create_topic("t", partitions=2)  # unacknowledged, so possibly not there
+        values = produce(c, 5)
+        assert sorted(stored(c)) == sorted(values)
+    assert "log write/fsync failed" in node.log_file.read_text()
+
+
+def test_rest_for_one_restarts_those_after_the_dead_actor(node: LocalNode) -> None:
+    with node.client() as c:
+        before = {a["role"]: a["pid"] for a in c.status()["actors"]}
+    node.kill_actor("txn")
+    st = wait_status(node, "restart", lambda st: st["actors"][1]["pid"] != before["txn"]
+                     and all(a["state"] == "running" for a in st["actors"]))
+    after = {a["role"]: a["pid"] for a in st["actors"]}
+    assert after["log"] == before["log"], "actors before the dead one keep running"
+    for role in ("txn", "cache", "writer-0", "writer-1", "front"):
+        assert after[role] != before[role], f"{role} should have been restarted"
+
+
+def test_too_many_restarts_stop_the_node(make_node: Any) -> None:
+    node = make_node("[supervisor]\nrestarts_max = 2\nrestart_window_s = 600\n")
+    for _ in range(3):
+        pid = node.kill_actor("writer-1")
+        deadline = time.monotonic() + 60
+        while True:
+            assert node.proc is not None
+            if node.proc.poll() is not None:
+                break
+            try:
+                if node.actor_pid("writer-1") != pid:
+                    break
+            except Exception:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.05)  # poll until restarted or stopped
+    assert node.proc is not None and node.proc.wait(60) == 1
+    assert "3 actor restarts within 600 s" in node.log_file.read_text()
+    node.proc = None
