@@ -37,14 +37,33 @@ class StoreFormatError(RuntimeError):
     """A shard written by a newer shardnode: refuse to open it rather than misread it."""
 
 
-def _options(write_buffer_bytes: int) -> rocksdict.Options:
-    o = rocksdict.Options(raw_mode=True)
-    o.create_if_missing(True)
-    o.create_missing_column_families(True)
-    o.set_atomic_flush(True)  # automatic flushes write every column family together
-    o.set_write_buffer_size(write_buffer_bytes)
-    o.set_max_write_buffer_number(2)
-    return o
+class StoreMemory:
+    """What all the shards of one writer process share, so that memory stays bounded however
+    many shards it holds: one memtable budget (RocksDB flushes early when it is reached,
+    which is safe because a flush writes every column family together, applied LSN
+    included) and one block cache."""
+
+    def __init__(self, memtable_bytes_max: int, block_cache_bytes: int,
+                 write_buffer_bytes: int) -> None:
+        self.write_buffers = rocksdict.WriteBufferManager(memtable_bytes_max, False)
+        self.block_cache = rocksdict.Cache(block_cache_bytes)
+        self.write_buffer_bytes = write_buffer_bytes
+
+    def options(self, write_buffer_bytes: int) -> rocksdict.Options:
+        o = rocksdict.Options(raw_mode=True)
+        o.create_if_missing(True)
+        o.create_missing_column_families(True)
+        o.set_atomic_flush(True)  # automatic flushes write every column family together
+        o.set_write_buffer_size(write_buffer_bytes)
+        o.set_max_write_buffer_number(2)
+        o.set_write_buffer_manager(self.write_buffers)
+        table = rocksdict.BlockBasedOptions()
+        table.set_block_cache(self.block_cache)
+        o.set_block_based_table_factory(table)
+        return o
+
+
+DEFAULT_MEMORY_ARGS = (64 * 1024 * 1024, 32 * 1024 * 1024, 8 * 1024 * 1024)
 
 
 def shard_dir(shards_dir: Path, topic_id: int, partition: int) -> Path:
@@ -52,11 +71,14 @@ def shard_dir(shards_dir: Path, topic_id: int, partition: int) -> Path:
 
 
 class ShardStore:
-    def __init__(self, path: Path, topic_id: int, partition: int) -> None:
+    def __init__(self, path: Path, topic_id: int, partition: int,
+                 memory: StoreMemory | None = None) -> None:
         self.path = path
         self.shard = (topic_id, partition)
-        opts = _options(16 * 1024 * 1024)
-        cfs = {name: _options(16 * 1024 * 1024 if name == "records" else 2 * 1024 * 1024)
+        mem = memory or StoreMemory(*DEFAULT_MEMORY_ARGS)
+        small = max(mem.write_buffer_bytes // 8, 256 * 1024)
+        opts = mem.options(mem.write_buffer_bytes)
+        cfs = {name: mem.options(mem.write_buffer_bytes if name == "records" else small)
                for name in CFS}
         self.db = rocksdict.Rdict(str(path), options=opts, column_families=cfs)
         self.cf = {name: self.db.get_column_family(name) for name in CFS}

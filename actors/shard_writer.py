@@ -26,7 +26,7 @@ from actors import faults
 from actors.base import CACHE_MANAGER, FRONT_DOOR, Actor, ActorContext, RefuseToStart
 from actors.cache_manager import owner
 from actors.log_manager import fsync_dir
-from actors.shard_store import ShardStore, StoreFormatError, shard_dir
+from actors.shard_store import ShardStore, StoreFormatError, StoreMemory, shard_dir
 from wire import codec, logrecord
 from wire.codec import Message
 from wire.errors import ErrorCode
@@ -62,6 +62,8 @@ class ShardWriter(Actor):
         self.shards_dir = data / "shards"
         self.state_file = data / "writers" / f"{self.role}.lsn"
         self.stores: dict[Shard, ShardStore] = {}
+        sc = self.cfg.shards
+        self.memory = StoreMemory(sc.memtable_bytes_max, sc.block_cache_bytes, sc.write_buffer_bytes)
         self.processed_lsn = 0
         self.catalog_lsn = 0  # every catalog change at or below this LSN is applied
         self.parked: collections.deque[tuple[float, Any]] = collections.deque()
@@ -87,7 +89,7 @@ class ShardWriter(Actor):
             topic_id, partition = (int(x) for x in name[1:].split("-p"))
             if self.owns(topic_id, partition):
                 try:
-                    self.stores[(topic_id, partition)] = ShardStore(d, topic_id, partition)
+                    self.stores[(topic_id, partition)] = ShardStore(d, topic_id, partition, self.memory)
                 except StoreFormatError as exc:
                     raise RefuseToStart(str(exc)) from None
         floor = min([self.catalog_lsn] + [s.applied_lsn for s in self.stores.values()])
@@ -223,7 +225,8 @@ class ShardWriter(Actor):
             topic_id, _name, partitions = e.body()
             for p in range(partitions):
                 if self.owns(topic_id, p) and (topic_id, p) not in self.stores:
-                    store = ShardStore(shard_dir(self.shards_dir, topic_id, p), topic_id, p)
+                    store = ShardStore(shard_dir(self.shards_dir, topic_id, p), topic_id, p,
+                                       self.memory)
                     store.finish(e.lsn)
                     store.flush()
                     self.stores[(topic_id, p)] = store

@@ -60,6 +60,13 @@ class TransactionsConfig:
 
 
 @dataclass(frozen=True)
+class ShardsConfig:
+    memtable_bytes_max: int
+    block_cache_bytes: int
+    write_buffer_bytes: int
+
+
+@dataclass(frozen=True)
 class CacheConfig:
     bytes_max: int
 
@@ -78,6 +85,7 @@ class NodeConfig:
     limits: LimitsConfig
     log: LogConfig
     transactions: TransactionsConfig
+    shards: ShardsConfig
     cache: CacheConfig
     supervisor: SupervisorConfig
 
@@ -99,6 +107,7 @@ _SECTION_TYPES: dict[str, type] = {
     "limits": LimitsConfig,
     "log": LogConfig,
     "transactions": TransactionsConfig,
+    "shards": ShardsConfig,
     "cache": CacheConfig,
     "supervisor": SupervisorConfig,
 }
@@ -180,6 +189,9 @@ def validate(cfg: NodeConfig) -> None:
     if log.checkpoint_bytes < log.group_bytes_max:
         raise ConfigError("log.checkpoint_bytes must be at least log.group_bytes_max: "
                           "otherwise every group commit would start a checkpoint")
+    if cfg.shards.write_buffer_bytes * 2 > cfg.shards.memtable_bytes_max:
+        raise ConfigError("shards.memtable_bytes_max must hold at least two of "
+                          "shards.write_buffer_bytes: one memtable fills while another flushes")
     if cfg.cache.bytes_max < lim.value_bytes_max:
         raise ConfigError("cache.bytes_max must hold at least one record of limits.value_bytes_max")
 
