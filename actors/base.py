@@ -49,6 +49,11 @@ def writer_role(index: int) -> str:
     return f"writer-{index}"
 
 
+def owner(topic_id: int, partition: int, writers: int) -> int:
+    """The index of the shard writer that owns a shard (stable for a given writer count)."""
+    return (topic_id * 7919 + partition) % writers
+
+
 def mailbox_address(run_dir: Path, role: str) -> str:
     return f"ipc://{run_dir}/{role}.sock"
 

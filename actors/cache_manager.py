@@ -2,9 +2,10 @@
 
 Every durable group from the log manager passes through here: it is cached (as bytes) and
 handed on, the same frame, to every shard writer, each of which applies the shards it owns.
-Reads by offset that the cache holds are answered here; every other read goes on to the
-writer that owns the shard, carrying ``lsn_min`` so the writer answers only once it has
-applied everything the client has been told is durable.
+Reads by offset come here first: what the cache holds is answered here, the rest goes on
+to the writer that owns the shard, carrying ``lsn_min`` so the writer answers only once it
+has applied everything the client has been told is durable. (Reads by key, tag or time
+go from the front door straight to the owning writer.)
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from actors.base import FRONT_DOOR, LOG_MANAGER, Actor, ActorContext, writer_role
+from actors.base import FRONT_DOOR, LOG_MANAGER, Actor, ActorContext, owner, writer_role
 from actors.cache_state import CacheState
 from wire import codec
 from wire.codec import Message
@@ -29,11 +30,6 @@ from wire.messages import (
 from wire.records import pack_read
 
 log = logging.getLogger("shardnode")
-
-
-def owner(topic_id: int, partition: int, writers: int) -> int:
-    """The index of the shard writer that owns a shard (stable for a given writer count)."""
-    return (topic_id * 7919 + partition) % writers
 
 
 class CacheManager(Actor):

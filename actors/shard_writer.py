@@ -23,8 +23,7 @@ import msgpack
 import zmq
 
 from actors import faults
-from actors.base import CACHE_MANAGER, FRONT_DOOR, Actor, ActorContext, RefuseToStart
-from actors.cache_manager import owner
+from actors.base import CACHE_MANAGER, FRONT_DOOR, Actor, ActorContext, RefuseToStart, owner
 from actors.log_manager import fsync_dir
 from actors.shard_store import ShardStore, StoreFormatError, StoreMemory, shard_dir
 from wire import codec, logrecord

@@ -27,6 +27,8 @@ from actors.base import (
     TRANSACTION_MANAGER,
     Actor,
     ActorContext,
+    owner,
+    writer_role,
 )
 from wire import codec, protocol
 from wire.codec import Message
@@ -145,6 +147,9 @@ class FrontDoor(Actor):
             exc.request_id = rid  # type: ignore[attr-defined]
             raise
 
+    def writer_of(self, topic_id: int, partition: int) -> str:
+        return writer_role(owner(topic_id, partition, self.cfg.node.writers))
+
     def topic(self, name: str) -> tuple[int, int]:
         if self.catalog_version < 0:
             raise NodeError("the node is starting; retry shortly", ErrorCode.UNAVAILABLE)
@@ -201,7 +206,9 @@ class FrontDoor(Actor):
                 msg = ReadByTag(corr, topic_id, partition, req["tag"], req["offset"], n, lsn)
             else:
                 msg = OffsetForTimestamp(corr, topic_id, partition, req["timestamp"], lsn)
-            self.forward(CACHE_MANAGER, corr, msg)
+            # Only reads by offset can be served from the cache; the rest go to the writer.
+            self.forward(CACHE_MANAGER if op == "read" else self.writer_of(topic_id, partition),
+                         corr, msg)
         elif op == "create_topic":
             protocol.check_name("topic name", req["name"])
             corr = self.wait_for(identity, rid)
@@ -223,7 +230,7 @@ class FrontDoor(Actor):
         elif op == "committed_offset":
             topic_id, partition = self.partition(req["topic"], req["partition"])
             corr = self.wait_for(identity, rid)
-            self.forward(CACHE_MANAGER, corr,
+            self.forward(self.writer_of(topic_id, partition), corr,
                          CommittedOffset(corr, req["group"], topic_id, partition, self.lsn_seen))
         elif op == "checkpoint":
             corr = self.wait_for(identity, rid, timeout_ms=self.cfg.log.checkpoint_timeout_ms * 3)
