@@ -5,11 +5,12 @@ workloads against peers in the same run, on the same machine.
     scripts/bench ingest-batched read-tail --seconds 10 --repeat 3
     scripts/bench --quick --json out.json --plot docs/bench.png
 
-Scenarios: ingest-batched, ingest-single, read-tail, read-key, recovery.
+Scenarios: ingest-batched, ingest-single, read-tail, read-key, recovery, checkpoint.
 Systems: shardnode (the node, started here on a fresh data dir); redis (Redis Streams,
 ``appendfsync always``, started here on a free loopback port); floor (rocksdict, one
 ``sync=True`` put per record: ingest only); disk (raw fdatasync and synced 1 MiB writes under
-the data dir: the ceiling, ingest only).
+the data dir: the ceiling, ingest only). ``checkpoint`` is shardnode's alone: acknowledgement
+latency inside checkpoints against outside them, in both checkpoint modes, at half load.
 
 Every client workload runs in its own process (spawn start method): the parent starts the
 servers, lines the clients up, fires them together, samples the servers' RSS and collects
@@ -19,6 +20,7 @@ one ``ClientResult`` per client from a queue. Every wait has a timeout.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import json
 import logging
@@ -71,6 +73,23 @@ DISK = "disk"
 SHARDNODE = "shardnode"
 REDIS = "redis"
 
+# The checkpoint scenario: paced producers at CKPT_LOAD of the node's batched capacity (in
+# batches of CKPT_BATCH records, so there are many acknowledgements to classify) while a
+# client runs checkpoints back to back, CKPT_GAP_S apart.
+CKPT_MODES = ("fuzzy", "blocking")
+CKPT_BATCH = 100
+CKPT_LOAD = 0.5
+CKPT_GAP_S = 0.5
+CKPT_SECONDS_MIN = 2.0      # the timed run is at least this long (quick: this long)
+CKPT_CAPACITY_S_MAX = 2.0   # the capacity probe runs min(--seconds, this)
+CKPT_IN_FLIGHT_MAX = 2000   # a paced producer's requests in flight (a blocking checkpoint holds them)
+CKPT_LATE_S = 0.005         # a send this far behind its schedule counts as late
+CKPT_GOAL = 2.0             # fuzzy: p99 inside at most this many times p99 outside
+CKPT_TIMEOUT_MS = 120_000   # one checkpoint request
+CKPT_BYTES = 1 << 40        # checkpoint_bytes of the scenario's nodes: no automatic checkpoint
+INSIDE = "inside"
+OUTSIDE = "outside"
+
 
 # ---- settings ------------------------------------------------------------------------
 
@@ -115,6 +134,9 @@ class ClientResult:
     latencies_s: list[float] = field(default_factory=list)
     errors: int = 0
     last: str = ""  # the position of the last record written (offset or stream id)
+    sends_s: list[float] = field(default_factory=list)  # paced: send time of each latency
+    late: int = 0  # paced: sends more than CKPT_LATE_S behind their schedule
+    intervals: list[tuple[float, float]] = field(default_factory=list)  # checkpoints run
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -175,6 +197,12 @@ class Row:
     runs: int = 1
     note: str = ""
     shardnode_ratio: float | None = None  # shardnode ÷ this system (disk: shardnode's share)
+    # the checkpoint scenario only (None elsewhere)
+    mode: str | None = None             # checkpoint_mode: fuzzy | blocking
+    phase: str | None = None            # inside | outside a checkpoint
+    checkpoints: int | None = None      # checkpoints run during the timed part
+    checkpoint_ms: float | None = None  # their mean duration, as the client saw it
+    p99_ratio: float | None = None      # p99 inside ÷ p99 outside, for this mode
 
     @classmethod
     def of(cls, scenario: str, system: str, m: Measurement, note: str = "") -> Row:
@@ -192,9 +220,12 @@ def median_row(rows: Sequence[Row]) -> Row:
 
     first = rows[0]
     out = replace(first, runs=len(rows), errors=sum(r.errors for r in rows))
-    for name in ("msgs_per_s", "mb_per_s", "p50_ms", "p99_ms", "rss_mb", "seconds"):
+    for name in ("msgs_per_s", "mb_per_s", "p50_ms", "p99_ms", "rss_mb", "seconds",
+                 "checkpoint_ms", "p99_ratio"):
         setattr(out, name, med([getattr(r, name) for r in rows]))
     out.records = int(statistics.median(r.records for r in rows))
+    counts = [r.checkpoints for r in rows if r.checkpoints is not None]
+    out.checkpoints = int(statistics.median(counts)) if counts else None
     return out
 
 
@@ -227,6 +258,8 @@ class Job:
     keys: int = 0           # read-key: the key space to draw from
     concurrency: int = 1
     seed: int = 0
+    rate: float = 0.0       # paced producer: records per second
+    gap_s: float = 0.0      # checkpointer: pause after each checkpoint
 
     def __post_init__(self) -> None:
         assert self.seconds > 0 or self.records_max > 0, "a job needs a bound"
@@ -348,30 +381,34 @@ class RssSampler:
         return self.max_bytes / MB if self.max_bytes else None
 
 
-def run_clients(fn: ClientFn, jobs: Sequence[Job],
+def run_clients(fn: ClientFn | Sequence[ClientFn], jobs: Sequence[Job],
                 rss_of: Callable[[], list[psutil.Process]] | None = None,
                 timeout_s: float | None = None) -> tuple[list[ClientResult], float | None]:
-    """Run ``fn`` once per job, each in its own process, all starting together.
+    """Run ``fn`` once per job (or ``fn[i]`` for job ``i``), each in its own process, all
+    starting together.
 
     Returns the results in job order and the largest RSS (MB) of ``rss_of()`` — or of the
     client processes themselves when it is None — seen while they ran.
     """
+    fns = list(fn) if isinstance(fn, Sequence) else [fn] * len(jobs)
+    assert len(fns) == len(jobs)
+    what = "+".join(dict.fromkeys(f.__name__ for f in fns))
     ctx = mp.get_context("spawn")
     reports = ctx.Queue()
     go = ctx.Event()
-    procs = [ctx.Process(target=_client_main, args=(fn, job, reports, go), daemon=True,
-                         name=f"{fn.__name__}-{job.index}") for job in jobs]
+    procs = [ctx.Process(target=_client_main, args=(f, job, reports, go), daemon=True,
+                         name=f"{f.__name__}-{job.index}") for f, job in zip(fns, jobs, strict=True)]
     if timeout_s is None:
         longest = max(j.seconds for j in jobs)
         timeout_s = longest + DRAIN_TIMEOUT_S + 30 if longest > 0 else PREFILL_TIMEOUT_S
     results: dict[int, ClientResult] = {}
     ready: set[int] = set()
 
-    def collect(until: Callable[[], bool], deadline: float, what: str) -> None:
+    def collect(until: Callable[[], bool], deadline: float, stage: str) -> None:
         while not until():
             left = deadline - time.monotonic()
             if left <= 0:
-                raise ClientsFailed(f"{fn.__name__}: clients not {what} in time")
+                raise ClientsFailed(f"{what}: clients not {stage} in time")
             try:
                 msg = reports.get(timeout=min(left, 1.0))
             except queue.Empty:
@@ -380,7 +417,7 @@ def run_clients(fn: ClientFn, jobs: Sequence[Job],
                     raise ClientsFailed(f"client processes died: {dead}") from None
                 continue
             if isinstance(msg, Failed):
-                raise ClientsFailed(f"client {msg.index} of {fn.__name__} failed:\n{msg.error}")
+                raise ClientsFailed(f"client {msg.index} of {what} failed:\n{msg.error}")
             if isinstance(msg, Ready):
                 ready.add(msg.index)
             elif isinstance(msg, Finished):
@@ -507,6 +544,78 @@ def sn_read_key(job: Job, gate: Gate) -> ClientResult:
                 res.errors += 1
             res.records += 1
             res.payload_bytes += job.size
+    return res
+
+
+def sn_produce_paced(job: Job, gate: Gate) -> ClientResult:
+    """Open loop: a batch of ``job.batch`` records to ``job.partition`` every
+    ``batch / rate`` seconds on a monotonic schedule (send k is due at start + k·interval),
+    whether or not earlier ones were answered (at most ``job.concurrency`` in flight), so a
+    stalled acknowledgement never postpones the sends behind it. Records (send, ack) per
+    request in ``sends_s`` and ``latencies_s``."""
+    values = Payload(job).values
+    blob = pack_batch(values)
+    interval = job.batch / job.rate
+    res = ClientResult()
+    sent: dict[int, float] = {}
+    with NodeClient(job.target, timeout_ms=30_000) as c:
+        c.partitions(job.name)
+        pipe = c.pipeline()
+        gate.wait()
+        res.started = time.monotonic()
+        end = res.started + job.seconds
+        first = res.started + interval * random.Random(job.index).random()  # stagger clients
+        k = 0
+        while True:
+            now = time.monotonic()
+            due = first + k * interval
+            if due < end:
+                if now >= due and len(sent) < job.concurrency:
+                    sent[pipe.submit(job.name, values, job.partition, blob=blob)] = now
+                    if now - due > CKPT_LATE_S:
+                        res.late += 1
+                    k += 1
+                    continue
+                wait_ms = 1 if now >= due else math.ceil((due - now) * 1000)
+            elif not sent or now > end + DRAIN_TIMEOUT_S:
+                break
+            else:
+                wait_ms = 100
+            for rid, out in pipe.poll(wait_ms):
+                t = time.monotonic()
+                t0 = sent.pop(rid)
+                if isinstance(out, NodeError):
+                    res.errors += 1
+                    continue
+                res.records += job.batch
+                res.payload_bytes += job.batch * job.size
+                res.sends_s.append(t0)
+                res.latencies_s.append(t - t0)
+                res.finished = t
+        res.errors += len(sent)  # never answered within the drain time
+    return res
+
+
+def sn_checkpointer(job: Job, gate: Gate) -> ClientResult:
+    """Checkpoints back to back for ``job.seconds``: one waits ``job.gap_s`` after the start
+    and after each checkpoint ends; records each one's [start, end] in ``intervals``."""
+    res = ClientResult()
+    with NodeClient(job.target, timeout_ms=CKPT_TIMEOUT_MS, retries=0) as c:
+        gate.wait()
+        res.started = time.monotonic()
+        end = res.started + job.seconds
+        next_start = res.started + job.gap_s  # the producers run alone first
+        while next_start < end:
+            time.sleep(max(0.0, next_start - time.monotonic()))  # until a deadline: no drift
+            t0 = time.monotonic()
+            try:
+                c.checkpoint()
+            except NodeError:  # abandoned or timed out: it still ran over this interval
+                res.errors += 1
+            t1 = time.monotonic()
+            res.intervals.append((t0, t1))
+            next_start = t1 + job.gap_s
+        res.finished = time.monotonic()
     return res
 
 
@@ -746,8 +855,8 @@ class NodeServer:
     workloads = Workloads(sn_produce, sn_produce_single, sn_read_tail, sn_read_key)
     note: Mapping[str, str] = MappingProxyType({})
 
-    def __init__(self, work_dir: Path) -> None:
-        self.node = LocalNode(work_dir / "data", log_file=work_dir / "node.log")
+    def __init__(self, work_dir: Path, config: Path | None = None) -> None:
+        self.node = LocalNode(work_dir / "data", config=config, log_file=work_dir / "node.log")
         self.target = self.node.endpoint
 
     def start(self) -> None:
@@ -928,6 +1037,8 @@ class Bench:
         self.redis_binary: str | None = None
         self._cache: dict[str, Row] = {}
         self.recovery_records: int | None = None  # every system recovers as many records
+        # shardnode's batched ingest msgs/s by (records per batch, value bytes), once known
+        self.capacity: dict[tuple[int, int], tuple[float, str]] = {}
         self._names = 0
         self.failures: list[str] = []  # what went wrong outside a scenario
 
@@ -962,6 +1073,30 @@ class Bench:
             return NodeServer(work)
         assert self.redis_binary is not None
         return RedisServer(self.redis_binary, work)
+
+    def checkpoint_node(self, mode: str) -> NodeServer:
+        """A fresh node in ``mode`` that checkpoints only when asked."""
+        work = self.work / f"{SHARDNODE}-{self.name(f'checkpoint-{mode}')}"
+        work.mkdir(parents=True, exist_ok=True)
+        config = work / "node.toml"
+        config.write_text(f'[log]\ncheckpoint_mode = "{mode}"\n'
+                          f"checkpoint_bytes = {CKPT_BYTES}  # no automatic checkpoint\n")
+        return NodeServer(work, config)
+
+    def checkpoint_capacity(self, node: NodeServer, topic: str) -> tuple[float, str]:
+        """shardnode's batched msgs/s in batches of CKPT_BATCH, and where the figure is from:
+        ingest-batched's when it ran with that batch and value size, else measured once here
+        (closed loop, as ingest-batched, for min(--seconds, CKPT_CAPACITY_S_MAX))."""
+        key = (CKPT_BATCH, self.s.size)
+        if key not in self.capacity:
+            seconds = min(self.s.seconds, CKPT_CAPACITY_S_MAX)
+            jobs = [replace(self.job(p, node.target, topic, partition=p, seconds=seconds),
+                            batch=CKPT_BATCH) for p in range(self.s.producers)]
+            results, _ = run_clients(sn_produce, jobs)
+            m = Measurement.of(results, None)
+            self.capacity[key] = (m.per_s, f"measured here: {self.s.producers} producers, "
+                                           f"closed loop, {seconds:g} s")
+        return self.capacity[key]
 
     def name(self, prefix: str) -> str:
         self._names += 1
@@ -1041,7 +1176,10 @@ def ingest_batched(b: Bench, server: Server) -> Row:
         return scenario_row("ingest-batched", server, Measurement.of(results, rss),
                             f"{s.producers} producers, batches of {s.batch}")
 
-    return b.repeated(run)
+    row = b.repeated(run)
+    if server.system == SHARDNODE:  # the checkpoint scenario's load is set from this
+        b.capacity[(s.batch, s.size)] = (row.msgs_per_s, "ingest-batched's in this run")
+    return row
 
 
 def ingest_single(b: Bench, server: Server) -> Row:
@@ -1130,14 +1268,144 @@ def recovery(b: Bench, server: Server) -> Row:
         fresh.stop()
 
 
-SCENARIOS: dict[str, Callable[[Bench, Server], Row]] = {
+class Intervals:
+    """Checkpoint intervals [start, end]: one runs at a time, so they are disjoint."""
+
+    def __init__(self, spans: Sequence[tuple[float, float]]) -> None:
+        self.spans = sorted(spans)
+        self.ends = [end for _start, end in self.spans]
+
+    def overlaps(self, start: float, end: float) -> bool:
+        """Whether [start, end] shares a moment with any interval."""
+        i = bisect.bisect_left(self.ends, start)  # the first interval not over before start
+        return i < len(self.spans) and self.spans[i][0] <= end
+
+    def covered_s(self, lo: float, hi: float) -> float:
+        """Seconds of [lo, hi] inside some interval."""
+        return sum(max(0.0, min(end, hi) - max(start, lo)) for start, end in self.spans)
+
+
+def checkpoint_rows(mode: str, producers: Sequence[ClientResult], checkpointer: ClientResult,
+                    rss_mb: float | None, batch: int, size: int) -> tuple[Row, Row, float]:
+    """The inside and outside rows of one timed run, and its overall msgs/s.
+
+    A request is inside when [send, ack] overlaps a checkpoint's [start, end]; its latency
+    counts there. A phase's msgs/s is the records acknowledged during that phase's time
+    (ack inside a checkpoint interval, or not) over that time."""
+    iv = Intervals(checkpointer.intervals)
+    lo = min(r.started for r in producers)
+    hi = max(max(r.finished for r in producers), lo + 1e-9)
+    seconds = {INSIDE: iv.covered_s(lo, hi)}
+    seconds[OUTSIDE] = hi - lo - seconds[INSIDE]
+    latencies: dict[str, list[float]] = {INSIDE: [], OUTSIDE: []}
+    acked = dict.fromkeys(latencies, 0)
+    for r in producers:
+        for sent, latency in zip(r.sends_s, r.latencies_s, strict=True):
+            ack = sent + latency
+            latencies[INSIDE if iv.overlaps(sent, ack) else OUTSIDE].append(latency)
+            acked[INSIDE if iv.overlaps(ack, ack) else OUTSIDE] += 1
+    durations = [end - start for start, end in checkpointer.intervals]
+    mean_ms = statistics.fmean(durations) * 1000 if durations else None
+    errors = sum(r.errors for r in producers) + checkpointer.errors
+    rows = []
+    for phase in (INSIDE, OUTSIDE):
+        rate = acked[phase] * batch / seconds[phase] if seconds[phase] > 0 else 0.0
+        rows.append(Row("checkpoint", SHARDNODE, rate, rate * size / MB,
+                        _ms(percentile(latencies[phase], 50)),
+                        _ms(percentile(latencies[phase], 99)), rss_mb,
+                        len(latencies[phase]) * batch, seconds[phase], errors, mode=mode,
+                        phase=phase, checkpoints=len(durations), checkpoint_ms=mean_ms))
+    overall = sum(r.records for r in producers) / (hi - lo)
+    return rows[0], rows[1], overall
+
+
+def node_checkpoint_figures(node: NodeServer, expected: int) -> dict[str, Any]:
+    """The node's own checkpoint figures, once its status counts ``expected`` checkpoints
+    (actors report about once a second), or after a few seconds whatever it says."""
+    deadline = time.monotonic() + 5.0
+    with node.node.client(timeout_ms=5000) as c:
+        while True:
+            st = c.status()
+            if st["log"].get("checkpoints", 0) >= expected or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)  # poll until the log manager's next report
+    flush = {a["role"]: a["figures"].get("last_flush_ms") for a in st["actors"]
+             if a["role"].startswith("writer-")}
+    return {**st["log"], "last_flush_ms": flush}
+
+
+def checkpoint(b: Bench, server: Server) -> list[Row]:
+    """Per mode, a fresh node: its batched capacity (measured once per bench run, or
+    ingest-batched's when that ran with the same batch and value size), then paced producers
+    at CKPT_LOAD of it while a client runs checkpoints CKPT_GAP_S apart; the acknowledgement
+    latencies of requests inside checkpoints against the others."""
+    assert server.system == SHARDNODE
+    s = b.s
+    seconds = max(CKPT_SECONDS_MIN, 2 * s.seconds)
+    rows: list[Row] = []
+    for mode in CKPT_MODES:
+        node = b.checkpoint_node(mode)
+        node.start()
+        try:
+            topic = "checkpoint"
+            node.create_topic(topic, s.producers)
+            capacity, how = b.checkpoint_capacity(node, topic)
+            rate = CKPT_LOAD * capacity
+            with node.node.client(timeout_ms=CKPT_TIMEOUT_MS) as c:
+                c.checkpoint()  # the timed checkpoints flush only what the timed run wrote
+                before = int(c.status()["log"].get("checkpoints", 0))
+            runs = []
+            for _ in range(s.repeat):
+                producers = [replace(b.job(p, node.target, topic, partition=p, seconds=seconds,
+                                           rate=rate / s.producers),
+                                     batch=CKPT_BATCH, concurrency=CKPT_IN_FLIGHT_MAX)
+                             for p in range(s.producers)]
+                checker = b.job(s.producers, node.target, topic, seconds=seconds,
+                                gap_s=CKPT_GAP_S)
+                results, rss = run_clients([sn_produce_paced] * s.producers + [sn_checkpointer],
+                                           [*producers, checker], node.processes)
+                inside, outside, overall = checkpoint_rows(mode, results[:-1], results[-1], rss,
+                                                           CKPT_BATCH, s.size)
+                runs.append((inside, outside, overall, sum(r.late for r in results[:-1]),
+                             sum(r.records for r in results[:-1]) // CKPT_BATCH))
+            done = sum(r[0].checkpoints or 0 for r in runs)
+            node_figures = node_checkpoint_figures(node, before + done)
+        finally:
+            node.stop()
+        inside = median_row([r[0] for r in runs])
+        outside = median_row([r[1] for r in runs])
+        if inside.p99_ms is not None and outside.p99_ms:
+            inside.p99_ratio = outside.p99_ratio = inside.p99_ms / outside.p99_ms
+        overall = statistics.median(r[2] for r in runs)
+        late = sum(r[3] for r in runs)
+        requests = sum(r[4] for r in runs)
+        extra = int(node_figures.get("checkpoints", 0)) - before - done
+        flush = ", ".join(f"{k} {v} ms" for k, v in node_figures["last_flush_ms"].items())
+        note = (f"{overall:,.0f} msgs/s overall, target {rate:,.0f} ({CKPT_LOAD:.0%} of "
+                f"{capacity:,.0f} msgs/s batched capacity, {how}); {s.producers} paced "
+                f"producers, batches of {CKPT_BATCH} x {s.size} B, {seconds:g} s a run; "
+                f"{late:,} of {requests:,} sends over {CKPT_LATE_S * 1000:g} ms late; "
+                f"checkpoints {CKPT_GAP_S:g} s apart; node's own figures: last checkpoint "
+                f"{node_figures.get('last_checkpoint_ms')} ms, last flush {flush}, "
+                f"{node_figures.get('checkpoints_abandoned', 0)} abandoned")
+        if extra:
+            note += f"; {extra} checkpoints the client did not ask for (automatic?)"
+        for row in (inside, outside):
+            row.note = note
+        rows += [inside, outside]
+    return rows
+
+
+SCENARIOS: dict[str, Callable[[Bench, Server], Row | list[Row]]] = {
     "ingest-batched": ingest_batched,
     "ingest-single": ingest_single,
     "read-tail": read_tail,
     "read-key": read_key,
     "recovery": recovery,
+    "checkpoint": checkpoint,
 }
 INGEST = ("ingest-batched", "ingest-single")
+NODE_ONLY = ("checkpoint",)  # scenarios no peer runs
 
 
 def run_scenario(b: Bench, scenario: str) -> tuple[list[Row], list[str]]:
@@ -1145,9 +1413,12 @@ def run_scenario(b: Bench, scenario: str) -> tuple[list[Row], list[str]]:
     rows: list[Row] = []
     failures: list[str] = []
     for server in b.servers:
+        if scenario in NODE_ONLY and server.system != SHARDNODE:
+            continue
         log.info("%s: %s", scenario, server.system)
         try:
-            rows.append(SCENARIOS[scenario](b, server))
+            got = SCENARIOS[scenario](b, server)
+            rows += got if isinstance(got, list) else [got]
         except Exception as exc:
             log.error("%s on %s failed: %s", scenario, server.system, exc)
             failures.append(f"{scenario} on {server.system}: {exc}")
@@ -1188,7 +1459,57 @@ def ratio_text(r: Row) -> str:
     return f"{r.shardnode_ratio:.2f}x"
 
 
+def goal_met(inside: Row) -> bool | None:
+    """Fuzzy mode's goal: p99 inside checkpoints at most CKPT_GOAL times p99 outside."""
+    return None if inside.p99_ratio is None else inside.p99_ratio <= CKPT_GOAL
+
+
+def goal_text(r: Row) -> str:
+    if r.phase != INSIDE:
+        return ""
+    if r.mode != "fuzzy":
+        return "none (to compare)"
+    met = goal_met(r)
+    verdict = "no figure" if met is None else "met" if met else "MISSED"
+    return f"<= {CKPT_GOAL:g}x: {verdict}"
+
+
+def print_checkpoint_table(rows: list[Row], s: Settings) -> None:
+    n = max((r.runs for r in rows), default=1)
+    runs = "1 run" if n == 1 else f"median of {n} runs"
+    t = Table(title=f"checkpoint  ({s.size}-byte values in batches of {CKPT_BATCH}, "
+                    f"{CKPT_LOAD:.0%} load, {runs})", title_justify="left")
+    for col in ("mode", "phase", "msgs/s", "MB/s", "p50 ms", "p99 ms", "RSS MB", "ckpts",
+                "mean ckpt ms", "p99 in ÷ out", "goal"):
+        left = col in ("mode", "phase", "goal")
+        t.add_column(col, justify="left" if left else "right", no_wrap=True)
+    for r in rows:
+        t.add_row(r.mode or "", r.phase or "", _num(r.msgs_per_s), _num(r.mb_per_s, 1),
+                  _num(r.p50_ms, 2), _num(r.p99_ms, 2), _num(r.rss_mb), _num(r.checkpoints),
+                  _num(r.checkpoint_ms, 1),
+                  "" if r.p99_ratio is None else f"{r.p99_ratio:.2f}x", goal_text(r))
+    console.print(t)
+    console.print("  msgs/s of a phase: records acknowledged during it over its time; latency: "
+                  "a request is inside when [send, ack] overlaps a checkpoint", highlight=False)
+    for r in rows:
+        if r.phase != INSIDE:
+            continue
+        errors = f" [red]{r.errors} errors[/red]" if r.errors else ""
+        console.print(f"  {r.mode}: {r.note}{errors}", highlight=False)
+        if r.mode == "fuzzy":
+            met = goal_met(r)
+            verdict = ("[yellow]no figure[/yellow]" if met is None else
+                       "[green]met[/green]" if met else "[red]MISSED[/red]")
+            ratio = "-" if r.p99_ratio is None else f"{r.p99_ratio:.2f}x"
+            console.print(f"  goal: fuzzy p99 inside <= {CKPT_GOAL:g}x p99 outside: {verdict} "
+                          f"({ratio})")
+    console.print()
+
+
 def print_table(scenario: str, rows: list[Row], s: Settings) -> None:
+    if scenario == "checkpoint":
+        print_checkpoint_table(rows, s)
+        return
     n = max((r.runs for r in rows), default=1)
     runs = "1 run" if n == 1 else f"median of {n} runs"
     t = Table(title=f"{scenario}  ({s.size}-byte values, {runs})", title_justify="left")
@@ -1210,14 +1531,17 @@ def plot(rows: list[Row], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    scenarios = list(dict.fromkeys(r.scenario for r in rows))
+    def label(r: Row) -> str:  # the checkpoint scenario has a bar group per mode and phase
+        return r.scenario if r.mode is None else f"{r.scenario}\n{r.mode} {r.phase}"
+
+    scenarios = list(dict.fromkeys(label(r) for r in rows))
     systems = list(dict.fromkeys(r.system for r in rows))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8))
     width = 0.8 / max(1, len(systems))
     for i, system in enumerate(systems):
         xs, tput, p50, p99 = [], [], [], []
         for j, scenario in enumerate(scenarios):
-            row = next((r for r in rows if r.scenario == scenario and r.system == system), None)
+            row = next((r for r in rows if label(r) == scenario and r.system == system), None)
             if row is None:
                 continue
             xs.append(j + (i - (len(systems) - 1) / 2) * width)
@@ -1235,7 +1559,8 @@ def plot(rows: list[Row], path: Path) -> None:
         ax.grid(axis="y", alpha=0.3)
     top.legend(ncols=len(systems), fontsize=8)
     top.set_title(f"shardnode bench {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
-                  f"{os.cpu_count()} CPUs (recovery: records replayed per second)")
+                  f"{os.cpu_count()} CPUs (recovery: records replayed per second; "
+                  f"checkpoint: acks per second of the phase)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,0 +1,167 @@
+"""The front door's logic without sockets: checking, routing, splitting, waiting, answering."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import msgpack
+import pytest
+
+from config import load_config
+from node.front_state import FrontDoorState, ToActor, ToClient
+from wire.errors import ErrorCode
+from wire.messages import (
+    Ack,
+    Append,
+    Catalog,
+    CommittedOffset,
+    CreateTopic,
+    ErrorReply,
+    Read,
+    ReadByKey,
+    RecordsReply,
+)
+
+ID = b"client-1"
+
+
+def state(**limits: int) -> FrontDoorState:
+    cfg = load_config(overrides={"limits": limits} if limits else None)
+    s = FrontDoorState(cfg)
+    s.catalog(Catalog(7, [[1, "t", 4], [2, "one", 1]]))
+    return s
+
+
+def req(op: str, rid: int = 1, **fields: Any) -> list[bytes]:
+    return [msgpack.packb({"op": op, "id": rid, **fields}, use_bin_type=True)]
+
+
+def produce(records: list[Any], partition: int | None = None, seq: int = 0) -> list[bytes]:
+    fields: dict[str, Any] = {"topic": "t", "producer_id": 9, "seq": seq,
+                              "records": msgpack.packb(records, use_bin_type=True)}
+    if partition is not None:
+        fields["partition"] = partition
+    return req("produce", **fields)
+
+
+def reply_of(out: Any) -> dict[str, Any]:
+    assert isinstance(out, ToClient) and out.identity == ID
+    decoded: dict[str, Any] = msgpack.unpackb(out.frame, raw=False)
+    return decoded
+
+
+def test_produce_to_a_named_partition_goes_to_the_transaction_manager_whole() -> None:
+    s = state()
+    (out,) = s.request(ID, produce([b"a", b"b"], partition=2), now=0.0)
+    assert isinstance(out, ToActor) and out.role == "txn"
+    assert isinstance(out.msg, Append) and out.msg.corr == out.corr
+    assert out.msg.parts == [[1, 2, 2, msgpack.packb([b"a", b"b"])]]
+    assert out.corr in s.pending
+
+
+def test_keyless_batches_go_round_robin() -> None:
+    s = state()
+    parts = [s.request(ID, produce([b"x"], seq=i), now=0.0)[0].msg.parts[0][1]  # type: ignore[union-attr]
+             for i in range(8)]
+    assert parts == [0, 1, 2, 3, 0, 1, 2, 3]
+
+
+def test_keyed_batch_is_split_by_key_hash_in_record_order() -> None:
+    s = state()
+    keys = [f"k{i}".encode() for i in range(12)]
+    recs = [[f"v{i}".encode(), k, [], None] for i, k in enumerate(keys)]
+    (out,) = s.request(ID, produce(recs), now=0.0)
+    assert isinstance(out, ToActor) and isinstance(out.msg, Append)
+    want = [zlib.crc32(k) % 4 for k in keys]
+    assert s.pending[out.corr].assign == want
+    for _tid, p, count, blob in out.msg.parts:
+        inner = msgpack.unpackb(blob)
+        assert [r[1] for r in inner] == [k for k, w in zip(keys, want, strict=True) if w == p]
+        assert count == len(inner)
+
+
+def test_ack_becomes_the_clients_reply_and_raises_lsn_seen() -> None:
+    s = state()
+    (out,) = s.request(ID, produce([b"a"], partition=1), now=0.0)
+    assert isinstance(out, ToActor)
+    (rep,) = s.answer(Ack(out.corr, 42, [[1, 10, 1]]))
+    assert reply_of(rep) == {"id": 1, "ok": True, "lsn": 42, "parts": [[1, 10, 1]]}
+    assert s.lsn_seen == 42 and not s.pending
+    assert s.answer(Ack(out.corr, 42, [[1, 10, 1]])) == [], "answered once only"
+    (read,) = s.request(ID, req("read", topic="t", partition=1, offset=0, max_records=5), 0.0)
+    assert isinstance(read, ToActor) and read.role == "cache"
+    assert read.msg == Read(read.corr, 1, 1, 0, 5, 42)
+
+
+def test_reads_other_than_by_offset_go_to_the_owning_writer() -> None:
+    s = state()
+    (out,) = s.request(ID, req("read_by_key", topic="t", partition=3, key=b"k"), now=0.0)
+    assert isinstance(out, ToActor) and isinstance(out.msg, ReadByKey)
+    assert out.role == f"writer-{(1 * 7919 + 3) % 2}"
+    (out,) = s.request(ID, req("committed_offset", group="g", topic="t", partition=0), now=0.0)
+    assert isinstance(out, ToActor) and isinstance(out.msg, CommittedOffset)
+
+
+@pytest.mark.parametrize("frames, code", [
+    (req("read", topic="nope", partition=0, offset=0, max_records=1), ErrorCode.UNKNOWN_TOPIC),
+    (req("read", topic="t", partition=4, offset=0, max_records=1), ErrorCode.UNKNOWN_PARTITION),
+    (produce([]), ErrorCode.EMPTY_BATCH),
+    (req("create_topic", name="no spaces", partitions=1), ErrorCode.INVALID_NAME),
+    ([b"a", b"b"], ErrorCode.BAD_REQUEST),
+])
+def test_bad_requests_are_answered_at_once_and_nothing_waits(frames: list[bytes],
+                                                             code: ErrorCode) -> None:
+    s = state()
+    (out,) = s.request(ID, frames, now=0.0)
+    assert reply_of(out)["code"] == code
+    assert not s.pending
+
+
+def test_before_the_catalog_arrives_requests_are_unavailable() -> None:
+    s = FrontDoorState(load_config())
+    (out,) = s.request(ID, produce([b"a"], partition=0), now=0.0)
+    assert reply_of(out)["code"] == ErrorCode.UNAVAILABLE
+
+
+def test_pending_limit_answers_busy() -> None:
+    s = state(pending_requests_max=2)
+    outs = [s.request(ID, produce([b"a"], partition=0, seq=i), now=0.0)[0] for i in range(3)]
+    assert [type(o) for o in outs] == [ToActor, ToActor, ToClient]
+    assert reply_of(outs[2])["code"] == ErrorCode.BUSY
+
+
+def test_requests_nobody_answered_time_out() -> None:
+    s = state(request_timeout_ms=1000)
+    (out,) = s.request(ID, req("create_topic", name="x", partitions=1), now=10.0)
+    assert isinstance(out, ToActor) and isinstance(out.msg, CreateTopic)
+    assert s.expire(10.5) == []
+    (late,) = s.expire(11.0)
+    assert reply_of(late)["code"] == ErrorCode.TIMEOUT
+    assert s.answer(ErrorReply(out.corr, 1, "too late")) == []
+
+
+def test_fail_and_stop_answer_every_waiting_request() -> None:
+    s = state()
+    a = s.request(ID, produce([b"a"], partition=0, seq=1), now=0.0)[0]
+    s.request(ID, produce([b"b"], partition=0, seq=2), now=0.0)
+    assert isinstance(a, ToActor)
+    (busy,) = s.fail([a.corr], ErrorCode.BUSY, "full")
+    assert reply_of(busy)["code"] == ErrorCode.BUSY
+    (stopped,) = s.stop()
+    assert reply_of(stopped)["code"] == ErrorCode.UNAVAILABLE
+    assert not s.pending
+
+
+def test_records_reply_passes_bytes_through() -> None:
+    s = state()
+    (out,) = s.request(ID, req("read", topic="t", partition=0, offset=0, max_records=1), 0.0)
+    assert isinstance(out, ToActor)
+    (rep,) = s.answer(RecordsReply(out.corr, b"\x90", 3))
+    assert reply_of(rep) == {"id": 1, "ok": True, "records": b"\x90"}
+
+
+def test_an_older_catalog_is_ignored() -> None:
+    s = state()
+    s.catalog(Catalog(3, []))
+    assert "t" in s.topics and s.lsn_seen == 7
