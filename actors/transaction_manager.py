@@ -21,6 +21,7 @@ from wire.messages import (
     CheckpointRequest,
     Ended,
     ErrorReply,
+    Writes,
 )
 
 log = logging.getLogger("shardnode")
@@ -46,8 +47,10 @@ class TransactionManager(Actor):
                 log.info("checkpoint %d finished; gate was closed %.1f ms", msg.ckpt_id,
                          (time.monotonic() - self.gate_closed_at) * 1000)
             self.perform(self.state.checkpoint_finished(msg.ckpt_id, time.monotonic()))
+        elif isinstance(msg, Writes):
+            self.incoming.extend(zip(msg.corrs, msg.frames, strict=True))
         elif corr is not None:
-            self.incoming.append((corr, self.current_frame))  # a write request
+            self.incoming.append((corr, self.current_frame))  # a write request sent alone
         else:
             log.error("transaction manager got an unexpected %s", type(msg).__name__)
 

@@ -19,12 +19,12 @@ from typing import Any
 
 import zmq
 
-from actors.base import LOG_MANAGER, Actor, ActorContext
+from actors.base import LOG_MANAGER, TRANSACTION_MANAGER, Actor, ActorContext
 from node.front_state import FrontDoorState, Out, ToClient
 from wire import codec
 from wire.codec import Message
 from wire.errors import ErrorCode
-from wire.messages import Catalog, Hello
+from wire.messages import Catalog, Hello, Writes
 
 log = logging.getLogger("shardnode")
 
@@ -68,7 +68,14 @@ class FrontDoor(Actor):
 
     def flush_outbox(self) -> None:
         for role, items in self.outbox.items():
-            if items and not self.send_many(role, [frame for _corr, frame in items]):
+            if not items:
+                continue
+            frames = [frame for _corr, frame in items]
+            if role == TRANSACTION_MANAGER:
+                sent = self.send(role, Writes([corr for corr, _f in items], frames))
+            else:
+                sent = self.send_many(role, frames)
+            if not sent:
                 self.perform(self.state.fail([corr for corr, _f in items], ErrorCode.BUSY,
                                              f"the {role} queue is full; retry later"))
             items.clear()

@@ -1,8 +1,9 @@
 """Smoke test of the benchmark: ``scripts/bench --quick --json OUT`` runs end to end.
 
 It checks that the bench works — every scenario yields a shardnode row with a positive
-rate, and the floor and disk peers ran — not how fast anything is. The redis peer may be
-skipped when ``redis-server`` is missing and cannot be installed.
+rate, the floor and disk peers ran, and the checkpoint scenario has inside and outside
+rows for both modes after at least one checkpoint — not how fast anything is. The redis
+peer may be skipped when ``redis-server`` is missing and cannot be installed.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("ingest-batched", "ingest-single", "read-tail", "read-key", "recovery")
 INGEST = ("ingest-batched", "ingest-single")
+CHECKPOINT_MODES = ("fuzzy", "blocking")
+PHASES = ("inside", "outside")
 
 
 @pytest.mark.timeout(90)
@@ -27,7 +30,7 @@ def test_bench_quick_writes_a_row_per_scenario(tmp_path: Path) -> None:
     rows = json.loads(out.read_text())
     fields = {"scenario", "system", "msgs_per_s", "mb_per_s", "p50_ms", "p99_ms", "rss_mb"}
     assert all(fields <= row.keys() for row in rows)
-    by = {(row["scenario"], row["system"]): row for row in rows}
+    by = {(row["scenario"], row["system"]): row for row in rows if row["scenario"] in SCENARIOS}
     for scenario in SCENARIOS:
         row = by.get((scenario, "shardnode"))
         assert row is not None, f"no shardnode row for {scenario}"
@@ -41,3 +44,13 @@ def test_bench_quick_writes_a_row_per_scenario(tmp_path: Path) -> None:
         assert {row["scenario"] for row in redis_rows} == set(SCENARIOS)
     else:
         assert "redis peer skipped" in proc.stdout
+    checkpoint = {(row["mode"], row["phase"]): row for row in rows
+                  if row["scenario"] == "checkpoint"}
+    assert all(row["system"] == "shardnode" for row in rows if row["scenario"] == "checkpoint")
+    assert set(checkpoint) == {(m, p) for m in CHECKPOINT_MODES for p in PHASES}, sorted(checkpoint)
+    for (mode, phase), row in checkpoint.items():
+        assert row["checkpoints"] >= 1, (mode, phase, row)
+        assert row["checkpoint_ms"] is not None and row["checkpoint_ms"] > 0, (mode, phase, row)
+        assert row["records"] > 0 and row["p99_ms"] is not None, (mode, phase, row)
+        assert row["rss_mb"] is not None and row["rss_mb"] > 0, (mode, phase, row)
+    assert "goal: fuzzy p99 inside" in proc.stdout

@@ -261,6 +261,15 @@ class Ended(Message):
     corrs: list[int]
 
 
+@message(76)
+class Writes(Message):
+    """Front door → transaction manager: a burst of write requests, encoded, with their
+    correlation ids, so they begin as transactions and pass on without being decoded."""
+
+    corrs: list[int]
+    frames: list[bytes]
+
+
 @message(71)
 class CheckpointRequest(Message):
     """Log manager → transaction manager: a checkpoint wants to start."""
