@@ -56,7 +56,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         return 1
     print(f"shardnode listening on {cfg.endpoint} (data in {cfg.data_path}); Ctrl-C stops it",
           flush=True)
-    sup.serve_forever()
+    sup.serve_forever(watch_parent=args.exit_with_parent)
     if sup.failed:
         err_console.print(f"[red]node stopped:[/red] {sup.stop_reason}")
         return 1
@@ -201,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", help="TOML file overriding config/defaults.toml")
     s.add_argument("--data-dir", help="where the log and shards live (default ./var)")
     s.add_argument("--port", type=int, help=f"client port (default {DEFAULT_PORT})")
+    s.add_argument("--exit-with-parent", action="store_true",
+                   help="stop cleanly when the process that started the node exits "
+                        "(for harnesses: tests, benchmarks)")
     s.set_defaults(func=cmd_start)
 
     s = sub.add_parser("status", help="the node's actors and log figures")

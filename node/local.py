@@ -57,7 +57,7 @@ class LocalNode:
     def start(self, timeout_s: float = 60.0) -> LocalNode:
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "node", "start", "--data-dir", str(self.data_dir),
-               "--port", str(self.port)]
+               "--port", str(self.port), "--exit-with-parent"]
         if self.config is not None:
             cmd += ["--config", str(self.config)]
         cmd += self.extra_args

@@ -250,8 +250,10 @@ class Supervisor:
             self.stop_reason = reason
             log.info("stopping the node: %s", reason)
 
-    def serve_forever(self) -> None:
-        """Watch the actors until a stop is requested (signal, or too many restarts)."""
+    def serve_forever(self, watch_parent: bool = False) -> None:
+        """Watch the actors until a stop is requested (signal, too many restarts, or —
+        with ``watch_parent`` — the process that started the node exiting)."""
+        parent = os.getppid()
         def on_signal(signum: int, frame: Any) -> None:
             self.request_stop(signal.Signals(signum).name)
 
@@ -260,6 +262,8 @@ class Supervisor:
         while not self.stopping:
             self.poll_mailbox(100)
             self.check_children()
+            if watch_parent and os.getppid() != parent:
+                self.request_stop("the process that started the node exited")
         self.shutdown()
 
     # ---- status -----------------------------------------------------------------------

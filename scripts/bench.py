@@ -81,7 +81,8 @@ CKPT_MODES = ("fuzzy", "blocking")
 CKPT_BATCH = 100
 CKPT_LOAD = 0.5
 CKPT_GAP_S = 0.5
-CKPT_SECONDS_MIN = 2.0      # the timed run is at least this long (quick: this long)
+CKPT_SECONDS_PER = 4        # the timed run is this many times --seconds (full: 20 s) ...
+CKPT_SECONDS_MIN = 2.0      # ... and at least this long (quick: this long)
 CKPT_CAPACITY_S_MAX = 2.0   # the capacity probe runs min(--seconds, this)
 CKPT_IN_FLIGHT_MAX = 2000   # a paced producer's requests in flight (a blocking checkpoint holds them)
 CKPT_LATE_S = 0.005         # a send this far behind its schedule counts as late
@@ -1342,7 +1343,7 @@ def checkpoint(b: Bench, server: Server) -> list[Row]:
     latencies of requests inside checkpoints against the others."""
     assert server.system == SHARDNODE
     s = b.s
-    seconds = max(CKPT_SECONDS_MIN, 2 * s.seconds)
+    seconds = max(CKPT_SECONDS_MIN, CKPT_SECONDS_PER * s.seconds)
     rows: list[Row] = []
     for mode in CKPT_MODES:
         node = b.checkpoint_node(mode)
@@ -1478,18 +1479,19 @@ def print_checkpoint_table(rows: list[Row], s: Settings) -> None:
     t = Table(title=f"checkpoint  ({s.size}-byte values in batches of {CKPT_BATCH}, "
                     f"{CKPT_LOAD:.0%} load, {runs}; goal: fuzzy p99 inside <= "
                     f"{CKPT_GOAL:g}x outside)", title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("mode", "phase", "msgs/s", "p50 ms", "p99 ms", "ckpts", "ckpt ms",
+    for col in ("mode", "phase", "requests", "msgs/s", "p50 ms", "p99 ms", "ckpts", "ckpt ms",
                 "in/out p99", "goal"):
         left = col in ("mode", "phase", "goal")
         t.add_column(col, justify="left" if left else "right", no_wrap=True)
     for r in rows:
-        t.add_row(r.mode or "", r.phase or "", _num(r.msgs_per_s), _num(r.p50_ms, 2),
+        t.add_row(r.mode or "", r.phase or "", _num(r.records / CKPT_BATCH),
+                  _num(r.msgs_per_s), _num(r.p50_ms, 2),
                   _num(r.p99_ms, 2), _num(r.checkpoints), _num(r.checkpoint_ms, 1),
                   "" if r.p99_ratio is None else f"{r.p99_ratio:.2f}x", goal_text(r))
-    (console if console.is_terminal else Console(width=100)).print(t)  # a file: don't crop
-    console.print("  msgs/s of a phase: records acknowledged during it over its time; a request "
-                  "is inside when \\[send, ack] overlaps a checkpoint; ckpt ms: their mean "
-                  "duration (client's view); MB/s and RSS: --json", highlight=False)
+    (console if console.is_terminal else Console(width=110)).print(t)  # a file: don't crop
+    console.print("  a request is inside when \\[send, ack] overlaps a checkpoint; msgs/s of a "
+                  "phase: records acknowledged during it over its time; ckpt ms: mean "
+                  "checkpoint duration (client's view); MB/s and RSS: --json", highlight=False)
     for r in rows:
         if r.phase != INSIDE:
             continue

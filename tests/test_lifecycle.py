@@ -123,3 +123,29 @@ def test_full_node_answers_busy_and_keeps_serving(make_node: Any) -> None:
         sock.close(0)
     with node.client() as c:
         assert c.produce("t", b"after") is not None
+
+
+def test_node_started_by_a_harness_stops_when_the_harness_dies(tmp_path: Path) -> None:
+    """LocalNode passes --exit-with-parent: a dead harness leaves no node behind."""
+    import subprocess
+    import sys
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from node.local import LocalNode\n"
+        f"n = LocalNode(Path({str(tmp_path / 'data')!r}), log_file=Path({str(tmp_path / 'n.log')!r}))\n"
+        "n.start()\n"
+        "print(n.proc.pid, flush=True)\n"
+        "time.sleep(600)  # ok-sleep: stands in for a harness that hangs until killed\n"
+    )
+    harness = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert harness.stdout is not None
+    node_pid = int(harness.stdout.readline())
+    supervisor = psutil.Process(node_pid)
+    harness.kill()
+    harness.wait(10)
+    deadline = time.monotonic() + 30
+    while supervisor.is_running() and supervisor.status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the node outlived its harness"
+        time.sleep(0.05)  # poll until the supervisor exits
+    assert "the process that started the node exited" in (tmp_path / "n.log").read_text()
