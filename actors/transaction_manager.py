@@ -66,14 +66,16 @@ class TransactionManager(Actor):
         for ins in instructions:
             if isinstance(ins, Forward):
                 if not self.send_many(LOG_MANAGER, ins.frames, wait_ms=1000):
-                    log.warning("log manager mailbox full; %d requests dropped (clients retry)",
-                                len(ins.frames))
+                    # The log manager is behind or restarting: these never began.
+                    self.state.end(ins.corrs)
+                    self.perform([Reject(corr) for corr in ins.corrs])
             elif isinstance(ins, Ready):
                 self.send(LOG_MANAGER, CheckpointReady(ins.ckpt_id, ins.oldest_lsn), wait_ms=1000)
             elif isinstance(ins, Reject):
                 self.send(FRONT_DOOR, ErrorReply(ins.corr, ErrorCode.BUSY,
-                                                 "held back by a checkpoint and the queue is full; "
-                                                 "retry later"), wait_ms=100)
+                                                 "the log manager cannot take more now "
+                                                 "(a full queue or a checkpoint); retry later"),
+                          wait_ms=100)
 
     def figures(self) -> dict[str, Any]:
         s = self.state

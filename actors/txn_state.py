@@ -22,6 +22,7 @@ from dataclasses import dataclass
 class Forward:
     """Pass these request frames on to the log manager."""
 
+    corrs: list[int]
     frames: list[bytes]
 
 
@@ -78,7 +79,7 @@ class TxnState:
         for corr, _frame in items:
             self.active[corr] = now
         self.began += len(items)
-        return Forward([frame for _corr, frame in items])
+        return Forward([corr for corr, _frame in items], [frame for _corr, frame in items])
 
     def end(self, corrs: list[int]) -> list[Instruction]:
         for corr in corrs:

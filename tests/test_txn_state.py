@@ -1,0 +1,51 @@
+"""The transaction manager's logic: begin and end in bursts, and the checkpoint gate."""
+
+from __future__ import annotations
+
+from actors.txn_state import Forward, Ready, Reject, TxnState
+
+
+def items(*corrs: int) -> list[tuple[int, bytes]]:
+    return [(c, f"frame-{c}".encode()) for c in corrs]
+
+
+def test_fuzzy_mode_forwards_and_is_ready_at_once() -> None:
+    s = TxnState("fuzzy", held_max=10, stale_s=5)
+    (fwd,) = s.requests(items(1, 2), now=0)
+    assert fwd == Forward([1, 2], [b"frame-1", b"frame-2"])
+    assert s.checkpoint_requested(7) == [Ready(7, 0)]
+    assert s.requests(items(3), now=0) == [Forward([3], [b"frame-3"])]  # writes never stop
+
+
+def test_blocking_gate_waits_for_active_and_holds_new() -> None:
+    s = TxnState("blocking", held_max=10, stale_s=5)
+    s.requests(items(1, 2), now=0)
+    assert s.checkpoint_requested(3) == []  # two still active
+    assert s.requests(items(4, 5), now=0) == []  # held back
+    assert s.end([1]) == []
+    assert s.end([2]) == [Ready(3, 0)]
+    assert s.end([2]) == []  # ready is said once
+    assert s.checkpoint_finished(99, now=1) == []  # not ours
+    assert s.checkpoint_finished(3, now=1) == [Forward([4, 5], [b"frame-4", b"frame-5"])]
+    assert set(s.active) == {4, 5}
+
+
+def test_gate_with_nothing_active_is_ready_immediately() -> None:
+    s = TxnState("blocking", held_max=10, stale_s=5)
+    assert s.checkpoint_requested(1) == [Ready(1, 0)]
+
+
+def test_held_queue_is_bounded() -> None:
+    s = TxnState("blocking", held_max=2, stale_s=5)
+    s.checkpoint_requested(1)
+    assert s.requests(items(1, 2, 3), now=0) == [Reject(3)]
+    assert len(s.held) == 2
+
+
+def test_lost_transactions_expire_and_release_the_gate() -> None:
+    s = TxnState("blocking", held_max=10, stale_s=5)
+    s.requests(items(1), now=0)
+    assert s.checkpoint_requested(2) == []
+    assert s.tick(now=4) == []
+    assert s.tick(now=6) == [Ready(2, 0)]
+    assert s.expired == 1 and not s.active
