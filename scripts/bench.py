@@ -1355,7 +1355,7 @@ def checkpoint(b: Bench, server: Server) -> list[Row]:
             rate = CKPT_LOAD * capacity
             with node.node.client(timeout_ms=CKPT_TIMEOUT_MS) as c:
                 c.checkpoint()  # the timed checkpoints flush only what the timed run wrote
-            runs = []
+            runs: list[tuple[Row, Row, float, int, int]] = []
             for _ in range(s.repeat):
                 producers = [replace(b.job(p, node.target, topic, partition=p, seconds=seconds,
                                            rate=rate / s.producers),
@@ -1367,6 +1367,12 @@ def checkpoint(b: Bench, server: Server) -> list[Row]:
                                            [*producers, checker], node.processes)
                 inside, outside, overall = checkpoint_rows(mode, results[:-1], results[-1], rss,
                                                            CKPT_BATCH, s.size)
+                # The raw figures, next to the node's log (kept with --keep or on failure).
+                raw = {"intervals": results[-1].intervals,
+                       "requests": [(t0, latency) for r in results[:-1]
+                                    for t0, latency in zip(r.sends_s, r.latencies_s, strict=True)]}
+                (node.node.log_file.parent / f"requests-{len(runs) + 1}.json").write_text(
+                    json.dumps(raw))
                 runs.append((inside, outside, overall, sum(r.late for r in results[:-1]),
                              sum(r.records for r in results[:-1]) // CKPT_BATCH))
             done = sum(r[0].checkpoints or 0 for r in runs)
