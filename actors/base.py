@@ -283,6 +283,12 @@ def actor_main(ctx: ActorContext) -> None:
     configure_logging(ctx.role)
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
+    if ctx.role.startswith("writer-"):
+        # Before RocksDB starts its background threads, which inherit this priority: the
+        # writers' work (applying, flushing) is off the acknowledgement path.
+        nice = int(ctx.config["shards"]["writer_nice"])
+        if nice:
+            os.nice(nice)
     actor: Actor | None = None
 
     def on_term(signum: int, frame: Any) -> None:

@@ -15,6 +15,7 @@ rebuilds the truth from the disk. The log manager also drives the checkpoint han
 
 from __future__ import annotations
 
+import collections
 import errno
 import itertools
 import logging
@@ -57,6 +58,7 @@ from wire.messages import (
 log = logging.getLogger("shardnode")
 
 EXIT_FSYNC_FAILED = 70
+FSYNC_SAMPLES = 4096  # recent write+fdatasync durations kept for status
 
 
 def fsync_dir(path: Path) -> None:
@@ -206,6 +208,7 @@ class LogManager(Actor):
         self.replayed_bytes = 0
         self.log_bytes = 0
         self.checkpoint_started = 0.0
+        self.fsync_ms: collections.deque[float] = collections.deque(maxlen=FSYNC_SAMPLES)
         self.last_checkpoint_ms = 0.0
 
     # ---- start and stop ---------------------------------------------------------------
@@ -302,12 +305,14 @@ class LogManager(Actor):
             data = b"".join(records)
             first_lsn = min(p.lsn for p in group if p.record)
             last_lsn = max(p.lsn for p in group if p.record)
+            t0 = time.monotonic()
             try:
                 self.writer.append(data, first_lsn)
             except OSError as exc:
                 # Never retry an fsync: the page cache may have dropped the data already.
                 log.critical("log write/fsync failed: %s; exiting so recovery reads the disk", exc)
                 os._exit(EXIT_FSYNC_FAILED)
+            self.fsync_ms.append((time.monotonic() - t0) * 1000)
             self.fsyncs += 1
             self.window_fsyncs += 1
             self.log_bytes += len(data)
@@ -396,4 +401,14 @@ class LogManager(Actor):
             "checkpoints_abandoned": self.ckpt.abandoned,
             "checkpoint_phase": self.ckpt.phase.value,
             "last_checkpoint_ms": round(self.last_checkpoint_ms, 1),
+            **self.fsync_figures(),
         }
+
+    def fsync_figures(self) -> dict[str, float]:
+        """Write+fdatasync time of the recent group commits (ms)."""
+        if not self.fsync_ms:
+            return {}
+        ms = sorted(self.fsync_ms)
+        return {"fsync_p50_ms": round(ms[len(ms) // 2], 2),
+                "fsync_p99_ms": round(ms[min(len(ms) - 1, len(ms) * 99 // 100)], 2),
+                "fsync_max_ms": round(ms[-1], 2)}
