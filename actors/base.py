@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ log = logging.getLogger("shardnode")
 
 TICK_S = 1.0
 POLL_MS_MAX = 100
+BUNDLE_BYTES_MAX = 16 * 1024 * 1024  # well under the codec's internal frame limit
 DRAIN_MESSAGES_MAX = 4096  # messages handled per burst before the actor looks up
 EVENTS_KEPT = 200  # recent events each actor keeps for debugging
 
@@ -52,6 +54,21 @@ def writer_role(index: int) -> str:
 def owner(topic_id: int, partition: int, writers: int) -> int:
     """The index of the shard writer that owns a shard (stable for a given writer count)."""
     return (topic_id * 7919 + partition) % writers
+
+
+def chunks(sizes: list[int], bytes_max: int) -> list[tuple[int, int]]:
+    """Split items into consecutive [start, end) runs of at most ``bytes_max`` bytes each
+    (an item larger than that gets a run of its own)."""
+    runs = []
+    start = total = 0
+    for i, size in enumerate(sizes):
+        if i > start and total + size > bytes_max:
+            runs.append((start, i))
+            start, total = i, 0
+        total += size
+    if start < len(sizes):
+        runs.append((start, len(sizes)))
+    return runs
 
 
 def mailbox_address(run_dir: Path, role: str) -> str:
@@ -112,6 +129,7 @@ class Actor:
         self.poller.register(self.mailbox, zmq.POLLIN)
         self._out: dict[str, zmq.Socket[bytes]] = {}
         self.running = True
+        self.crashed = False  # run() raised: on_stop must not trust half-done work
         self.stop_reason = ""
         self.events: collections.deque[str] = collections.deque(maxlen=EVENTS_KEPT)
         self.last_drain = 0
@@ -135,11 +153,19 @@ class Actor:
         """Send to an actor's mailbox; False if it stayed full for ``wait_ms``."""
         return self.send_bytes(role, codec.encode(msg), wait_ms)
 
-    def send_many(self, role: str, frames: list[bytes], wait_ms: int = 0) -> bool:
-        """Send encoded messages to one actor: alone if one, else as one ``Bundle``."""
-        if len(frames) == 1:
-            return self.send_bytes(role, frames[0], wait_ms)
-        return self.send_bytes(role, codec.encode(Bundle(frames)), wait_ms)
+    def send_many(self, role: str, frames: list[bytes], wait_ms: int = 0,
+                  wrap: Callable[[list[bytes]], codec.Message] = Bundle) -> int:
+        """Send encoded messages to one actor, as few ``Bundle``s (or ``wrap``s) as keep each
+        frame under ``BUNDLE_BYTES_MAX``; returns how many were sent (a prefix of them)."""
+        sent = 0
+        for start, end in chunks([len(f) for f in frames], BUNDLE_BYTES_MAX):
+            part = frames[start:end]
+            ok = (self.send_bytes(role, part[0], wait_ms) if len(part) == 1 and wrap is Bundle
+                  else self.send(role, wrap(part), wait_ms))
+            if not ok:
+                break
+            sent = end
+        return sent
 
     def send_bytes(self, role: str, frame: bytes, wait_ms: int = 0) -> bool:
         sock = self.peer(role)
@@ -303,6 +329,9 @@ def actor_main(ctx: ActorContext) -> None:
         actor = _actor_class(ctx.role)(ctx)
         try:
             actor.run()
+        except BaseException:
+            actor.crashed = True
+            raise
         finally:
             actor.on_stop()
             actor.close()

@@ -92,7 +92,8 @@ class CacheManager(Actor):
     def on_read(self, msg: Read) -> None:
         rows = None
         if msg.lsn_min <= self.state.seen_lsn:
-            rows = self.state.read((msg.topic_id, msg.partition), msg.offset, msg.max_records)
+            rows = self.state.read((msg.topic_id, msg.partition), msg.offset, msg.max_records,
+                                   self.cfg.limits.read_bytes_max)
         if rows is None:
             self.forward(msg)
             return

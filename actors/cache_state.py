@@ -102,7 +102,8 @@ class CacheState:
 
     # ---- reading ------------------------------------------------------------------------
 
-    def read(self, shard: Shard, offset: int, max_records: int) -> list[Any] | None:
+    def read(self, shard: Shard, offset: int, max_records: int,
+             bytes_max: int = 1 << 62) -> list[Any] | None:
         """Rows ``[offset, ts, key, tags, value]`` from ``offset``, or None if not cached.
 
         An offset at or past the shard's end, as seen since this cache started, reads as
@@ -121,8 +122,9 @@ class CacheState:
             self.misses += 1
             return None
         rows: list[Any] = []
+        size = 0
         want = offset
-        while i < len(starts) and len(rows) < max_records:
+        while i < len(starts) and len(rows) < max_records and size < bytes_max:
             key = (shard, starts[i])
             e = self.entries[key]
             if not e.first <= want < e.first + e.count:
@@ -131,13 +133,18 @@ class CacheState:
             self.entries.move_to_end(key)
             items = msgpack.unpackb(e.blob, raw=False, use_list=False)
             for j in range(want - e.first, min(e.count, want - e.first + max_records - len(rows))):
+                if size >= bytes_max:
+                    break
                 item = items[j]
+                size += len(item) if type(item) is bytes else len(item[0])
                 if type(item) is bytes:
                     rows.append([e.first + j, e.timestamp, None, (), item])
                 else:
                     value, key_, tags, ts = item
                     rows.append([e.first + j, e.timestamp if ts is None else ts, key_, tags, value])
-            want = e.first + e.count
+            want = rows[-1][0] + 1 if rows else want
+            if want < e.first + e.count:
+                break  # stopped inside this entry by the byte limit
             i += 1
         if not rows:
             self.misses += 1

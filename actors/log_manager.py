@@ -42,6 +42,7 @@ from wire.codec import Message
 from wire.errors import ErrorCode
 from wire.logrecord import HEADER_BYTES, CorruptLog
 from wire.messages import (
+    Catalog,
     Checkpoint,
     CheckpointFinished,
     CheckpointReady,
@@ -187,7 +188,8 @@ class LogManager(Actor):
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
         lcfg = self.cfg.log
-        self.state = LogState(lcfg.producers_max, lcfg.producer_window_max)
+        self.state = LogState(lcfg.producers_max, lcfg.producer_window_max,
+                              self.cfg.limits.shards_max)
         self.log_dir = self.cfg.data_path / "log"
         self.writer = SegmentWriter(self.log_dir, lcfg.segment_bytes_max)
         self.ckpt = Coordinator(lcfg.checkpoint_mode, lcfg.checkpoint_timeout_ms / 1000)
@@ -197,6 +199,7 @@ class LogManager(Actor):
         self.last_group_size = 0
         self.cache_stalled = False
         self.bytes_since_checkpoint = 0
+        self.durable_lsn = 0  # the last LSN written and fsynced
         # figures
         self.fsyncs = 0
         self.window_fsyncs = 0
@@ -224,6 +227,7 @@ class LogManager(Actor):
         self.replayed_bytes = replayed
         self.log_bytes = log_dir_bytes(self.log_dir)
         self.bytes_since_checkpoint = replayed
+        self.durable_lsn = self.state.last_lsn
         if last_path is not None:
             self.writer.open_existing(last_path, last_size)
         log.info("log recovered: replayed %d bytes to LSN %d in %.0f ms (%d torn bytes cut), "
@@ -237,16 +241,20 @@ class LogManager(Actor):
         self.tell_ended()
         self.writer.close()
 
-    def broadcast_catalog(self) -> None:
+    def catalog(self) -> Catalog:
         cat = self.state.catalog()
-        self.send(FRONT_DOOR, cat, wait_ms=100)
-        self.send(CACHE_MANAGER, cat, wait_ms=100)
+        return Catalog(cat.version, cat.topics, self.durable_lsn)
+
+    def broadcast_catalog(self) -> None:
+        cat = self.catalog()
+        self.send(FRONT_DOOR, cat, wait_ms=1000)  # as patient as the acks that follow it
+        self.send(CACHE_MANAGER, cat, wait_ms=1000)
 
     # ---- requests ---------------------------------------------------------------------
 
     def on_message(self, msg: Message) -> None:
         if isinstance(msg, Hello):
-            self.send(msg.role, self.state.catalog(), wait_ms=100)
+            self.send(msg.role, self.catalog(), wait_ms=1000)
         elif isinstance(msg, Checkpoint):
             self.run_steps(self.ckpt.start(time.monotonic(), (msg.reply_to, msg.corr)))
         elif isinstance(msg, CheckpointReady):
@@ -287,8 +295,10 @@ class LogManager(Actor):
                 self.flush_queue()
         self.tell_ended()
         if self.bytes_since_checkpoint >= self.cfg.log.checkpoint_bytes:
-            self.bytes_since_checkpoint = 0
-            self.run_steps(self.ckpt.start(time.monotonic()))
+            steps = self.ckpt.start(time.monotonic())
+            if steps:  # not while one is running: that one resets the count when it ends
+                self.bytes_since_checkpoint = 0
+                self.run_steps(steps)
 
     def tell_ended(self) -> None:
         if self.ended:
@@ -313,6 +323,7 @@ class LogManager(Actor):
                 log.critical("log write/fsync failed: %s; exiting so recovery reads the disk", exc)
                 os._exit(EXIT_FSYNC_FAILED)
             self.fsync_ms.append((time.monotonic() - t0) * 1000)
+            self.durable_lsn = last_lsn
             self.fsyncs += 1
             self.window_fsyncs += 1
             self.log_bytes += len(data)
@@ -371,6 +382,9 @@ class LogManager(Actor):
         self.last_checkpoint_ms = (time.monotonic() - self.checkpoint_started) * 1000
         if step.error:
             log.warning("checkpoint %d abandoned: %s", step.ckpt_id, step.error)
+            # Try again after half the usual amount of log, not a whole one.
+            self.bytes_since_checkpoint = max(self.bytes_since_checkpoint,
+                                              self.cfg.log.checkpoint_bytes // 2)
         for role, corr in step.waiters:
             reply: Message = (ErrorReply(corr, ErrorCode.TIMEOUT, f"checkpoint abandoned: "
                                          f"{step.error}") if step.error else Done(corr, step.lsn))

@@ -66,7 +66,8 @@ class ProducerWindow:
 
 
 class LogState:
-    def __init__(self, producers_max: int, producer_window_max: int) -> None:
+    def __init__(self, producers_max: int, producer_window_max: int,
+                 shards_max: int = 1 << 30) -> None:
         self.last_lsn = 0
         self.topics: dict[str, Topic] = {}
         self.by_id: dict[int, Topic] = {}
@@ -76,6 +77,7 @@ class LogState:
         self.producers_max = producers_max
         self.window = producer_window_max
         self.catalog_lsn = 0
+        self.shards_max = shards_max
 
     # ---- requests -------------------------------------------------------------------
 
@@ -166,6 +168,11 @@ class LogState:
                               f"partitions must be 1-{PARTITIONS_MAX}, got {msg.partitions}")
         if msg.name in self.topics:
             return ErrorReply(msg.corr, ErrorCode.TOPIC_EXISTS, f"topic {msg.name!r} exists")
+        shards = sum(t.partitions for t in self.topics.values())
+        if shards + msg.partitions > self.shards_max:
+            return ErrorReply(msg.corr, ErrorCode.BAD_REQUEST,
+                              f"the node has {shards} partitions; {msg.partitions} more would "
+                              f"pass limits.shards_max = {self.shards_max}")
         self.last_lsn += 1
         topic = Topic(self.next_topic_id, msg.name, msg.partitions)
         self._apply_create(topic, self.last_lsn)
@@ -217,7 +224,7 @@ class LogState:
 
     def catalog(self) -> Catalog:
         rows = [[t.topic_id, t.name, t.partitions] for t in self.by_id.values()]
-        return Catalog(self.catalog_lsn, rows)
+        return Catalog(self.catalog_lsn, rows, self.catalog_lsn)
 
     # ---- snapshots ------------------------------------------------------------------
 

@@ -18,6 +18,8 @@ when producers send timestamps out of order.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -66,8 +68,18 @@ class StoreMemory:
 DEFAULT_MEMORY_ARGS = (64 * 1024 * 1024, 32 * 1024 * 1024, 8 * 1024 * 1024)
 
 
+TOMBSTONE_SUFFIX = ".deleted"
+_SHARD_DIR = re.compile(r"^t(\d+)-p(\d+)$")
+
+
 def shard_dir(shards_dir: Path, topic_id: int, partition: int) -> Path:
     return shards_dir / f"t{topic_id}-p{partition}"
+
+
+def parse_shard_dir(name: str) -> tuple[int, int] | None:
+    """(topic_id, partition) of a shard directory's name, or None for anything else."""
+    m = _SHARD_DIR.match(name)
+    return None if m is None else (int(m.group(1)), int(m.group(2)))
 
 
 class ShardStore:
@@ -157,6 +169,9 @@ class ShardStore:
         """Write what this group applied, with ``applied_lsn = lsn``, in one batch."""
         if lsn <= self.applied_lsn:
             return
+        if lsn < self.batch_lsn:
+            raise RuntimeError(f"shard {self.shard}: finishing at LSN {lsn} would hide the "
+                               f"record at LSN {self.batch_lsn} already in the batch")
         wb = self._wb()
         meta = self.h["meta"]
         wb.put(b"applied_lsn", U64.pack(lsn), meta)
@@ -174,13 +189,24 @@ class ShardStore:
         self.cf["meta"].flush(True)
 
     def close(self) -> None:
+        self.batch = None  # anything not finished is dropped: the log still has it
         self.cf.clear()
         self.h.clear()
         self.db.close()
 
     def destroy(self) -> None:
+        """Close and delete. The directory is first renamed to a tombstone (and the rename
+        made durable), so a crash part-way through deleting never leaves a half-deleted
+        shard that would be opened again; tombstones are removed at start."""
         self.close()
-        shutil.rmtree(self.path, ignore_errors=True)
+        tomb = self.path.with_name(self.path.name + TOMBSTONE_SUFFIX)
+        os.replace(self.path, tomb)
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        shutil.rmtree(tomb, ignore_errors=True)
 
     # ---- reading ------------------------------------------------------------------------
 
@@ -189,12 +215,17 @@ class ShardStore:
         ts, key, tags, value = msgpack.unpackb(raw, raw=False)
         return [offset, ts, key, tags, value]
 
-    def read(self, offset: int, max_records: int) -> list[Any]:
+    def read(self, offset: int, max_records: int, bytes_max: int = 1 << 62) -> list[Any]:
+        """Rows from ``offset``: at most ``max_records``, and stopping once ``bytes_max``
+        bytes are reached (so at least one row is always returned)."""
         rows: list[Any] = []
+        size = 0
         it = self.cf["records"].iter()
         it.seek(U64.pack(offset))
-        while it.valid() and len(rows) < max_records:
-            rows.append(self._row(U64.unpack(it.key())[0], it.value()))
+        while it.valid() and len(rows) < max_records and size < bytes_max:
+            raw = it.value()
+            size += len(raw)
+            rows.append(self._row(U64.unpack(it.key())[0], raw))
             it.next()
         return rows
 
@@ -205,20 +236,23 @@ class ShardStore:
         raw = self.cf["records"].get(off)
         return [] if raw is None else [self._row(U64.unpack(off)[0], raw)]
 
-    def read_by_tag(self, tag: str, offset: int, max_records: int) -> list[Any]:
+    def read_by_tag(self, tag: str, offset: int, max_records: int,
+                    bytes_max: int = 1 << 62) -> list[Any]:
         t = tag.encode()
         prefix = TAG_LEN.pack(len(t)) + t
         it = self.cf["tags"].iter()
         it.seek(prefix + U64.pack(offset))
         records = self.cf["records"]
         rows: list[Any] = []
-        while it.valid() and len(rows) < max_records:
+        size = 0
+        while it.valid() and len(rows) < max_records and size < bytes_max:
             k = it.key()
             if not k.startswith(prefix) or len(k) != len(prefix) + 8:
                 break
             off = k[len(prefix):]
             raw = records.get(off)
             if raw is not None:
+                size += len(raw)
                 rows.append(self._row(U64.unpack(off)[0], raw))
             it.next()
         return rows

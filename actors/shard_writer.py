@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import shutil
 import time
 from typing import Any
 
@@ -25,7 +26,14 @@ import zmq
 from actors import faults
 from actors.base import CACHE_MANAGER, FRONT_DOOR, Actor, ActorContext, RefuseToStart, owner
 from actors.log_manager import fsync_dir
-from actors.shard_store import ShardStore, StoreFormatError, StoreMemory, shard_dir
+from actors.shard_store import (
+    TOMBSTONE_SUFFIX,
+    ShardStore,
+    StoreFormatError,
+    StoreMemory,
+    parse_shard_dir,
+    shard_dir,
+)
 from wire import codec, logrecord
 from wire.codec import Message
 from wire.errors import ErrorCode
@@ -82,10 +90,13 @@ class ShardWriter(Actor):
         if self.state_file.exists():
             self.catalog_lsn = int(self.state_file.read_text().strip() or 0)
         for d in sorted(self.shards_dir.iterdir()):
-            name = d.name
-            if not (name.startswith("t") and "-p" in name):
+            if d.name.endswith(TOMBSTONE_SUFFIX):
+                shutil.rmtree(d, ignore_errors=True)  # a deletion cut short by a crash
                 continue
-            topic_id, partition = (int(x) for x in name[1:].split("-p"))
+            shard = parse_shard_dir(d.name)
+            if shard is None:
+                continue
+            topic_id, partition = shard
             if self.owns(topic_id, partition):
                 try:
                     self.stores[(topic_id, partition)] = ShardStore(d, topic_id, partition, self.memory)
@@ -101,6 +112,13 @@ class ShardWriter(Actor):
                  self.recovery_ms)
 
     def on_stop(self) -> None:
+        if self.crashed:
+            # Something failed part-way through applying: what the stores hold in their
+            # batches may be half a group. Write nothing; replay from the log redoes it.
+            for store in self.stores.values():
+                store.close()
+            self.stores.clear()
+            return
         self.drain_groups()
         for store in self.stores.values():
             try:
@@ -229,6 +247,8 @@ class ShardWriter(Actor):
                     store.finish(e.lsn)
                     store.flush()
                     self.stores[(topic_id, p)] = store
+                    if len(self.stores) % 16 == 0:
+                        self.report()  # a wide topic takes a while: stay alive to the supervisor
         else:
             topic_id, _name = e.body()
             for shard in [s for s in self.stores if s[0] == topic_id]:
@@ -264,6 +284,13 @@ class ShardWriter(Actor):
         self.parked = keep
 
     def on_tick(self, now: float) -> None:
+        if self.parked:
+            # Reads wait for an LSN that was acknowledged, so it is in the log files: if
+            # its group never reached this writer (a full mailbox), read it from there.
+            need = max(msg.lsn_min for _deadline, msg in self.parked)
+            if need > self.processed_lsn:
+                self.catch_up(until_lsn=need)
+                self.serve_parked()
         while self.parked and self.parked[0][0] <= now:
             _deadline, msg = self.parked.popleft()
             self.reply_error(msg, ErrorCode.TIMEOUT,
@@ -280,12 +307,13 @@ class ShardWriter(Actor):
                              f"no shard t{msg.topic_id}-p{msg.partition} (topic deleted?)")
             return
         if isinstance(msg, Read):
-            out: Any = RecordsReply(msg.corr, pack_read(store.read(msg.offset, msg.max_records)),
-                                    self.processed_lsn)
+            rows = store.read(msg.offset, msg.max_records, self.cfg.limits.read_bytes_max)
+            out: Any = RecordsReply(msg.corr, pack_read(rows), self.processed_lsn)
         elif isinstance(msg, ReadByKey):
             out = RecordsReply(msg.corr, pack_read(store.read_by_key(msg.key)), self.processed_lsn)
         elif isinstance(msg, ReadByTag):
-            rows = store.read_by_tag(msg.tag, msg.offset, msg.max_records)
+            rows = store.read_by_tag(msg.tag, msg.offset, msg.max_records,
+                                     self.cfg.limits.read_bytes_max)
             out = RecordsReply(msg.corr, pack_read(rows), self.processed_lsn)
         elif isinstance(msg, OffsetForTimestamp):
             out = ValueReply(msg.corr, store.offset_for_timestamp(msg.timestamp))

@@ -31,7 +31,8 @@ class TransactionManager(Actor):
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
         self.state = TxnState(self.cfg.log.checkpoint_mode, self.cfg.transactions.held_requests_max,
-                              stale_s=2 * self.cfg.limits.request_timeout_ms / 1000)
+                              stale_s=2 * self.cfg.limits.request_timeout_ms / 1000,
+                              gate_s_max=2 * self.cfg.log.checkpoint_timeout_ms / 1000)
         self.incoming: list[tuple[int, bytes]] = []
         self.gate_closed_at = 0.0
 
@@ -41,7 +42,7 @@ class TransactionManager(Actor):
             self.perform(self.state.end(msg.corrs))
         elif isinstance(msg, CheckpointRequest):
             self.gate_closed_at = time.monotonic()
-            self.perform(self.state.checkpoint_requested(msg.ckpt_id))
+            self.perform(self.state.checkpoint_requested(msg.ckpt_id, time.monotonic()))
         elif isinstance(msg, CheckpointFinished):
             if self.state.gate is not None:
                 log.info("checkpoint %d finished; gate was closed %.1f ms", msg.ckpt_id,
@@ -65,10 +66,12 @@ class TransactionManager(Actor):
     def perform(self, instructions: list[Instruction]) -> None:
         for ins in instructions:
             if isinstance(ins, Forward):
-                if not self.send_many(LOG_MANAGER, ins.frames, wait_ms=1000):
-                    # The log manager is behind or restarting: these never began.
-                    self.state.end(ins.corrs)
-                    self.perform([Reject(corr) for corr in ins.corrs])
+                sent = self.send_many(LOG_MANAGER, ins.frames, wait_ms=1000)
+                if sent < len(ins.frames):
+                    # The log manager is behind or restarting: the rest never began.
+                    unsent = ins.corrs[sent:]
+                    self.state.end(unsent)
+                    self.perform([Reject(corr) for corr in unsent])
             elif isinstance(ins, Ready):
                 self.send(LOG_MANAGER, CheckpointReady(ins.ckpt_id, ins.oldest_lsn), wait_ms=1000)
             elif isinstance(ins, Reject):

@@ -45,7 +45,8 @@ Instruction = Forward | Ready | Reject
 
 
 class TxnState:
-    def __init__(self, mode: str, held_max: int, stale_s: float) -> None:
+    def __init__(self, mode: str, held_max: int, stale_s: float,
+                 gate_s_max: float = 120.0) -> None:
         assert mode in ("fuzzy", "blocking")
         self.mode = mode
         self.held_max = held_max
@@ -53,6 +54,8 @@ class TxnState:
         self.active: dict[int, float] = {}  # corr → when it began
         self.gate: int | None = None  # the checkpoint holding new transactions back
         self.ready_sent = False  # said ready for the gate's checkpoint already
+        self.gate_s_max = gate_s_max  # a gate whose "finished" was lost opens by itself
+        self.gate_since = 0.0
         self.held: collections.deque[tuple[int, bytes]] = collections.deque()
         self.began = 0
         self.ended = 0
@@ -87,10 +90,11 @@ class TxnState:
                 self.ended += 1
         return self._maybe_ready()
 
-    def checkpoint_requested(self, ckpt_id: int) -> list[Instruction]:
+    def checkpoint_requested(self, ckpt_id: int, now: float = 0.0) -> list[Instruction]:
         if self.mode == "fuzzy":
             return [Ready(ckpt_id, self.oldest_lsn())]
         self.gate = ckpt_id
+        self.gate_since = now
         self.ready_sent = False
         return self._maybe_ready()
 
@@ -109,6 +113,8 @@ class TxnState:
         for corr in stale:
             del self.active[corr]
         self.expired += len(stale)
+        if self.gate is not None and now - self.gate_since > self.gate_s_max:
+            return self.checkpoint_finished(self.gate, now)  # its "finished" never came
         return self._maybe_ready()
 
     def _maybe_ready(self) -> list[Instruction]:

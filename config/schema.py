@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 CHECKPOINT_MODES = ("fuzzy", "blocking")
+GROUP_BYTES_LIMIT = 48 * 1024 * 1024  # under the 64 MiB internal frame limit (wire.codec)
 
 
 class ConfigError(ValueError):
@@ -36,6 +37,8 @@ class LimitsConfig:
     batch_records_max: int
     value_bytes_max: int
     read_records_max: int
+    read_bytes_max: int
+    shards_max: int
     pending_requests_max: int
     request_timeout_ms: int
     mailbox_messages_max: int
@@ -179,6 +182,12 @@ def validate(cfg: NodeConfig) -> None:
     if lim.frame_bytes_max > log.group_bytes_max:
         raise ConfigError("limits.frame_bytes_max must not exceed log.group_bytes_max: "
                           "one request has to fit in one group commit")
+    if log.group_bytes_max > GROUP_BYTES_LIMIT:
+        raise ConfigError(f"log.group_bytes_max must be at most {GROUP_BYTES_LIMIT}: a group "
+                          f"travels to the cache manager and writers as one internal message")
+    if lim.read_bytes_max > GROUP_BYTES_LIMIT:
+        raise ConfigError(f"limits.read_bytes_max must be at most {GROUP_BYTES_LIMIT}: a read's "
+                          f"answer travels as one internal message")
     if log.group_bytes_max > log.segment_bytes_max:
         raise ConfigError("log.group_bytes_max must not exceed log.segment_bytes_max: "
                           "a group commit is written to one segment")

@@ -19,7 +19,14 @@ from typing import Any
 
 import zmq
 
-from actors.base import LOG_MANAGER, TRANSACTION_MANAGER, Actor, ActorContext
+from actors.base import (
+    BUNDLE_BYTES_MAX,
+    LOG_MANAGER,
+    TRANSACTION_MANAGER,
+    Actor,
+    ActorContext,
+    chunks,
+)
 from node.front_state import FrontDoorState, Out, ToClient
 from wire import codec
 from wire.codec import Message
@@ -71,12 +78,17 @@ class FrontDoor(Actor):
             if not items:
                 continue
             frames = [frame for _corr, frame in items]
+            corrs = [corr for corr, _f in items]
             if role == TRANSACTION_MANAGER:
-                sent = self.send(role, Writes([corr for corr, _f in items], frames))
+                sent = 0
+                for start, end in chunks([len(f) for f in frames], BUNDLE_BYTES_MAX):
+                    if not self.send(role, Writes(corrs[start:end], frames[start:end])):
+                        break
+                    sent = end
             else:
                 sent = self.send_many(role, frames)
-            if not sent:
-                self.perform(self.state.fail([corr for corr, _f in items], ErrorCode.BUSY,
+            if sent < len(items):
+                self.perform(self.state.fail(corrs[sent:], ErrorCode.BUSY,
                                              f"the {role} queue is full; retry later"))
             items.clear()
 

@@ -9,6 +9,7 @@ the log manager sends. The shell in ``node/front_door.py`` owns the sockets.
 
 from __future__ import annotations
 
+import logging
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,8 @@ from wire.messages import (
 )
 from wire.records import check_batch, key_of
 
+log = logging.getLogger("shardnode")
+
 STOPPING_TEXT = "the front door is stopping (node stop or restart); retry"
 
 
@@ -91,7 +94,6 @@ class FrontDoorState:
         self.catalog_version = -1
         self.pending: dict[int, Waiting] = {}
         self.next_corr = 1
-        self.round_robin: dict[str, int] = {}
         self.lsn_seen = 0  # highest LSN answered as durable: reads wait for it
         self.requests = 0
         self.errors = 0
@@ -113,6 +115,11 @@ class FrontDoorState:
             self.errors += 1
             rid = getattr(exc, "request_id", rid)
             return [ToClient(identity, protocol.error(rid, exc.code, exc.message))]
+        except Exception as exc:  # a request must never take the front door down
+            log.exception("request %d failed", rid)
+            self.errors += 1
+            return [ToClient(identity, protocol.error(rid, ErrorCode.INTERNAL,
+                                                      f"{type(exc).__name__}: {exc}"))]
 
     def topic(self, name: str) -> tuple[int, int]:
         if self.catalog_version < 0:
@@ -204,8 +211,9 @@ class FrontDoorState:
             parts = [[topic_id, partition, len(items), blob]]
         else:
             keys = [key_of(it) for it in items]
-            rr = self.round_robin.get(name, 0)
-            self.round_robin[name] = rr + 1
+            # Round-robin by the producer's sequence number: a retry of the same request
+            # places its records exactly as the first attempt did.
+            rr = req["producer_id"] + req["seq"]
             if partitions == 1 or all(k is None for k in keys):
                 parts = [[topic_id, rr % partitions, len(items), blob]]
             else:
@@ -231,7 +239,9 @@ class FrontDoorState:
         if msg.version >= self.catalog_version:
             self.catalog_version = msg.version
             self.topics = {name: (tid, parts) for tid, name, parts in msg.topics}
-            self.lsn_seen = max(self.lsn_seen, msg.version)
+            # A restarted front door has acknowledged nothing yet, but its clients may have
+            # been told of writes up to the durable LSN: reads wait for those too.
+            self.lsn_seen = max(self.lsn_seen, msg.version, msg.durable_lsn)
 
     def answer(self, msg: Message) -> list[Out]:
         """An actor's answer: the client's reply, if the request is still waiting."""

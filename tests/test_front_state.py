@@ -29,7 +29,7 @@ ID = b"client-1"
 def state(**limits: int) -> FrontDoorState:
     cfg = load_config(overrides={"limits": limits} if limits else None)
     s = FrontDoorState(cfg)
-    s.catalog(Catalog(7, [[1, "t", 4], [2, "one", 1]]))
+    s.catalog(Catalog(7, [[1, "t", 4], [2, "one", 1]], 7))
     return s
 
 
@@ -60,11 +60,21 @@ def test_produce_to_a_named_partition_goes_to_the_transaction_manager_whole() ->
     assert out.corr in s.pending
 
 
+def test_a_retried_split_batch_is_placed_as_the_first_attempt() -> None:
+    s = state()
+    recs = [[b"a", b"k1", [], None], b"no-key", [b"c", b"k2", [], None]]
+    (first,) = s.request(ID, produce(recs, seq=5), now=0.0)
+    (again,) = s.request(ID, produce(recs, seq=5), now=0.0)
+    assert isinstance(first, ToActor) and isinstance(again, ToActor)
+    assert s.pending[first.corr].assign == s.pending[again.corr].assign
+    assert first.msg.parts == again.msg.parts  # type: ignore[union-attr]
+
+
 def test_keyless_batches_go_round_robin() -> None:
     s = state()
     parts = [s.request(ID, produce([b"x"], seq=i), now=0.0)[0].msg.parts[0][1]  # type: ignore[union-attr]
              for i in range(8)]
-    assert parts == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert parts == [(9 + i) % 4 for i in range(8)]  # producer 9, sequence numbers 0..7
 
 
 def test_keyed_batch_is_split_by_key_hash_in_record_order() -> None:
@@ -163,5 +173,12 @@ def test_records_reply_passes_bytes_through() -> None:
 
 def test_an_older_catalog_is_ignored() -> None:
     s = state()
-    s.catalog(Catalog(3, []))
+    s.catalog(Catalog(3, [], 3))
     assert "t" in s.topics and s.lsn_seen == 7
+
+
+def test_a_restarted_front_door_makes_reads_wait_for_the_durable_lsn() -> None:
+    s = FrontDoorState(load_config())
+    s.catalog(Catalog(3, [[1, "t", 1]], 90))  # the log is durable to 90; topics changed at 3
+    (read,) = s.request(ID, req("read", topic="t", partition=0, offset=0, max_records=1), 0.0)
+    assert isinstance(read, ToActor) and isinstance(read.msg, Read) and read.msg.lsn_min == 90

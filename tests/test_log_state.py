@@ -94,7 +94,7 @@ def test_create_topic_logs_a_record_and_answers_done() -> None:
     assert d.state.topics["orders"].topic_id == tid
     assert {k: v for k, v in d.state.next_offset.items() if k[0] == tid} == {
         (tid, p): 0 for p in range(3)}
-    assert d.state.catalog() == Catalog(1, [[tid, "orders", 3]])
+    assert d.state.catalog() == Catalog(1, [[tid, "orders", 3]], 1)
 
 
 def test_topic_ids_are_distinct_and_never_reused() -> None:
@@ -151,7 +151,7 @@ def test_delete_topic_forgets_it_and_its_offsets() -> None:
     assert e.kind == Kind.TOPIC_DELETE and e.body() == [gone, "gone"]
     assert "gone" not in d.state.topics and gone not in d.state.by_id
     assert all(k[0] != gone for k in d.state.next_offset)
-    assert d.state.catalog() == Catalog(out.lsn, [[keep, "keep", 2]])
+    assert d.state.catalog() == Catalog(out.lsn, [[keep, "keep", 2]], out.lsn)
     err = d.append(1, 1, [[gone, 0, 1, blob(1)]])
     assert isinstance(err, ErrorReply) and err.code == ErrorCode.UNKNOWN_TOPIC
     again = d.create("gone", 2)
@@ -489,3 +489,12 @@ def test_replay_refuses_lsns_out_of_order() -> None:
         fresh.replay(e1)
     with pytest.raises(ValueError):
         fresh.replay(e2)
+
+
+def test_partitions_of_all_topics_are_bounded() -> None:
+    state = LogState(producers_max=10, producer_window_max=8, shards_max=5)
+    assert isinstance(state.admit(CreateTopic(1, "a", 3), 0), Pending)
+    refused = state.admit(CreateTopic(2, "b", 3), 0)
+    assert isinstance(refused, ErrorReply) and "shards_max" in refused.text
+    assert "b" not in state.topics
+    assert isinstance(state.admit(CreateTopic(3, "b", 2), 0), Pending)

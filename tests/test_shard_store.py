@@ -297,3 +297,18 @@ def test_a_store_of_the_current_format_opens(tmp_path: Path) -> None:
     assert st.applied_lsn == 1
     st.destroy()
     assert not path.exists()
+
+
+def test_parse_shard_dir_accepts_only_shard_names() -> None:
+    from actors.shard_store import parse_shard_dir
+    assert parse_shard_dir("t12-p3") == (12, 3)
+    for name in ("t12-p3.deleted", "tx-p1", "t1-p", "other", "t1-p2-p3"):
+        assert parse_shard_dir(name) is None
+
+
+def test_destroy_leaves_nothing_behind(tmp_path: Path) -> None:
+    from actors.shard_store import ShardStore
+    store = ShardStore(tmp_path / "t1-p0", 1, 0)
+    store.finish(1)
+    store.destroy()
+    assert list(tmp_path.iterdir()) == []

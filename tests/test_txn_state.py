@@ -49,3 +49,12 @@ def test_lost_transactions_expire_and_release_the_gate() -> None:
     assert s.tick(now=4) == []
     assert s.tick(now=6) == [Ready(2, 0)]
     assert s.expired == 1 and not s.active
+
+
+def test_a_gate_whose_finish_was_lost_opens_by_itself() -> None:
+    s = TxnState("blocking", held_max=10, stale_s=5, gate_s_max=30)
+    assert s.checkpoint_requested(1, now=0) == [Ready(1, 0)]
+    s.requests(items(7), now=1)
+    assert s.tick(now=20) == []
+    assert s.tick(now=31) == [Forward([7], [b"frame-7"])]
+    assert s.gate is None

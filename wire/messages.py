@@ -145,6 +145,7 @@ class Catalog(Message):
 
     version: int
     topics: list[list[Any]]  # [[topic_id, name, partitions], ...]
+    durable_lsn: int  # everything up to here is on disk: reads may wait for it
 
 
 # ---- to the cache manager (reads) and on to shard writers ---------------------------

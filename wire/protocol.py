@@ -16,6 +16,7 @@ from typing import Any
 import msgpack
 
 from wire.errors import BadRequest, ErrorCode, NodeError
+from wire.records import KEY_BYTES_MAX, TAG_BYTES_MAX
 
 DEFAULT_PORT = 7400
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -68,6 +69,10 @@ REQUESTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "checkpoint": {},
 }
 
+# Fields bounded in length (the same bounds as records' keys and tags in wire.records).
+_BYTES_MAX = {"key": KEY_BYTES_MAX, "tag": TAG_BYTES_MAX, "group": 200, "name": 200,
+              "topic": 200}
+
 # Integer fields that must not be negative.
 _NON_NEGATIVE = ("partition", "offset", "max_records", "timestamp", "seq", "producer_id")
 
@@ -107,7 +112,11 @@ def parse_request(frame: bytes, frame_bytes_max: int) -> tuple[int, str, dict[st
             raise _error(rid, ErrorCode.BAD_REQUEST, f"{op}: field '{name}' is out of range")
     extra = set(req) - set(schema) - {"op", "id"}
     if extra:
-        raise _error(rid, ErrorCode.BAD_REQUEST, f"{op}: unknown fields {sorted(extra)}")
+        raise _error(rid, ErrorCode.BAD_REQUEST, f"{op}: unknown fields {sorted(map(repr, extra))}")
+    for name, limit in _BYTES_MAX.items():
+        value = req.get(name)
+        if isinstance(value, (str, bytes)) and len(value) > limit:
+            raise _error(rid, ErrorCode.BAD_REQUEST, f"{op}: field '{name}' is longer than {limit}")
     assert isinstance(op, str)
     return rid, op, req
 

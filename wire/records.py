@@ -19,6 +19,11 @@ import msgpack
 from wire.errors import BadRequest, ErrorCode
 
 TIMESTAMP_MAX = 2**63 - 1
+# Keys and tags are index keys in RocksDB (a tag's length is stored in two bytes): bound them
+# where records come in, so that no durable record can be one a shard writer cannot apply.
+KEY_BYTES_MAX = 4096
+TAG_BYTES_MAX = 1024
+TAGS_PER_RECORD_MAX = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +81,14 @@ def check_batch(blob: bytes, records_max: int, value_bytes_max: int) -> list[Any
             raise BadRequest(f"record {i}: value must be bin")
         if len(value) > value_bytes_max:
             raise BadRequest(f"record {i}: value of {len(value)} bytes is over {value_bytes_max}")
-        if key is not None and type(key) is not bytes:
-            raise BadRequest(f"record {i}: key must be bin or nil")
+        if key is not None and (type(key) is not bytes or len(key) > KEY_BYTES_MAX):
+            raise BadRequest(f"record {i}: key must be bin of at most {KEY_BYTES_MAX} bytes, "
+                             f"or nil")
         if type(tags) is not list or any(type(t) is not str for t in tags):
             raise BadRequest(f"record {i}: tags must be an array of str")
+        if len(tags) > TAGS_PER_RECORD_MAX or any(len(t.encode()) > TAG_BYTES_MAX for t in tags):
+            raise BadRequest(f"record {i}: at most {TAGS_PER_RECORD_MAX} tags of at most "
+                             f"{TAG_BYTES_MAX} bytes each")
         if ts is not None and (type(ts) is not int or ts < 0 or ts > TIMESTAMP_MAX):
             raise BadRequest(f"record {i}: timestamp must be a non-negative int (ms) or nil")
     return items
