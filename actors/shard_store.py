@@ -61,6 +61,9 @@ class StoreMemory:
         o.set_write_buffer_manager(self.write_buffers)
         table = rocksdict.BlockBasedOptions()
         table.set_block_cache(self.block_cache)
+        # Index and filter blocks otherwise live outside the cache and grow with the data.
+        table.set_cache_index_and_filter_blocks(True)
+        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
         o.set_block_based_table_factory(table)
         return o
 
