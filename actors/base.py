@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,20 @@ def chunks(sizes: list[int], bytes_max: int) -> list[tuple[int, int]]:
     if start < len(sizes):
         runs.append((start, len(sizes)))
     return runs
+
+
+def waiting_messages(sock: zmq.Socket[bytes], limit: int) -> Iterator[codec.Message]:
+    """The messages already waiting on ``sock`` (at most ``limit``), decoded; a frame that
+    is not a message is logged and skipped."""
+    for _ in range(limit):
+        try:
+            frame = sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        try:
+            yield codec.decode(frame)
+        except codec.CodecError as exc:
+            log.error("dropped a frame that is not a message: %s", exc)
 
 
 def mailbox_address(run_dir: Path, role: str) -> str:

@@ -21,10 +21,17 @@ import time
 from typing import Any
 
 import msgpack
-import zmq
 
 from actors import faults
-from actors.base import CACHE_MANAGER, FRONT_DOOR, Actor, ActorContext, RefuseToStart, owner
+from actors.base import (
+    CACHE_MANAGER,
+    FRONT_DOOR,
+    Actor,
+    ActorContext,
+    RefuseToStart,
+    owner,
+    waiting_messages,
+)
 from actors.log_manager import fsync_dir
 from actors.shard_store import (
     TOMBSTONE_SUFFIX,
@@ -34,7 +41,7 @@ from actors.shard_store import (
     parse_shard_dir,
     shard_dir,
 )
-from wire import codec, logrecord
+from wire import logrecord
 from wire.codec import Message
 from wire.errors import ErrorCode
 from wire.logrecord import Entry, Kind
@@ -134,15 +141,7 @@ class ShardWriter(Actor):
 
     def drain_groups(self) -> None:
         """Apply groups still queued behind the Stop (the cache manager stopped first)."""
-        for _ in range(100_000):
-            try:
-                frame = self.mailbox.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                msg = codec.decode(frame)
-            except codec.CodecError:
-                continue
+        for msg in waiting_messages(self.mailbox, 100_000):
             if isinstance(msg, LogGroup):
                 self.on_group(msg)
 

@@ -40,6 +40,7 @@ from actors.base import (
     ActorContext,
     actor_main,
     mailbox_address,
+    waiting_messages,
     writer_role,
 )
 from config import NodeConfig
@@ -160,16 +161,7 @@ class Supervisor:
         assert self.mailbox is not None
         if not self.mailbox.poll(timeout_ms, zmq.POLLIN):
             return
-        for _ in range(1000):
-            try:
-                frame = self.mailbox.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                msg = codec.decode(frame)
-            except codec.CodecError as exc:
-                log.error("supervisor dropped a bad frame: %s", exc)
-                continue
+        for msg in waiting_messages(self.mailbox, 1000):
             if isinstance(msg, Stats):
                 child = self.children.get(msg.role)
                 if child is not None and msg.pid == child.pid:
