@@ -1,8 +1,9 @@
 """Fault injection seams, for tests: crash an actor at a named point, or fail an fsync.
 
 ``SHARDNODE_FAULTS`` lists the armed points, comma-separated, e.g.
-``checkpoint.after_snapshot,log.fsync``. Each fires once per data directory: firing records
-the point in ``<data dir>/faults-fired`` first, so the restarted actor goes on normally.
+``checkpoint.after_snapshot,log.fsync``. Each fires once per data directory, in one process
+only: firing first creates ``<data dir>/faults-fired/<point>`` exclusively, so a second actor
+reaching the point at the same moment, or the restarted actor, goes on normally.
 With the variable unset (always, outside tests) every call is one dictionary lookup.
 """
 
@@ -20,17 +21,21 @@ EXIT_INJECTED = 99
 _armed = frozenset(p for p in os.environ.get(ENV, "").split(",") if p)
 
 
+def fired_dir(data_dir: Path) -> Path:
+    return data_dir / "faults-fired"
+
+
 def _fire(point: str, data_dir: Path) -> bool:
     if point not in _armed:
         return False
-    fired = data_dir / "faults-fired"
-    done = set(fired.read_text().split()) if fired.exists() else set()
-    if point in done:
-        return False
-    with open(fired, "a") as f:
-        f.write(point + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    marker = fired_dir(data_dir) / point
+    marker.parent.mkdir(exist_ok=True)
+    try:
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False  # fired already, here or in another actor
+    os.fsync(fd)
+    os.close(fd)
     log.warning("fault injected at %s", point)
     return True
 

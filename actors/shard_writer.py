@@ -160,6 +160,10 @@ class ShardWriter(Actor):
     def catch_up(self, until_lsn: int | None) -> None:
         """Apply records after ``processed_lsn`` read from the log files (to ``until_lsn``)."""
         segments = logrecord.list_segments(self.log_dir)
+        if segments and self.processed_lsn < segments[0][0] - 1:
+            # Records below the log's first LSN were deleted by a checkpoint, which happens
+            # only once every shard is durable past them: nothing there is left to apply.
+            self.processed_lsn = segments[0][0] - 1
         start = 0
         for i, (first_lsn, _path) in enumerate(segments):
             if first_lsn <= self.processed_lsn + 1:

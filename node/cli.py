@@ -26,7 +26,7 @@ from wire.errors import NodeError
 from wire.protocol import DEFAULT_PORT
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # errors stay one line in logs
 
 
 def _endpoint(args: argparse.Namespace) -> str:

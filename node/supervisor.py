@@ -43,6 +43,7 @@ from actors.base import (
     waiting_messages,
     writer_role,
 )
+from actors.log_manager import fsync_dir
 from config import NodeConfig
 from wire import codec
 from wire.messages import Checkpoint, Done, ErrorReply, Stats, StatusReply, StatusRequest, Stop
@@ -111,8 +112,28 @@ class Supervisor:
         os.ftruncate(self._lock_fd, 0)
         os.write(self._lock_fd, f"{os.getpid()}\n".encode())
 
+    def _check_writer_count(self) -> None:
+        """Shards move between writers when ``node.writers`` changes. That is safe only
+        after a clean stop (every shard durable, nothing to replay): a writer that did not
+        see a topic's creation before a crash would otherwise never create its shards."""
+        meta = self.data / "writers"
+        meta.mkdir(parents=True, exist_ok=True)
+        count_file, clean_file = meta / "count", meta / "clean-stop"
+        want = self.cfg.node.writers
+        if count_file.exists():
+            had = int(count_file.read_text().strip() or want)
+            if had != want and not clean_file.exists():
+                raise NodeStartError(
+                    f"node.writers changed from {had} to {want}, but the node did not stop "
+                    f"cleanly last time: start it once with writers = {had} and stop it "
+                    f"cleanly (Ctrl-C or SIGTERM), then change the count")
+        count_file.write_text(f"{want}\n")
+        clean_file.unlink(missing_ok=True)
+        fsync_dir(meta)
+
     def start(self, ready_timeout_s: float = 60.0) -> None:
         self._lock()
+        self._check_writer_count()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.mailbox = self.zctx.socket(zmq.PULL)
         self.mailbox.setsockopt(zmq.LINGER, 0)
@@ -328,6 +349,9 @@ class Supervisor:
             self.poll_mailbox(100)
         if isinstance(self.checkpoint_done, Done):
             log.info("checkpoint at stop: shards durable to LSN %d", self.checkpoint_done.lsn)
+            marker = self.data / "writers" / "clean-stop"
+            marker.write_text(f"{self.checkpoint_done.lsn}\n")
+            fsync_dir(marker.parent)
         else:
             log.warning("no checkpoint at stop (%s); the next start replays the log",
                         getattr(self.checkpoint_done, "text", "timed out"))

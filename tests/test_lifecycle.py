@@ -149,3 +149,28 @@ def test_node_started_by_a_harness_stops_when_the_harness_dies(tmp_path: Path) -
         assert time.monotonic() < deadline, "the node outlived its harness"
         time.sleep(0.05)  # poll until the supervisor exits
     assert "the process that started the node exited" in (tmp_path / "n.log").read_text()
+
+
+def test_writer_count_changes_only_after_a_clean_stop(make_node: Any, tmp_path: Path) -> None:
+    three = "[node]\nwriters = 3\n"
+    node = make_node()
+    with node.client() as c:
+        c.create_topic("t", partitions=4)
+        values = [f"v{i}".encode() for i in range(40)]
+        for i, v in enumerate(values):
+            c.produce("t", v, partition=i % 4)
+    node.kill()
+    cfg = tmp_path / "three.toml"
+    cfg.write_text(three)
+    refused = LocalNode(node.data_dir, config=cfg, log_file=tmp_path / "refused.log")
+    with pytest.raises(NodeFailed):
+        refused.start(timeout_s=60)
+    assert "did not stop cleanly" in (tmp_path / "refused.log").read_text()
+    again = make_node(data_dir=node.data_dir)  # the old count, then a clean stop
+    again.stop()
+    moved = make_node(three, data_dir=node.data_dir)
+    with moved.client() as c:
+        got = sorted(r.value for p in range(4) for r in c.read("t", p, 0, 100))
+        assert got == sorted(values)
+        roles = [a["role"] for a in c.status()["actors"]]
+        assert roles == ["log", "txn", "cache", "writer-0", "writer-1", "writer-2", "front"]
