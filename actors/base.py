@@ -323,10 +323,10 @@ def actor_main(ctx: ActorContext) -> None:
     configure_logging(ctx.role)
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
-    if ctx.role.startswith("writer-") or ctx.role == CACHE_MANAGER:
-        # First thing, so that every thread (RocksDB's too) inherits it: these actors'
-        # work is off the acknowledgement path, which gets the CPU first when both want it.
-        nice = int(ctx.config["node"]["background_nice"])
+    if ctx.role.startswith("writer-"):
+        # Before RocksDB starts its background threads, which inherit this priority: the
+        # writers' work (applying, flushing) is off the acknowledgement path.
+        nice = int(ctx.config["shards"]["writer_nice"])
         if nice:
             os.nice(nice)
     actor: Actor | None = None

@@ -29,7 +29,6 @@ class NodeSection:
     port: int
     data_dir: str
     writers: int
-    background_nice: int
 
 
 @dataclass(frozen=True)
@@ -68,6 +67,7 @@ class ShardsConfig:
     memtable_bytes_max: int
     block_cache_bytes: int
     write_buffer_bytes: int
+    writer_nice: int
 
 
 @dataclass(frozen=True)
@@ -150,8 +150,8 @@ def _build(table: dict[str, dict[str, Any]]) -> NodeConfig:
     return NodeConfig(**sections)
 
 
-# port 0: any free port; wait 0: no extra wait; nice 0: background actors at normal priority
-_MAY_BE_ZERO = {"port", "group_wait_us_max", "background_nice"}
+# port 0: any free port; wait 0: no extra wait; nice 0: writers at normal priority
+_MAY_BE_ZERO = {"port", "group_wait_us_max", "writer_nice"}
 
 
 def _positive(cfg: NodeConfig) -> None:
@@ -166,11 +166,11 @@ def validate(cfg: NodeConfig) -> None:
     """Check each value and the relations between them; raise ``ConfigError`` naming the key."""
     _positive(cfg)
     for section, name in (("node", "port"), ("log", "group_wait_us_max"),
-                          ("node", "background_nice")):
+                          ("shards", "writer_nice")):
         if getattr(getattr(cfg, section), name) < 0:
             raise ConfigError(f"{section}.{name} must not be negative")
-    if cfg.node.background_nice > 19:
-        raise ConfigError(f"node.background_nice must be 0-19, got {cfg.node.background_nice}")
+    if cfg.shards.writer_nice > 19:
+        raise ConfigError(f"shards.writer_nice must be 0-19, got {cfg.shards.writer_nice}")
     if not 0 <= cfg.node.port <= 65535:
         raise ConfigError(f"node.port must be 0-65535, got {cfg.node.port}")
     if cfg.node.writers > 64:

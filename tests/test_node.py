@@ -209,15 +209,3 @@ def test_second_node_on_same_data_dir_is_refused(node: LocalNode, tmp_path) -> N
     with pytest.raises(Exception, match="another node is using"):
         other.start(timeout_s=30)
     assert other.proc is not None and other.proc.returncode == 1
-
-
-def test_background_actors_run_at_lower_cpu_priority(node: LocalNode) -> None:
-    """The cache manager and writers are off the acknowledgement path ([node] background_nice)."""
-    import psutil
-
-    with node.client() as c:
-        actors = {a["role"]: a["pid"] for a in c.status()["actors"]}
-    base = psutil.Process(actors["log"]).nice()
-    for role, pid in actors.items():
-        want = base + 10 if role in ("cache", "writer-0", "writer-1") else base
-        assert psutil.Process(pid).nice() == want, role
