@@ -72,7 +72,7 @@ def wait_status(node: LocalNode, what: str, cond: Any, timeout_s: float = 60) ->
             except Exception:
                 pass
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.05)  # poll interval
+            time.sleep(0.05)  # ok-sleep: poll interval, under a deadline
 
 
 @pytest.mark.parametrize("mode", ["fuzzy", "blocking"])
@@ -183,7 +183,7 @@ def test_too_many_restarts_stop_the_node(make_node: Any) -> None:
             except Exception:
                 pass
             assert time.monotonic() < deadline
-            time.sleep(0.05)  # poll until restarted or stopped
+            time.sleep(0.05)  # ok-sleep: poll until restarted or stopped, under a deadline
     assert node.proc is not None and node.proc.wait(60) == 1
     assert "3 actor restarts within 600 s" in node.log_file.read_text()
     node.proc = None

@@ -34,7 +34,7 @@ def wait_until(what: str, cond: Callable[[], bool], timeout_s: float = 60) -> No
     deadline = time.monotonic() + timeout_s
     while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)  # poll interval
+        time.sleep(0.02)  # ok-sleep: poll interval, under a deadline
 
 
 def restarted(node: LocalNode, role: str, old_pid: int) -> Callable[[], bool]:

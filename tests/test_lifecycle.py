@@ -81,7 +81,7 @@ def test_sigint_stops_cleanly(node: LocalNode) -> None:
     deadline = time.monotonic() + 10
     while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in members):
         assert time.monotonic() < deadline, "actors left behind after SIGINT"
-        time.sleep(0.02)  # poll until the actors are gone
+        time.sleep(0.02)  # ok-sleep: poll until the actors are gone, under a deadline
     node.proc = None
 
 
@@ -95,7 +95,7 @@ def test_actors_exit_when_the_supervisor_dies(node: LocalNode) -> None:
     deadline = time.monotonic() + 15
     while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in actors):
         assert time.monotonic() < deadline, "actors outlived their supervisor"
-        time.sleep(0.05)  # poll until the orphans exit by themselves
+        time.sleep(0.05)  # ok-sleep: poll until the orphans exit by themselves, under a deadline
     node.proc = None
 
 
@@ -147,7 +147,7 @@ def test_node_started_by_a_harness_stops_when_the_harness_dies(tmp_path: Path) -
     deadline = time.monotonic() + 30
     while supervisor.is_running() and supervisor.status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the node outlived its harness"
-        time.sleep(0.05)  # poll until the supervisor exits
+        time.sleep(0.05)  # ok-sleep: poll until the supervisor exits, under a deadline
     assert "the process that started the node exited" in (tmp_path / "n.log").read_text()
 
 
