@@ -258,3 +258,22 @@ def test_segment_names_sort_as_text_in_lsn_order() -> None:
 
 def test_list_segments_of_an_empty_directory(tmp_path: Path) -> None:
     assert list_segments(tmp_path) == []
+
+
+def test_a_torn_record_whose_value_holds_old_log_bytes_is_still_a_torn_tail(tmp_path: Path) -> None:
+    """A client may store log bytes as a value; cut short, that is a torn tail, not damage."""
+    old = encode(1, Kind.TOPIC_CREATE, [1, "t", 1])  # a valid record with an old LSN
+    first = encode(1, Kind.TOPIC_CREATE, [1, "t", 1])
+    second = encode(2, Kind.PRODUCE, [7, 0, 0, [[1, 0, 0, 1, b"x" * 50 + old + b"y" * 50]]])
+    cut = first + second[: len(second) - 20]  # the write of `second` was cut short
+    scan = scan_bytes(tmp_path / "seg", cut, last=True)
+    assert [e.lsn for e in scan.entries] == [1]
+    assert scan.valid_bytes == len(first)
+
+
+def test_damage_followed_by_a_record_continuing_the_lsns_is_corruption(tmp_path: Path) -> None:
+    recs = [encode(i, Kind.TOPIC_DELETE, [i, "t"]) for i in (1, 2, 3)]
+    buf = bytearray(b"".join(recs))
+    buf[len(recs[0]) + HEADER_BYTES] ^= 0xFF  # damage record 2's body; record 3 follows
+    with pytest.raises(CorruptLog):
+        scan_bytes(tmp_path / "seg", bytes(buf), last=True)

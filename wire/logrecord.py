@@ -125,12 +125,14 @@ def iter_buffer(buf: bytes | memoryview, verify: bool = False) -> Iterator[Entry
         pos = entry.end
 
 
-def _valid_record_after(buf: bytes, pos: int) -> int | None:
-    """Position of the first record after ``pos`` that checks out, if any."""
+def _valid_record_after(buf: bytes, pos: int, prev_lsn: int) -> int | None:
+    """Position of the first record after ``pos`` that checks out and continues the LSNs
+    (above ``prev_lsn``), if any. A valid-looking record with an older LSN is not evidence
+    of damage: it can be a client's value that happens to hold log bytes."""
     at = buf.find(_MAGIC_BYTES, pos + 1)
     while at != -1:
         entry, _ = _check_at(buf, at, verify=True)
-        if entry is not None:
+        if entry is not None and entry.lsn > prev_lsn:
             return at
         at = buf.find(_MAGIC_BYTES, at + 1)
     return None
@@ -162,7 +164,7 @@ def scan_bytes(path: Path, buf: bytes, last: bool) -> SegmentScan:
     while pos < len(buf):
         entry, why = _check_at(buf, pos, verify=True)
         if entry is None:
-            after = _valid_record_after(buf, pos)
+            after = _valid_record_after(buf, pos, prev_lsn)
             if after is not None:
                 raise CorruptLog(path, pos, f"{why}, and a valid record follows at byte {after}")
             if not last:
