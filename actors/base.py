@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,15 +167,14 @@ class Actor:
         """Send to an actor's mailbox; False if it stayed full for ``wait_ms``."""
         return self.send_bytes(role, codec.encode(msg), wait_ms)
 
-    def send_many(self, role: str, frames: list[bytes], wait_ms: int = 0,
-                  wrap: Callable[[list[bytes]], codec.Message] = Bundle) -> int:
-        """Send encoded messages to one actor, as few ``Bundle``s (or ``wrap``s) as keep each
-        frame under ``BUNDLE_BYTES_MAX``; returns how many were sent (a prefix of them)."""
+    def send_many(self, role: str, frames: list[bytes], wait_ms: int = 0) -> int:
+        """Send encoded messages to one actor, as few ``Bundle``s as keep each frame under
+        ``BUNDLE_BYTES_MAX``; returns how many were sent (a prefix of them)."""
         sent = 0
         for start, end in chunks([len(f) for f in frames], BUNDLE_BYTES_MAX):
             part = frames[start:end]
-            ok = (self.send_bytes(role, part[0], wait_ms) if len(part) == 1 and wrap is Bundle
-                  else self.send(role, wrap(part), wait_ms))
+            ok = (self.send_bytes(role, part[0], wait_ms) if len(part) == 1
+                  else self.send(role, Bundle(part), wait_ms))
             if not ok:
                 break
             sent = end

@@ -24,9 +24,13 @@ PHASES = ("inside", "outside")
 @pytest.mark.timeout(90)
 def test_bench_quick_writes_a_row_per_scenario(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    proc = subprocess.run([str(ROOT / "scripts" / "bench"), "--quick", "--json", str(out)],
+    plot = tmp_path / "bench.png"
+    proc = subprocess.run([str(ROOT / "scripts" / "bench"), "--quick", "--json", str(out),
+                           "--plot", str(plot)],
                           cwd=ROOT, capture_output=True, text=True, timeout=85)
     assert proc.returncode == 0, f"bench failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    png = plot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000, "--plot wrote no real PNG"
     rows = json.loads(out.read_text())
     fields = {"scenario", "system", "msgs_per_s", "mb_per_s", "p50_ms", "p99_ms", "rss_mb"}
     assert all(fields <= row.keys() for row in rows)

@@ -209,3 +209,24 @@ def test_second_node_on_same_data_dir_is_refused(node: LocalNode, tmp_path) -> N
     with pytest.raises(Exception, match="another node is using"):
         other.start(timeout_s=30)
     assert other.proc is not None and other.proc.returncode == 1
+
+
+def test_cli_consume_follow_prints_records_as_they_arrive(node: LocalNode) -> None:
+    with node.client() as c:
+        c.create_topic("live")
+        c.produce("live", b"before", partition=0)
+    follower = subprocess.Popen([sys.executable, "-m", "node", "consume", "live", "--follow",
+                                 "--poll-ms", "50", "--port", str(node.port)],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert follower.stdout is not None
+        assert follower.stdout.readline().split()[-1] == "before"
+        with node.client() as c:
+            for i in range(3):
+                c.produce("live", f"after-{i}", partition=0)
+                line = follower.stdout.readline()  # blocks until --follow prints it
+                assert line.split()[0] == str(i + 1) and line.split()[-1] == f"after-{i}"
+        assert follower.poll() is None, "--follow must keep running"
+    finally:
+        follower.kill()
+        follower.wait(10)
