@@ -180,8 +180,6 @@ def recover(log_dir: Path, state: LogState) -> tuple[int, int, Path | None, int]
     return replayed, torn, last_path, last_size
 
 
-def log_dir_bytes(log_dir: Path) -> int:
-    return sum(p.stat().st_size for _first, p in logrecord.list_segments(log_dir))
 
 
 class LogManager(Actor):
@@ -225,7 +223,7 @@ class LogManager(Actor):
             raise RefuseToStart(str(exc)) from None
         self.recovery_ms = (time.monotonic() - t0) * 1000
         self.replayed_bytes = replayed
-        self.log_bytes = log_dir_bytes(self.log_dir)
+        self.log_bytes = logrecord.segments_bytes(self.log_dir)
         self.bytes_since_checkpoint = replayed
         self.durable_lsn = self.state.last_lsn
         if last_path is not None:
@@ -370,7 +368,7 @@ class LogManager(Actor):
                 write_snapshot(self.log_dir, self.state.snapshot())
                 faults.crash_point("checkpoint.after_snapshot", data)
                 deleted = delete_segments_upto(self.log_dir, step.upto)
-                self.log_bytes = log_dir_bytes(self.log_dir)
+                self.log_bytes = logrecord.segments_bytes(self.log_dir)
                 log.info("checkpoint %d: shards durable to LSN %d; deleted %d segments, log now "
                          "%d bytes", step.ckpt_id, step.upto, deleted, self.log_bytes)
                 faults.crash_point("checkpoint.after_truncate", data)

@@ -847,7 +847,15 @@ class Server(Protocol):
 
 
 def dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    """Bytes under ``path``; a file deleted while we walk (a checkpoint, a rewrite) counts
+    as empty."""
+    total = 0
+    for f in path.rglob("*"):
+        try:
+            total += f.stat().st_size if f.is_file() else 0
+        except FileNotFoundError:
+            continue
+    return total
 
 
 class NodeServer:

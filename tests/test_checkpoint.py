@@ -39,7 +39,7 @@ def config(mode: str = "fuzzy", ckpt: int = 2 * 1024 * 1024) -> str:
 
 
 def log_bytes(data_dir: Path) -> int:
-    return sum(p.stat().st_size for _f, p in logrecord.list_segments(data_dir / "log"))
+    return logrecord.segments_bytes(data_dir / "log")
 
 
 def produce(c: NodeClient, n_batches: int, start: int = 0, batch: int = 100) -> list[bytes]:

@@ -193,6 +193,19 @@ def list_segments(log_dir: Path) -> list[tuple[int, Path]]:
     return found
 
 
+def segments_bytes(log_dir: Path) -> int:
+    """Bytes in a log directory's segments. A checkpoint may delete a segment between the
+    listing and its stat, so one that has gone counts as empty (the caller may be another
+    process watching a live node)."""
+    total = 0
+    for _first, p in list_segments(log_dir):
+        try:
+            total += p.stat().st_size
+        except FileNotFoundError:
+            continue
+    return total
+
+
 # ---- the log manager's state snapshot, written at each checkpoint ------------------------
 
 SNAPSHOT_MAGIC = 0x53484E53  # "SHNS"
