@@ -8,12 +8,14 @@
     flush       log manager → cache manager → every shard writer: FlushTo(L);
                 each applies to at least L, flushes RocksDB, answers Flushed(its LSN)
     truncate    when all have flushed ≥ L: write the log manager's state snapshot, then
-                delete the segments wholly below min(L, oldest needed) + 1, fsync the dir
+                delete the segments wholly below min(L, oldest needed) + 1, fsync the dir;
+                the shell does this off its commit path and reports back (``truncated``)
     finished    log manager → transaction manager: CheckpointFinished; the gate opens
 
 ``Coordinator`` is the logic, with no I/O; it returns what the shell must do. A step that
 takes longer than ``timeout_s`` abandons the checkpoint (nothing is deleted) and the next
-trigger tries again.
+trigger tries again. The truncate step is the exception: it is the shell's own file work,
+already under way, and a new checkpoint must not start beside it, so it is waited for.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class Phase(enum.Enum):
     IDLE = "idle"
     WAIT_READY = "wait_ready"
     WAIT_FLUSHED = "wait_flushed"
+    TRUNCATING = "truncating"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +50,8 @@ class AskFlush:
 
 @dataclass(frozen=True, slots=True)
 class Truncate:
-    """Write the state snapshot, then delete segments holding only LSNs ≤ ``upto``."""
+    """Write the state snapshot, then delete segments holding only LSNs ≤ ``upto``; call
+    ``Coordinator.truncated`` when done."""
 
     ckpt_id: int
     upto: int
@@ -109,10 +113,19 @@ class Coordinator:
         if lsn < self.lsn:
             return self._end(f"shards flushed only to LSN {lsn}, not {self.lsn}")
         upto = self.lsn if not self.oldest_lsn else min(self.lsn, self.oldest_lsn - 1)
-        return [Truncate(ckpt_id, upto), *self._end("")]
+        self.phase = Phase.TRUNCATING
+        return [Truncate(ckpt_id, upto)]
+
+    def truncated(self, ckpt_id: int, error: str = "") -> list[Step]:
+        """The shell wrote the snapshot and deleted the segments (or failed to: ``error``)."""
+        if ckpt_id != self.ckpt_id or self.phase is not Phase.TRUNCATING:
+            return []
+        return self._end(error)
 
     def tick(self, now: float) -> list[Step]:
-        if self.phase is not Phase.IDLE and now - self.step_started > self.timeout_s:
+        if self.phase in (Phase.IDLE, Phase.TRUNCATING):
+            return []
+        if now - self.step_started > self.timeout_s:
             return self._end(f"step {self.phase.value} took over {self.timeout_s:.0f} s")
         return []
 

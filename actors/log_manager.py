@@ -16,13 +16,17 @@ rebuilds the truth from the disk. The log manager also drives the checkpoint han
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
 import errno
 import itertools
 import logging
 import os
+import signal
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import zmq
 
@@ -34,6 +38,7 @@ from actors.base import (
     Actor,
     ActorContext,
     RefuseToStart,
+    die_with_parent,
 )
 from actors.checkpoint import AskFlush, AskTxn, Coordinator, Finish, Roll, Step, Truncate
 from actors.log_state import LogState, Pending
@@ -115,40 +120,182 @@ class SegmentWriter:
             self.fd = -1
 
 
-def write_snapshot(log_dir: Path, state: dict[str, Any]) -> None:
-    """Replace ``checkpoint.snap`` atomically and durably."""
-    path = log_dir / logrecord.SNAPSHOT_NAME
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        f.write(logrecord.encode_snapshot(state))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(log_dir)
+SNAPSHOT_GROW_BYTES = 64 * 1024
+SNAPSHOT_WRITER_NICE = 19
+
+
+def write_snapshot(log_dir: Path, slot: int, data: bytes) -> None:
+    """Overwrite snapshot slot ``slot`` in place with ``data`` and make it durable.
+
+    A slot's file only grows, in steps of ``SNAPSHOT_GROW_BYTES`` filled with zeros, so most
+    writes change no metadata and the fdatasync costs no journal commit; no rename and no
+    directory fsync either, which on ext4 would contend with the log's own fdatasyncs. The
+    other slot keeps the previous snapshot until this one is durable."""
+    path = log_dir / logrecord.SNAPSHOT_SLOTS[slot]
+    created = not path.exists()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        need = -(-len(data) // SNAPSHOT_GROW_BYTES) * SNAPSHOT_GROW_BYTES
+        if size < need:
+            _write_all(fd, bytes(need - size), size)
+        _write_all(fd, data, 0)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    if created:
+        fsync_dir(log_dir)
+    legacy = log_dir / logrecord.SNAPSHOT_NAME_BEFORE_SLOTS
+    if legacy.exists():
+        legacy.unlink()  # older than this slot; recovery would pass it over anyway
+
+
+def _write_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
 
 
 def delete_segments_upto(log_dir: Path, upto: int) -> int:
-    """Delete the segments whose every record has LSN ≤ ``upto`` (never the newest one)."""
+    """Delete the segments whose every record has LSN ≤ ``upto`` (never the newest one).
+
+    No directory fsync: a deletion that a crash undoes brings back a segment whose records
+    are all in the durable snapshot and every shard, which recovery and the writers skip,
+    and the next checkpoint deletes it again."""
     segments = logrecord.list_segments(log_dir)
     deleted = 0
     for (_first, path), (next_first, _next) in itertools.pairwise(segments):
         if next_first - 1 <= upto:
             path.unlink()
             deleted += 1
-    if deleted:
-        fsync_dir(log_dir)
     return deleted
 
 
-def recover(log_dir: Path, state: LogState) -> tuple[int, int, Path | None, int]:
-    """Load the snapshot, replay every later record into ``state``, cut a torn tail.
+def _write_snapshot_and_exit(log_dir: Path, slot: int, state: LogState, parent: int) -> NoReturn:
+    """The forked child: write the snapshot, exit 0 if it is durable. It dies with the log
+    manager, so that a new one never shares a slot with a left-over writer."""
+    code = 1
+    try:
+        die_with_parent(signal.SIGKILL)
+        os.nice(SNAPSHOT_WRITER_NICE)  # the acknowledgement path comes first
+        if os.getppid() == parent:
+            write_snapshot(log_dir, slot, logrecord.encode_snapshot(state.snapshot()))
+            code = 0
+    except BaseException as exc:  # whatever it is, the child must reach os._exit
+        with contextlib.suppress(Exception):
+            os.write(2, f"snapshot writer: {exc!r}\n".encode())
+    os._exit(code)
 
-    Returns (bytes replayed, torn bytes cut, last segment, its valid size).
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TruncateResult:
+    ckpt_id: int
+    upto: int
+    deleted: int
+    error: str
+
+
+class Truncator:
+    """A checkpoint's file work, off the log manager's commit path.
+
+    Done inline, encoding the snapshot (mostly the producers' windows) and the file system
+    calls stalled every acknowledgement for 10-20 ms per checkpoint; on a thread, the
+    encoding still held the GIL for as long. So, as Redis does for its snapshots, the log
+    manager forks: the child has the state as it was at the fork, encodes and writes it to
+    the snapshot slot, fdatasyncs and exits, on the other CPU, while the parent goes on
+    committing. A thread of the parent waits for the child, then deletes the segments. One
+    job at a time (the coordinator starts no checkpoint while one is truncating); at its end
+    a frame on an inproc socket wakes the actor's poll loop, which calls ``collect``."""
+
+    def __init__(self, zctx: zmq.Context[zmq.Socket[bytes]], log_dir: Path, data_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.data_dir = data_dir
+        address = f"inproc://truncator-{id(self)}"
+        self.wake = zctx.socket(zmq.PAIR)
+        self.wake.setsockopt(zmq.LINGER, 0)
+        self.wake.bind(address)
+        self._ping = zctx.socket(zmq.PAIR)  # used by the job's thread only
+        self._ping.setsockopt(zmq.LINGER, 0)
+        self._ping.connect(address)
+        self.thread: threading.Thread | None = None
+        self.result: TruncateResult | None = None
+        self.next_slot = 0  # the snapshot slot not holding the newest snapshot
+
+    def after_recovery(self, newest_slot: int) -> None:
+        self.next_slot = 1 - newest_slot if newest_slot >= 0 else 0
+
+    @property
+    def busy(self) -> bool:
+        return self.thread is not None
+
+    def start(self, ckpt_id: int, upto: int, state: LogState) -> None:
+        """Snapshot ``state`` as it is now (the caller has committed its queue: it is exactly
+        what is durable), then delete the segments holding only LSNs ≤ ``upto``."""
+        if self.thread is not None:
+            raise RuntimeError("a truncate job is already running")
+        slot, self.next_slot = self.next_slot, 1 - self.next_slot
+        self.result = None
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            _write_snapshot_and_exit(self.log_dir, slot, state, parent)
+        self.thread = threading.Thread(target=self._run, args=(ckpt_id, upto, pid, slot),
+                                       name="truncate", daemon=True)
+        self.thread.start()
+
+    def _run(self, ckpt_id: int, upto: int, pid: int, slot: int) -> None:
+        deleted, error = 0, ""
+        _pid, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            # Nothing is lost: no segment was deleted, and the other slot still holds the
+            # previous snapshot. The next checkpoint writes a whole new one.
+            error = f"writing snapshot slot {slot} failed (exit {code}; see the log)"
+        else:
+            faults.crash_point("checkpoint.after_snapshot", self.data_dir)
+            try:
+                deleted = delete_segments_upto(self.log_dir, upto)
+            except OSError as exc:
+                error = f"deleting segments failed: {exc}"
+            faults.crash_point("checkpoint.after_truncate", self.data_dir)
+        self.result = TruncateResult(ckpt_id, upto, deleted, error)
+        self._ping.send(b"")
+
+    def collect(self, timeout_s: float = 0.0) -> TruncateResult | None:
+        """The finished job's result, waiting up to ``timeout_s`` for it; None if none."""
+        if self.thread is None:
+            return None
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            return None
+        self.thread = None
+        while self.wake.poll(0, zmq.POLLIN):
+            self.wake.recv()
+        return self.result
+
+    def close(self) -> None:
+        self.wake.close(0)
+        self._ping.close(0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Recovered:
+    replayed_bytes: int
+    torn_bytes: int
+    last_segment: Path | None
+    last_segment_bytes: int  # its valid length, where appends continue
+    snapshot_slot: int  # where the snapshot loaded came from (-1: none, or from before slots)
+
+
+def recover(log_dir: Path, state: LogState) -> Recovered:
+    """Load the newest snapshot, replay every later record into ``state``, cut a torn tail.
+
     Raises ``CorruptLog`` when damage is followed by valid records or LSNs skip.
     """
-    snap_path = log_dir / logrecord.SNAPSHOT_NAME
-    if snap_path.exists():
-        state.restore(logrecord.decode_snapshot(snap_path, snap_path.read_bytes()))
+    snap, slot = logrecord.load_snapshot(log_dir)
+    if snap is not None:
+        state.restore(snap)
     segments = logrecord.list_segments(log_dir)
     if segments and segments[0][0] > state.last_lsn + 1:
         raise CorruptLog(segments[0][1], 0, f"the log starts at LSN {segments[0][0]} but the "
@@ -177,7 +324,7 @@ def recover(log_dir: Path, state: LogState) -> tuple[int, int, Path | None, int]
                 with open(path, "r+b") as f:
                     f.truncate(scan.valid_bytes)
                     os.fsync(f.fileno())
-    return replayed, torn, last_path, last_size
+    return Recovered(replayed, torn, last_path, last_size, slot)
 
 
 
@@ -211,6 +358,8 @@ class LogManager(Actor):
         self.checkpoint_started = 0.0
         self.fsync_ms: collections.deque[float] = collections.deque(maxlen=FSYNC_SAMPLES)
         self.last_checkpoint_ms = 0.0
+        self.truncator = Truncator(self.zctx, self.log_dir, self.cfg.data_path)
+        self.poller.register(self.truncator.wake, zmq.POLLIN)
 
     # ---- start and stop ---------------------------------------------------------------
 
@@ -218,26 +367,44 @@ class LogManager(Actor):
         self.log_dir.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         try:
-            replayed, torn, last_path, last_size = recover(self.log_dir, self.state)
+            rec = recover(self.log_dir, self.state)
         except CorruptLog as exc:
             raise RefuseToStart(str(exc)) from None
         self.recovery_ms = (time.monotonic() - t0) * 1000
-        self.replayed_bytes = replayed
+        self.replayed_bytes = rec.replayed_bytes
         self.log_bytes = logrecord.segments_bytes(self.log_dir)
-        self.bytes_since_checkpoint = replayed
+        self.bytes_since_checkpoint = rec.replayed_bytes
         self.durable_lsn = self.state.last_lsn
-        if last_path is not None:
-            self.writer.open_existing(last_path, last_size)
+        self.truncator.after_recovery(rec.snapshot_slot)
+        if rec.last_segment is not None:
+            self.writer.open_existing(rec.last_segment, rec.last_segment_bytes)
         log.info("log recovered: replayed %d bytes to LSN %d in %.0f ms (%d torn bytes cut), "
-                 "%d topics", replayed, self.state.last_lsn, self.recovery_ms, torn,
-                 len(self.state.topics))
+                 "%d topics", rec.replayed_bytes, self.state.last_lsn, self.recovery_ms,
+                 rec.torn_bytes, len(self.state.topics))
         self.broadcast_catalog()
 
     def on_stop(self) -> None:
         if self.queue:
             self.flush_queue()
         self.tell_ended()
+        if self.truncator.busy:
+            self.truncated(self.truncator.collect(self.cfg.log.checkpoint_timeout_ms / 1000))
+        self.truncator.close()
         self.writer.close()
+
+    def on_socket(self, sock: zmq.Socket[bytes]) -> None:
+        if sock is self.truncator.wake:
+            self.truncated(self.truncator.collect(timeout_s=1.0))
+
+    def truncated(self, result: TruncateResult | None) -> None:
+        if result is None:
+            log.warning("the checkpoint's snapshot and deletions are still running")
+            return
+        self.log_bytes = logrecord.segments_bytes(self.log_dir)
+        if not result.error:
+            log.info("checkpoint %d: shards durable to LSN %d; deleted %d segments, log now "
+                     "%d bytes", result.ckpt_id, result.upto, result.deleted, self.log_bytes)
+        self.run_steps(self.ckpt.truncated(result.ckpt_id, result.error))
 
     def catalog(self) -> Catalog:
         cat = self.state.catalog()
@@ -365,13 +532,7 @@ class LogManager(Actor):
                 self.send(CACHE_MANAGER, FlushTo(step.ckpt_id, self.state.last_lsn), wait_ms=1000)
             elif isinstance(step, Truncate):
                 self.flush_queue()  # the snapshot must be exactly what is durable
-                write_snapshot(self.log_dir, self.state.snapshot())
-                faults.crash_point("checkpoint.after_snapshot", data)
-                deleted = delete_segments_upto(self.log_dir, step.upto)
-                self.log_bytes = logrecord.segments_bytes(self.log_dir)
-                log.info("checkpoint %d: shards durable to LSN %d; deleted %d segments, log now "
-                         "%d bytes", step.ckpt_id, step.upto, deleted, self.log_bytes)
-                faults.crash_point("checkpoint.after_truncate", data)
+                self.truncator.start(step.ckpt_id, step.upto, self.state)
             elif isinstance(step, Finish):
                 self.finish_checkpoint(step)
 

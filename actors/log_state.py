@@ -228,10 +228,14 @@ class LogState:
 
     # ---- snapshots ------------------------------------------------------------------
 
-    SNAPSHOT_FORMAT = 1
+    SNAPSHOT_FORMAT = 2  # 1 held each window as a list of [seq, lsn, parts]; still read
 
     def snapshot(self) -> dict[str, Any]:
-        """Everything needed to go on from ``last_lsn`` without the records before it."""
+        """Everything needed to go on from ``last_lsn`` without the records before it.
+
+        Cheap to take (copies, no per-entry Python work), so the log manager can take it
+        between two group commits and encode and write it on another thread: each window
+        is a copy of its dict, which msgpack writes as a map (in order, oldest first)."""
         return {
             "format": self.SNAPSHOT_FORMAT,
             "last_lsn": self.last_lsn,
@@ -239,15 +243,13 @@ class LogState:
             "next_topic_id": self.next_topic_id,
             "topics": [[t.topic_id, t.name, t.partitions] for t in self.by_id.values()],
             "next_offset": [[tid, p, off] for (tid, p), off in self.next_offset.items()],
-            "producers": [[pid, w.max_seq, [[seq, lsn, parts] for seq, (lsn, parts)
-                                            in w.results.items()]]
-                          for pid, w in self.producers.items()],
+            "producers": [[pid, w.max_seq, w.results.copy()] for pid, w in self.producers.items()],
         }
 
     def restore(self, snap: dict[str, Any]) -> None:
-        if snap.get("format") != self.SNAPSHOT_FORMAT:
-            raise ValueError(f"snapshot format {snap.get('format')} is not "
-                             f"{self.SNAPSHOT_FORMAT}")
+        form = snap.get("format")
+        if form not in (1, self.SNAPSHOT_FORMAT):
+            raise ValueError(f"snapshot format {form} is not {self.SNAPSHOT_FORMAT}")
         self.last_lsn = snap["last_lsn"]
         self.catalog_lsn = snap["catalog_lsn"]
         self.next_topic_id = snap["next_topic_id"]
@@ -260,8 +262,10 @@ class LogState:
         self.next_offset = {(tid, p): off for tid, p, off in snap["next_offset"]}
         self.producers.clear()
         for pid, max_seq, results in snap["producers"]:
-            win = ProducerWindow(max_seq, {seq: (lsn, parts) for seq, lsn, parts in results})
-            self.producers[pid] = win
+            rows = results.items() if form == 2 else ((seq, (lsn, parts))
+                                                       for seq, lsn, parts in results)
+            self.producers[pid] = ProducerWindow(max_seq, {seq: (lsn, parts)
+                                                           for seq, (lsn, parts) in rows})
 
     # ---- recovery -------------------------------------------------------------------
 

@@ -96,6 +96,30 @@ def test_checkpoint_truncates_the_log_and_keeps_every_record(make_node: Any, mod
         assert c.produce("t", b"more", partition=0)[1] == 35 * 100
 
 
+def test_checkpoints_take_turns_between_the_snapshot_slots_across_restarts(
+        make_node: Any) -> None:
+    node = make_node(config("fuzzy", ckpt=64 * 1024 * 1024))
+    log_dir = node.data_dir / "log"
+    slots = []
+    with node.client() as c:
+        c.create_topic("t", partitions=2)
+        values: list[bytes] = []
+        for i in range(2):
+            values += produce(c, 3, start=3 * i)
+            lsn = c.checkpoint()
+            snap, slot = logrecord.load_snapshot(log_dir)
+            assert snap is not None and snap["last_lsn"] >= lsn
+            slots.append(slot)
+    assert slots == [0, 1]
+    node.kill()
+    node2 = make_node(config("fuzzy", ckpt=64 * 1024 * 1024), data_dir=node.data_dir)
+    with node2.client() as c:
+        values += produce(c, 2, start=6)
+        c.checkpoint()  # the restarted log manager writes the slot not holding the newest
+        assert logrecord.load_snapshot(log_dir)[1] == 0
+        assert sorted(stored(c)) == sorted(values)
+
+
 def test_log_stays_bounded_under_endless_load(make_node: Any) -> None:
     ckpt = 2 * 1024 * 1024
     node = make_node(config("fuzzy", ckpt=ckpt))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import os
 import random
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -498,3 +499,44 @@ def test_partitions_of_all_topics_are_bounded() -> None:
     assert isinstance(refused, ErrorReply) and "shards_max" in refused.text
     assert "b" not in state.topics
     assert isinstance(state.admit(CreateTopic(3, "b", 2), 0), Pending)
+
+
+def test_a_snapshot_restores_the_same_state_through_its_file_encoding() -> None:
+    from wire import logrecord
+
+    d = Driver(window=4)
+    tid = d.create("orders", 3)
+    for pid in (11, 12):
+        for seq in range(7):  # more than the window: the oldest are evicted
+            d.append(pid, seq, [[tid, seq % 3, 1, blob(1)]])
+    d.admit(CommitOffset(d.next_corr(), "g", tid, 1, 5))
+    snap = d.state.snapshot()
+    offsets_then = dict(d.state.next_offset)
+    data = logrecord.encode_snapshot(snap)
+    d.append(11, 7, [[tid, 0, 1, blob(1)]])  # changes after the snapshot stay out of it
+    assert logrecord.encode_snapshot(snap) == data
+
+    restored = LogState(producers_max=1000, producer_window_max=4)
+    restored.restore(logrecord.decode_snapshot(Path("checkpoint.snap"), data))
+    assert restored.last_lsn == snap["last_lsn"]
+    fresh = Driver(window=4)
+    fresh.state = restored
+    # Same answers as the original had at the snapshot: duplicates are known, in order.
+    assert list(restored.producers[12].results) == [3, 4, 5, 6]
+    again = fresh.append(12, 6, [[tid, 0, 1, blob(1)]])
+    assert isinstance(again, Pending) and not again.record  # a duplicate: nothing to log
+    assert isinstance(again.reply, Ack) and again.reply.parts == d.state.producers[12].results[6][1]
+    assert restored.next_offset == offsets_then != d.state.next_offset
+    assert restored.topics["orders"].topic_id == tid
+
+
+def test_a_format_1_snapshot_still_restores() -> None:
+    old = {"format": 1, "last_lsn": 9, "catalog_lsn": 1, "next_topic_id": 2,
+           "topics": [[1, "t", 2]], "next_offset": [[1, 0, 4], [1, 1, 0]],
+           "producers": [[5, 3, [[2, 8, [[1, 0, 3, 1]]], [3, 9, [[1, 0, 4, 1]]]]]]}
+    st = LogState(producers_max=10, producer_window_max=4)
+    st.restore(old)
+    assert st.last_lsn == 9 and st.topics["t"].partitions == 2
+    assert st.next_offset == {(1, 0): 4, (1, 1): 0}
+    assert st.producers[5].max_seq == 3
+    assert st.producers[5].results == {2: (8, [[1, 0, 3, 1]]), 3: (9, [[1, 0, 4, 1]])}

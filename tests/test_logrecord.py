@@ -277,3 +277,54 @@ def test_damage_followed_by_a_record_continuing_the_lsns_is_corruption(tmp_path:
     buf[len(recs[0]) + HEADER_BYTES] ^= 0xFF  # damage record 2's body; record 3 follows
     with pytest.raises(CorruptLog):
         scan_bytes(tmp_path / "seg", bytes(buf), last=True)
+
+
+# ---- snapshot slots ------------------------------------------------------------------------
+
+
+def snap(last_lsn: int, producers: int = 0) -> dict[str, Any]:
+    return {"format": 2, "last_lsn": last_lsn, "catalog_lsn": 1, "next_topic_id": 2,
+            "topics": [[1, "t", 1]], "next_offset": [[1, 0, last_lsn]],
+            "producers": [[p, 9, {8: [last_lsn, [[0, 1, 1]]]}] for p in range(producers)]}
+
+
+def test_snapshot_encoding_round_trips_a_big_producer_list() -> None:
+    state = snap(70, producers=200)  # packed a producer at a time
+    assert logrecord.decode_snapshot(Path("x"), logrecord.encode_snapshot(state)) == state
+
+
+def test_snapshot_slots_are_overwritten_in_place_and_the_newest_valid_one_wins(
+        tmp_path: Path) -> None:
+    from actors.log_manager import SNAPSHOT_GROW_BYTES, write_snapshot
+
+    assert logrecord.load_snapshot(tmp_path) == (None, -1)
+    write_snapshot(tmp_path, 0, logrecord.encode_snapshot(snap(10, producers=100)))
+    write_snapshot(tmp_path, 1, logrecord.encode_snapshot(snap(20)))
+    slot0 = tmp_path / logrecord.SNAPSHOT_SLOTS[0]
+    size = slot0.stat().st_size
+    assert size % SNAPSHOT_GROW_BYTES == 0
+    write_snapshot(tmp_path, 0, logrecord.encode_snapshot(snap(30)))  # smaller: same file size
+    assert slot0.stat().st_size == size
+    assert logrecord.load_snapshot(tmp_path) == (snap(30), 0)
+    # A write cut short spoils its slot only: the other one is used.
+    data = bytearray(slot0.read_bytes())
+    data[40] ^= 0xFF
+    slot0.write_bytes(bytes(data))
+    assert logrecord.load_snapshot(tmp_path) == (snap(20), 1)
+    # Both spoiled: the log cannot be trusted.
+    slot1 = tmp_path / logrecord.SNAPSHOT_SLOTS[1]
+    slot1.write_bytes(b"\0" * 100)
+    with pytest.raises(logrecord.CorruptLog, match="snapshot"):
+        logrecord.load_snapshot(tmp_path)
+
+
+def test_a_snapshot_from_before_slots_is_read_and_removed_by_the_first_slot_write(
+        tmp_path: Path) -> None:
+    from actors.log_manager import write_snapshot
+
+    legacy = tmp_path / logrecord.SNAPSHOT_NAME_BEFORE_SLOTS
+    legacy.write_bytes(logrecord.encode_snapshot(snap(5)))
+    assert logrecord.load_snapshot(tmp_path) == (snap(5), -1)
+    write_snapshot(tmp_path, 0, logrecord.encode_snapshot(snap(6)))
+    assert not legacy.exists()
+    assert logrecord.load_snapshot(tmp_path) == (snap(6), 0)

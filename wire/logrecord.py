@@ -16,9 +16,12 @@ Bodies, by kind (msgpack arrays, fields in this order):
 
 ``blob`` is the packed records array exactly as the client sent it (see ``wire.records``).
 
-At each checkpoint the log manager also writes ``checkpoint.snap`` (its state as of an LSN:
-the catalog, every shard's next offset, the producers' recent sequence numbers) before it
-deletes old segments, so recovery never needs a deleted record.
+At each checkpoint the log manager also writes a snapshot (its state as of an LSN: the
+catalog, every shard's next offset, the producers' recent sequence numbers) before it
+deletes old segments, so recovery never needs a deleted record. Snapshots go to two slots,
+``checkpoint-0.snap`` and ``checkpoint-1.snap``, overwritten in place by turns: a write cut
+short by a crash spoils only the slot being written, and recovery takes the valid slot with
+the higher LSN. (``checkpoint.snap``, from before the slots, is still read.)
 
 Scanning tells a torn tail from corruption: a bad record with nothing valid after it is a
 write cut short by a crash (cut it off); a bad record followed by a valid one is damage in
@@ -210,20 +213,61 @@ def segments_bytes(log_dir: Path) -> int:
 
 SNAPSHOT_MAGIC = 0x53484E53  # "SHNS"
 SNAPSHOT_HEADER = struct.Struct("<III")  # magic, body length, crc32 of the body
-SNAPSHOT_NAME = "checkpoint.snap"
+SNAPSHOT_SLOTS = ("checkpoint-0.snap", "checkpoint-1.snap")
+SNAPSHOT_NAME_BEFORE_SLOTS = "checkpoint.snap"
 
 
-def encode_snapshot(state: Any) -> bytes:
-    body = msgpack.packb(state, use_bin_type=True)
-    return bytes(SNAPSHOT_HEADER.pack(SNAPSHOT_MAGIC, len(body), zlib.crc32(body)) + body)
+def encode_snapshot(state: dict[str, Any]) -> bytes:
+    """Header and msgpack body. The body is packed a piece at a time (one producer's window
+    per piece), so a thread packing a big snapshot lets others run between pieces."""
+    packer = msgpack.Packer(use_bin_type=True)
+    pieces = [packer.pack_map_header(len(state))]
+    for key, value in state.items():
+        pieces.append(packer.pack(key))
+        if type(value) is list and len(value) > 64:
+            pieces.append(packer.pack_array_header(len(value)))
+            pieces.extend(packer.pack(item) for item in value)
+        else:
+            pieces.append(packer.pack(value))
+    body = b"".join(pieces)
+    return SNAPSHOT_HEADER.pack(SNAPSHOT_MAGIC, len(body), zlib.crc32(body)) + body
 
 
 def decode_snapshot(path: Path, data: bytes) -> Any:
-    """The snapshot's state; raises ``CorruptLog`` if the file does not check out."""
+    """The snapshot's state; raises ``CorruptLog`` if it does not check out. Bytes after
+    the body (a slot's file is longer than the snapshot it holds) are ignored."""
     if len(data) < SNAPSHOT_HEADER.size:
         raise CorruptLog(path, 0, "snapshot is shorter than its header")
     magic, length, crc = SNAPSHOT_HEADER.unpack_from(data)
-    body = data[SNAPSHOT_HEADER.size:]
+    body = data[SNAPSHOT_HEADER.size:SNAPSHOT_HEADER.size + length]
     if magic != SNAPSHOT_MAGIC or length != len(body) or zlib.crc32(body) != crc:
         raise CorruptLog(path, 0, "snapshot fails its magic, length or checksum")
     return msgpack.unpackb(body, raw=False, strict_map_key=False)
+
+
+def load_snapshot(log_dir: Path) -> tuple[dict[str, Any] | None, int]:
+    """The newest valid snapshot of a log directory (None if there is none) and the slot it
+    is in (-1 for none or the file from before slots). A slot that fails its check is a
+    write cut short and is passed over; if every snapshot present fails, the log cannot be
+    trusted and ``CorruptLog`` is raised."""
+    best: dict[str, Any] | None = None
+    best_slot = -1
+    failed: CorruptLog | None = None
+    names = [(slot, name) for slot, name in enumerate(SNAPSHOT_SLOTS)]
+    names.append((-1, SNAPSHOT_NAME_BEFORE_SLOTS))
+    for slot, name in names:
+        path = log_dir / name
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        try:
+            snap = decode_snapshot(path, data)
+        except CorruptLog as exc:
+            failed = exc
+            continue
+        if best is None or snap["last_lsn"] > best["last_lsn"]:
+            best, best_slot = snap, slot
+    if best is None and failed is not None:
+        raise failed
+    return best, best_slot
