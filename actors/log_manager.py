@@ -229,20 +229,25 @@ class Truncator:
     def busy(self) -> bool:
         return self.thread is not None
 
-    def start(self, ckpt_id: int, upto: int, state: LogState) -> None:
+    def start(self, ckpt_id: int, upto: int, state: LogState) -> str:
         """Snapshot ``state`` as it is now (the caller has committed its queue: it is exactly
-        what is durable), then delete the segments holding only LSNs ≤ ``upto``."""
+        what is durable), then delete the segments holding only LSNs ≤ ``upto``. Returns
+        an error if the job could not start (nothing was written or deleted)."""
         if self.thread is not None:
             raise RuntimeError("a truncate job is already running")
-        slot, self.next_slot = self.next_slot, 1 - self.next_slot
         self.result = None
         parent = os.getpid()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            return f"cannot fork the snapshot writer: {exc}"
+        slot, self.next_slot = self.next_slot, 1 - self.next_slot
         if pid == 0:
             _write_snapshot_and_exit(self.log_dir, slot, state, parent)
         self.thread = threading.Thread(target=self._run, args=(ckpt_id, upto, pid, slot),
                                        name="truncate", daemon=True)
         self.thread.start()
+        return ""
 
     def _run(self, ckpt_id: int, upto: int, pid: int, slot: int) -> None:
         deleted, error = 0, ""
@@ -532,7 +537,9 @@ class LogManager(Actor):
                 self.send(CACHE_MANAGER, FlushTo(step.ckpt_id, self.state.last_lsn), wait_ms=1000)
             elif isinstance(step, Truncate):
                 self.flush_queue()  # the snapshot must be exactly what is durable
-                self.truncator.start(step.ckpt_id, step.upto, self.state)
+                error = self.truncator.start(step.ckpt_id, step.upto, self.state)
+                if error:
+                    self.run_steps(self.ckpt.truncated(step.ckpt_id, error))
             elif isinstance(step, Finish):
                 self.finish_checkpoint(step)
 

@@ -1,0 +1,79 @@
+"""The log manager's truncate job (``actors.log_manager.Truncator``): a forked child writes
+the snapshot slot, a thread deletes the segments and wakes the actor's loop. Real forks,
+real files on tmp_path."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from actors.log_manager import TruncateResult, Truncator
+from actors.log_state import LogState
+from wire import logrecord
+
+
+@pytest.fixture
+def truncator(tmp_path: Path) -> Iterator[Truncator]:
+    (tmp_path / "log").mkdir()
+    t = Truncator(zmq.Context.instance(), tmp_path / "log", tmp_path)
+    yield t
+    t.close()
+
+
+def segments(log_dir: Path, firsts: list[int]) -> None:
+    for first in firsts:
+        (log_dir / logrecord.segment_name(first)).write_bytes(b"")
+
+
+def state_at(lsn: int) -> LogState:
+    st = LogState(producers_max=10, producer_window_max=4)
+    st.last_lsn = lsn
+    return st
+
+
+def wait_result(t: Truncator) -> TruncateResult:
+    assert t.wake.poll(10_000, zmq.POLLIN), "the job never woke the loop"
+    result = t.collect(timeout_s=10)
+    assert result is not None
+    return result
+
+
+def test_the_child_writes_the_slot_then_the_segments_below_go(truncator: Truncator) -> None:
+    log_dir = truncator.log_dir
+    segments(log_dir, [1, 11, 21])
+    assert truncator.start(ckpt_id=4, upto=20, state=state_at(25)) == ""
+    assert truncator.busy
+    result = wait_result(truncator)
+    assert (result.ckpt_id, result.upto, result.deleted, result.error) == (4, 20, 2, "")
+    assert not truncator.busy
+    assert [f for f, _p in logrecord.list_segments(log_dir)] == [21]
+    snap, slot = logrecord.load_snapshot(log_dir)
+    assert slot == 0 and snap is not None and snap["last_lsn"] == 25
+    assert truncator.start(ckpt_id=5, upto=20, state=state_at(30)) == ""
+    wait_result(truncator)
+    assert logrecord.load_snapshot(log_dir)[1] == 1  # the other slot, by turns
+
+
+def test_a_child_that_fails_deletes_nothing_and_says_so(truncator: Truncator) -> None:
+    log_dir = truncator.log_dir
+    segments(log_dir, [1, 11])
+    (log_dir / logrecord.SNAPSHOT_SLOTS[0]).mkdir()  # the slot cannot be opened as a file
+    assert truncator.start(ckpt_id=1, upto=20, state=state_at(25)) == ""
+    result = wait_result(truncator)
+    assert "slot 0" in result.error and result.deleted == 0
+    assert len(logrecord.list_segments(log_dir)) == 2
+
+
+def test_a_fork_that_fails_is_reported_and_leaves_no_job(truncator: Truncator,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_fork() -> int:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    error = truncator.start(ckpt_id=1, upto=20, state=state_at(25))
+    assert "cannot fork" in error and not truncator.busy
+    assert truncator.next_slot == 0  # no slot was used
