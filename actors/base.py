@@ -109,12 +109,12 @@ def configure_logging(role: str) -> None:
     )
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Ask Linux to send ``sig`` when the parent exits (back it up with a ppid check)."""
+def _die_with_parent() -> None:
+    """Ask Linux to send SIGTERM when the parent exits (backed up by the ppid check)."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, sig)
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
     except OSError:
         pass
 
@@ -320,7 +320,7 @@ def _actor_class(role: str) -> type[Actor]:
 def actor_main(ctx: ActorContext) -> None:
     """Entry point of every actor process (spawned by the supervisor)."""
     configure_logging(ctx.role)
-    die_with_parent()
+    _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
     if ctx.role.startswith("writer-"):
         # Before RocksDB starts its background threads, which inherit this priority: the

@@ -285,7 +285,8 @@ def test_damage_followed_by_a_record_continuing_the_lsns_is_corruption(tmp_path:
 def snap(last_lsn: int, producers: int = 0) -> dict[str, Any]:
     return {"format": 2, "last_lsn": last_lsn, "catalog_lsn": 1, "next_topic_id": 2,
             "topics": [[1, "t", 1]], "next_offset": [[1, 0, last_lsn]],
-            "producers": [[p, 9, {8: [last_lsn, [[0, 1, 1]]]}] for p in range(producers)]}
+            "producers": [[p, 9, {8: msgpack.packb([last_lsn, [[0, 1, 1]]])}]
+                          for p in range(producers)]}
 
 
 def test_snapshot_encoding_round_trips_a_big_producer_list() -> None:

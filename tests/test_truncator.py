@@ -1,10 +1,8 @@
-"""The log manager's truncate job (``actors.log_manager.Truncator``): a forked child writes
-the snapshot slot, a thread deletes the segments and wakes the actor's loop. Real forks,
-real files on tmp_path."""
+"""The log manager's truncate job (``actors.log_manager.Truncator``): a thread writes the
+snapshot slot, deletes the segments and wakes the actor's loop. Real files on tmp_path."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,10 +27,10 @@ def segments(log_dir: Path, firsts: list[int]) -> None:
         (log_dir / logrecord.segment_name(first)).write_bytes(b"")
 
 
-def state_at(lsn: int) -> LogState:
+def state_at(lsn: int) -> dict[str, object]:
     st = LogState(producers_max=10, producer_window_max=4)
     st.last_lsn = lsn
-    return st
+    return st.snapshot()
 
 
 def wait_result(t: Truncator) -> TruncateResult:
@@ -42,10 +40,10 @@ def wait_result(t: Truncator) -> TruncateResult:
     return result
 
 
-def test_the_child_writes_the_slot_then_the_segments_below_go(truncator: Truncator) -> None:
+def test_the_snapshot_is_written_then_the_segments_below_go(truncator: Truncator) -> None:
     log_dir = truncator.log_dir
     segments(log_dir, [1, 11, 21])
-    assert truncator.start(ckpt_id=4, upto=20, state=state_at(25)) == ""
+    truncator.start(ckpt_id=4, upto=20, snapshot=state_at(25))
     assert truncator.busy
     result = wait_result(truncator)
     assert (result.ckpt_id, result.upto, result.deleted, result.error) == (4, 20, 2, "")
@@ -53,27 +51,24 @@ def test_the_child_writes_the_slot_then_the_segments_below_go(truncator: Truncat
     assert [f for f, _p in logrecord.list_segments(log_dir)] == [21]
     snap, slot = logrecord.load_snapshot(log_dir)
     assert slot == 0 and snap is not None and snap["last_lsn"] == 25
-    assert truncator.start(ckpt_id=5, upto=20, state=state_at(30)) == ""
+    truncator.start(ckpt_id=5, upto=20, snapshot=state_at(30))
     wait_result(truncator)
     assert logrecord.load_snapshot(log_dir)[1] == 1  # the other slot, by turns
 
 
-def test_a_child_that_fails_deletes_nothing_and_says_so(truncator: Truncator) -> None:
+def test_a_snapshot_that_cannot_be_written_deletes_nothing_and_says_so(
+        truncator: Truncator) -> None:
     log_dir = truncator.log_dir
     segments(log_dir, [1, 11])
     (log_dir / logrecord.SNAPSHOT_SLOTS[0]).mkdir()  # the slot cannot be opened as a file
-    assert truncator.start(ckpt_id=1, upto=20, state=state_at(25)) == ""
+    truncator.start(ckpt_id=1, upto=20, snapshot=state_at(25))
     result = wait_result(truncator)
     assert "slot 0" in result.error and result.deleted == 0
     assert len(logrecord.list_segments(log_dir)) == 2
 
 
-def test_a_fork_that_fails_is_reported_and_leaves_no_job(truncator: Truncator,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_fork() -> int:
-        raise OSError(11, "Resource temporarily unavailable")
-
-    monkeypatch.setattr(os, "fork", no_fork)
-    error = truncator.start(ckpt_id=1, upto=20, state=state_at(25))
-    assert "cannot fork" in error and not truncator.busy
-    assert truncator.next_slot == 0  # no slot was used
+def test_only_one_job_at_a_time(truncator: Truncator) -> None:
+    truncator.start(ckpt_id=1, upto=0, snapshot=state_at(1))
+    with pytest.raises(RuntimeError, match="already running"):
+        truncator.start(ckpt_id=2, upto=0, snapshot=state_at(2))
+    wait_result(truncator)
