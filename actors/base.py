@@ -119,6 +119,55 @@ def _die_with_parent() -> None:
         pass
 
 
+class GroupsInFlight:
+    """The bytes of log groups sent to one receiver on the data path that it has not yet
+    reported applied (``Progress``). Mailboxes are bounded in messages, and a group can be
+    tens of MiB, so this is the byte bound: a group that would take it over ``bytes_max``
+    is not sent (``skip``), nor is one its mailbox refused. The receiver reads what it
+    missed from the log files: when the next group it gets leaves a gap in LSNs, or, if
+    none comes, when the sender tells it with ``CatchUp`` (``applied`` says when: nothing
+    is in flight any more and groups after what it applied were skipped). One group always
+    goes when nothing is in flight."""
+
+    def __init__(self, bytes_max: int) -> None:
+        self.bytes_max = bytes_max
+        self.bytes = 0
+        self.groups: collections.deque[tuple[int, int]] = collections.deque()  # (last LSN, bytes)
+        self.skipped = 0  # groups not sent, in all
+        self.skipped_upto = 0  # the last LSN of the groups not sent, until announced
+
+    def admits(self, size: int) -> bool:
+        return self.bytes == 0 or self.bytes + size <= self.bytes_max
+
+    def sent(self, last_lsn: int, size: int) -> None:
+        self.groups.append((last_lsn, size))
+        self.bytes += size
+
+    def skip(self, last_lsn: int) -> None:
+        self.skipped += 1
+        self.skipped_upto = max(self.skipped_upto, last_lsn)
+
+    def applied(self, lsn: int) -> int:
+        """The receiver applied everything to ``lsn``. Returns the LSN to announce in a
+        ``CatchUp`` (0: none; a group still in flight will show it the gap)."""
+        groups = self.groups
+        while groups and groups[0][0] <= lsn:
+            self.bytes -= groups.popleft()[1]
+        if self.skipped_upto <= lsn:
+            self.skipped_upto = 0
+            return 0
+        if groups:
+            return 0
+        announce, self.skipped_upto = self.skipped_upto, 0
+        return announce
+
+    def reset(self) -> None:
+        """The receiver restarted: it recovers from the log by itself."""
+        self.groups.clear()
+        self.bytes = 0
+        self.skipped_upto = 0
+
+
 class RefuseToStart(Exception):
     """Raised by ``on_start`` when the actor must not run; the node stops with the message."""
 

@@ -13,17 +13,27 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from actors.base import FRONT_DOOR, LOG_MANAGER, Actor, ActorContext, owner, writer_role
+from actors.base import (
+    FRONT_DOOR,
+    LOG_MANAGER,
+    Actor,
+    ActorContext,
+    GroupsInFlight,
+    owner,
+    writer_role,
+)
 from actors.cache_state import CacheState
 from wire import codec
 from wire.codec import Message
 from wire.messages import (
     READ_MESSAGES,
     Catalog,
+    CatchUp,
     Flushed,
     FlushTo,
     Hello,
     LogGroup,
+    Progress,
     Read,
     RecordsReply,
 )
@@ -37,6 +47,9 @@ class CacheManager(Actor):
         super().__init__(ctx)
         self.state = CacheState(self.cfg.cache.bytes_max)
         self.writers = [writer_role(i) for i in range(self.cfg.node.writers)]
+        queued_max = self.cfg.limits.group_bytes_queued_max
+        self.to_writer = {w: GroupsInFlight(queued_max) for w in self.writers}
+        self.reported_lsn = 0  # the last LSN told to the log manager in a Progress
         self.forwarded = 0
         # The flush in hand: checkpoint id → {writer role: flushed LSN, or None while waiting}
         self.flushing: dict[int, dict[str, int | None]] = {}
@@ -53,6 +66,13 @@ class CacheManager(Actor):
             self.forward(msg)
         elif isinstance(msg, FlushTo):
             self.on_flush_to(msg)
+        elif isinstance(msg, Progress):
+            flow = self.to_writer.get(msg.role)
+            missed = flow.applied(msg.lsn) if flow is not None else 0
+            if missed:
+                self.send(msg.role, CatchUp(missed), wait_ms=100)
+        elif isinstance(msg, CatchUp):
+            self.on_catch_up(msg)
         elif isinstance(msg, Flushed):
             self.on_flushed(msg)
         elif isinstance(msg, Catalog):
@@ -67,10 +87,30 @@ class CacheManager(Actor):
             self.state.clear()
         frame = self.current_frame
         for w in self.writers:
-            # A full writer mailbox means that writer is behind or restarting; it catches
-            # up from the log by itself, so this never waits long.
-            self.send_bytes(w, frame, wait_ms=200)
+            # A writer that is behind (bytes queued, or a full mailbox) or restarting
+            # catches up from the log by itself, so this never waits long.
+            flow = self.to_writer[w]
+            if flow.admits(len(frame)) and self.send_bytes(w, frame, wait_ms=200):
+                flow.sent(msg.last_lsn, len(frame))
+            else:
+                flow.skip(msg.last_lsn)
         self.state.add_group(msg.last_lsn, msg.data)
+
+    def on_catch_up(self, msg: CatchUp) -> None:
+        """The log manager did not send us groups up to ``msg.lsn``: neither did we send
+        them on, so every writer reads them from the log."""
+        if msg.lsn <= self.state.seen_lsn:
+            return
+        log.warning("missed log groups up to %d; clearing the cache", msg.lsn)
+        self.state.clear()
+        self.state.seen_lsn = msg.lsn
+        for w in self.writers:
+            self.send(w, msg, wait_ms=200)
+
+    def on_idle(self) -> None:
+        lsn = self.state.seen_lsn
+        if lsn > self.reported_lsn and self.send(LOG_MANAGER, Progress(self.role, lsn), 100):
+            self.reported_lsn = lsn
 
     def on_flush_to(self, msg: FlushTo) -> None:
         """The checkpoint's "flush everything": every writer flushes to the LSN and answers."""
@@ -115,4 +155,6 @@ class CacheManager(Actor):
             "evictions": s.evictions,
             "forwarded": self.forwarded,
             "seen_lsn": s.seen_lsn,
+            "writer_queued_bytes": sum(f.bytes for f in self.to_writer.values()),
+            "groups_not_sent": sum(f.skipped for f in self.to_writer.values()),
         }

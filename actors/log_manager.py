@@ -35,6 +35,7 @@ from actors.base import (
     TRANSACTION_MANAGER,
     Actor,
     ActorContext,
+    GroupsInFlight,
     RefuseToStart,
 )
 from actors.checkpoint import AskFlush, AskTxn, Coordinator, Finish, Roll, Step, Truncate
@@ -45,6 +46,7 @@ from wire.errors import ErrorCode
 from wire.logrecord import HEADER_BYTES, CorruptLog
 from wire.messages import (
     Catalog,
+    CatchUp,
     Checkpoint,
     CheckpointFinished,
     CheckpointReady,
@@ -56,6 +58,7 @@ from wire.messages import (
     FlushTo,
     Hello,
     LogGroup,
+    Progress,
 )
 
 log = logging.getLogger("shardnode")
@@ -314,6 +317,7 @@ class LogManager(Actor):
         self.ended: list[int] = []  # requests answered since the transaction manager was told
         self.last_group_size = 0
         self.cache_stalled = False
+        self.to_cache = GroupsInFlight(self.cfg.limits.group_bytes_queued_max)
         self.bytes_since_checkpoint = 0
         self.durable_lsn = 0  # the last LSN written and fsynced
         # figures
@@ -390,12 +394,18 @@ class LogManager(Actor):
 
     def on_message(self, msg: Message) -> None:
         if isinstance(msg, Hello):
+            if msg.role == CACHE_MANAGER:
+                self.to_cache.reset()  # a new cache manager: nothing of ours is in its queue
             self.send(msg.role, self.catalog(), wait_ms=1000)
         elif isinstance(msg, Checkpoint):
             self.run_steps(self.ckpt.start(time.monotonic(), (msg.reply_to, msg.corr)))
         elif isinstance(msg, CheckpointReady):
             faults.crash_point("checkpoint.after_ready", self.cfg.data_path)
             self.run_steps(self.ckpt.ready(msg.ckpt_id, msg.oldest_lsn, time.monotonic()))
+        elif isinstance(msg, Progress):
+            missed = self.to_cache.applied(msg.lsn)
+            if missed:
+                self.send(CACHE_MANAGER, CatchUp(missed), wait_ms=100)
         elif isinstance(msg, Flushed):
             faults.crash_point("checkpoint.after_flushed", self.cfg.data_path)
             self.run_steps(self.ckpt.flushed(msg.ckpt_id, msg.lsn))
@@ -466,9 +476,16 @@ class LogManager(Actor):
             self.bytes_since_checkpoint += len(data)
             # The cache manager hands the group to the shard writers; if it is gone they
             # catch up from the log files, so a stalled peer never stalls the log for long.
-            group_msg = LogGroup(first_lsn, last_lsn, data)
-            self.cache_stalled = not self.send(CACHE_MANAGER, group_msg,
-                                               wait_ms=0 if self.cache_stalled else 1000)
+            sent = False
+            if self.to_cache.admits(len(data)):
+                group_msg = LogGroup(first_lsn, last_lsn, data)
+                sent = self.send(CACHE_MANAGER, group_msg,
+                                 wait_ms=0 if self.cache_stalled else 1000)
+                self.cache_stalled = not sent
+            if sent:
+                self.to_cache.sent(last_lsn, len(data))
+            else:
+                self.to_cache.skip(last_lsn)
         self.last_group_size = len(group)
         if any(p.catalog_changed for p in group):
             # Before the acks, on the same pipe: a client told "created" can use the topic.
@@ -545,6 +562,8 @@ class LogManager(Actor):
             "checkpoints_abandoned": self.ckpt.abandoned,
             "checkpoint_phase": self.ckpt.phase.value,
             "last_checkpoint_ms": round(self.last_checkpoint_ms, 1),
+            "cache_queued_bytes": self.to_cache.bytes,
+            "groups_not_sent": self.to_cache.skipped,
             **self.fsync_figures(),
         }
 

@@ -46,12 +46,14 @@ from wire.codec import Message
 from wire.errors import ErrorCode
 from wire.logrecord import Entry, Kind
 from wire.messages import (
+    CatchUp,
     CommittedOffset,
     ErrorReply,
     Flushed,
     FlushTo,
     LogGroup,
     OffsetForTimestamp,
+    Progress,
     Read,
     ReadByKey,
     ReadByTag,
@@ -85,6 +87,7 @@ class ShardWriter(Actor):
         self.caught_up_bytes = 0
         self.recovery_ms = 0.0
         self.last_flush_ms = 0.0
+        self.reported_lsn = 0  # the last LSN told to the cache manager in a Progress
 
     def owns(self, topic_id: int, partition: int) -> bool:
         return owner(topic_id, partition, self.writers) == self.index
@@ -224,6 +227,12 @@ class ShardWriter(Actor):
         if self.parked:
             self.serve_parked()
 
+    def on_idle(self) -> None:
+        # The cache manager counts the bytes it sent us until we say they are applied.
+        lsn = self.processed_lsn
+        if lsn > self.reported_lsn and self.send(CACHE_MANAGER, Progress(self.role, lsn), 100):
+            self.reported_lsn = lsn
+
     def on_flush_to(self, msg: FlushTo) -> None:
         """Make every shard durable to at least ``msg.lsn`` (a checkpoint's flush step)."""
         if self.processed_lsn < msg.lsn:
@@ -266,6 +275,10 @@ class ShardWriter(Actor):
             self.on_group(msg)
         elif isinstance(msg, FlushTo):
             self.on_flush_to(msg)
+        elif isinstance(msg, CatchUp):
+            if msg.lsn > self.processed_lsn:
+                self.note(f"groups to {msg.lsn} were not sent: reading the log")
+                self.catch_up(until_lsn=msg.lsn)
         elif hasattr(msg, "lsn_min"):
             if msg.lsn_min <= self.processed_lsn:
                 self.serve(msg)

@@ -42,6 +42,7 @@ class LimitsConfig:
     pending_requests_max: int
     request_timeout_ms: int
     mailbox_messages_max: int
+    group_bytes_queued_max: int
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,9 @@ def validate(cfg: NodeConfig) -> None:
     if lim.read_bytes_max > GROUP_BYTES_LIMIT:
         raise ConfigError(f"limits.read_bytes_max must be at most {GROUP_BYTES_LIMIT}: a read's "
                           f"answer travels as one internal message")
+    if lim.group_bytes_queued_max < log.group_bytes_max:
+        raise ConfigError("limits.group_bytes_queued_max must be at least log.group_bytes_max: "
+                          f"{lim.group_bytes_queued_max} < {log.group_bytes_max}")
     if log.group_bytes_max > log.segment_bytes_max:
         raise ConfigError("log.group_bytes_max must not exceed log.segment_bytes_max: "
                           "a group commit is written to one segment")

@@ -308,3 +308,62 @@ def test_rows_are_plain_values(max_records: int) -> None:
     # Rows go straight into a read reply: they must pack and unpack to the same values.
     back = msgpack.unpackb(msgpack.packb(rows, use_bin_type=True), raw=False)
     assert back == log.model[(tid, 0)][:max_records]
+
+
+# ---- the byte bound on the data path (actors.base.GroupsInFlight) ---------------------------
+
+
+def test_groups_in_flight_bound_bytes_until_the_receiver_reports_them_applied() -> None:
+    from actors.base import GroupsInFlight
+
+    flow = GroupsInFlight(bytes_max=100)
+    assert flow.admits(60)
+    flow.sent(last_lsn=5, size=60)
+    assert flow.admits(40)
+    flow.sent(last_lsn=9, size=40)
+    assert not flow.admits(1)
+    assert flow.applied(4) == 0  # nothing whole yet
+    assert flow.bytes == 100
+    assert flow.applied(7) == 0
+    assert flow.bytes == 40 and flow.admits(60) and not flow.admits(61)
+    assert flow.applied(1000) == 0  # caught up from the log: beyond what was sent
+    assert flow.bytes == 0 and not flow.groups
+
+
+def test_one_group_always_goes_when_nothing_is_in_flight() -> None:
+    from actors.base import GroupsInFlight
+
+    flow = GroupsInFlight(bytes_max=10)
+    assert flow.admits(500)
+    flow.sent(1, 500)
+    assert not flow.admits(1)
+
+
+def test_skipped_groups_are_announced_once_nothing_after_them_is_in_flight() -> None:
+    from actors.base import GroupsInFlight
+
+    flow = GroupsInFlight(bytes_max=100)
+    flow.sent(5, 100)
+    flow.skip(6)
+    flow.skip(8)
+    assert flow.skipped == 2
+    assert flow.applied(5) == 8  # the receiver has 5, and nothing more is coming: tell it
+    assert flow.applied(5) == 0  # told once
+    # A group sent after the skipped ones shows the receiver the gap by itself.
+    flow.skip(9)
+    flow.sent(12, 10)
+    assert flow.applied(4) == 0
+    assert flow.applied(12) == 0 and flow.skipped_upto == 0
+    # The receiver caught up past the skipped ones on its own: nothing to say.
+    flow.skip(20)
+    assert flow.applied(25) == 0
+
+
+def test_a_restarted_receiver_starts_with_nothing_in_flight() -> None:
+    from actors.base import GroupsInFlight
+
+    flow = GroupsInFlight(bytes_max=100)
+    flow.sent(5, 100)
+    flow.skip(6)
+    flow.reset()
+    assert flow.bytes == 0 and flow.admits(100) and flow.applied(0) == 0

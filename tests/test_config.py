@@ -211,6 +211,9 @@ def _relations() -> list[tuple[str, dict[str, dict[str, int]], list[str]]]:
         ("frame-fits-group",
          {"limits": {"frame_bytes_max": log["group_bytes_max"] + 1}},
          ["limits.frame_bytes_max", "log.group_bytes_max"]),
+        ("queue-holds-a-group",
+         {"limits": {"group_bytes_queued_max": log["group_bytes_max"] - 1}},
+         ["limits.group_bytes_queued_max", "log.group_bytes_max"]),
         ("group-fits-segment",
          {"log": {"segment_bytes_max": log["group_bytes_max"] - 1}},
          ["log.group_bytes_max", "log.segment_bytes_max"]),
@@ -254,13 +257,15 @@ def test_values_at_the_edge_of_each_relation_are_accepted() -> None:
     ok = load_config(overrides={
         "node": {"writers": 64},
         "limits": {"value_bytes_max": lim["frame_bytes_max"] - 1,
-                   "read_records_max": lim["batch_records_max"] * 100},
+                   "read_records_max": lim["batch_records_max"] * 100,
+                   "group_bytes_queued_max": lim["frame_bytes_max"]},
         "log": {"group_bytes_max": lim["frame_bytes_max"],
                 "segment_bytes_max": lim["frame_bytes_max"],
                 "group_wait_us_max": 100_000},
         "cache": {"bytes_max": lim["frame_bytes_max"] - 1},
     })
     assert ok.log.group_bytes_max == ok.log.segment_bytes_max == ok.limits.frame_bytes_max
+    assert ok.limits.group_bytes_queued_max == ok.log.group_bytes_max
     assert ok.cache.bytes_max == ok.limits.value_bytes_max
 
 

@@ -160,6 +160,23 @@ class LogGroup(Message):
     data: bytes
 
 
+@message(36)
+class Progress(Message):
+    """``role`` has applied every log group up to ``lsn``: its sender may count those bytes
+    as delivered (cache manager → log manager, shard writer → cache manager)."""
+
+    role: str
+    lsn: int
+
+
+@message(37)
+class CatchUp(Message):
+    """Log groups up to ``lsn`` are durable but were not sent to you (your queue was full):
+    read them from the log files."""
+
+    lsn: int
+
+
 @message(31)
 class Read(Message):
     """Read up to ``max_records`` of a partition from ``offset`` in offset order."""
