@@ -173,14 +173,15 @@ class ShardWriter(Actor):
                 start = i
         for i in range(start, len(segments)):
             _first, path = segments[i]
-            scan = logrecord.scan_bytes(path, path.read_bytes(), last=i == len(segments) - 1)
-            todo = [e for e in scan.entries if e.lsn > self.processed_lsn
-                    and (until_lsn is None or e.lsn <= until_lsn)]
-            if todo:
-                self.caught_up_bytes += sum(len(e.payload) for e in todo)
-                self.apply(todo)
-            if until_lsn is not None and self.processed_lsn >= until_lsn:
-                break
+            # A chunk at a time: memory stays a few MiB however far behind this writer is.
+            for batch in logrecord.read_entries(path, last=i == len(segments) - 1):
+                todo = [e for e in batch if e.lsn > self.processed_lsn
+                        and (until_lsn is None or e.lsn <= until_lsn)]
+                if todo:
+                    self.caught_up_bytes += sum(len(e.payload) for e in todo)
+                    self.apply(todo)
+                if until_lsn is not None and self.processed_lsn >= until_lsn:
+                    return
 
     def on_group(self, msg: LogGroup) -> None:
         if msg.last_lsn <= self.processed_lsn:

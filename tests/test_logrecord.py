@@ -329,3 +329,43 @@ def test_a_snapshot_from_before_slots_is_read_and_removed_by_the_first_slot_writ
     write_snapshot(tmp_path, 0, logrecord.encode_snapshot(snap(6)))
     assert not legacy.exists()
     assert logrecord.load_snapshot(tmp_path) == (snap(6), 0)
+
+
+# ---- reading a segment a chunk at a time (the writers' catch-up) --------------------------
+
+
+def chunked(path: Path, last: bool, chunk_bytes: int) -> list[Any]:
+    return [e for batch in logrecord.read_entries(path, last, chunk_bytes) for e in batch]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 7, HEADER_BYTES, 100, 1 << 20])
+def test_reading_in_chunks_finds_what_a_whole_scan_finds(tmp_path: Path, chunk_bytes: int) -> None:
+    buf, _starts = build()
+    path = tmp_path / segment_name(1)
+    path.write_bytes(buf)
+    assert chunked(path, True, chunk_bytes) == scan_bytes(path, buf, last=True).entries
+
+
+@pytest.mark.parametrize("chunk_bytes", [5, 64, 1 << 20])
+def test_reading_in_chunks_stops_before_a_tail_not_yet_whole(tmp_path: Path,
+                                                             chunk_bytes: int) -> None:
+    buf, starts = build()
+    path = tmp_path / segment_name(1)
+    for cut in _cut_points(starts):
+        path.write_bytes(buf[:cut])
+        got = chunked(path, True, chunk_bytes)
+        assert [e.lsn for e in got] == list(range(1, len(starts) - 1)), cut
+        with pytest.raises(CorruptLog) as info:
+            chunked(path, False, chunk_bytes)  # only the last segment may end that way
+        assert info.value.position == starts[-2]
+
+
+def test_reading_in_chunks_keeps_memory_near_the_chunk_size(tmp_path: Path) -> None:
+    body = [7, 0, 1, [[1, 0, 0, 1, b"v" * 60_000]]]
+    buf, _starts = build(bodies=[(Kind.PRODUCE, body)] * 100)  # ~6 MB
+    path = tmp_path / segment_name(1)
+    path.write_bytes(buf)
+    batches = list(logrecord.read_entries(path, True, chunk_bytes=256 * 1024))
+    assert len(batches) > 10
+    assert max(sum(len(e.payload) for e in b) for b in batches) <= 256 * 1024 + 60_100
+    assert [e.lsn for b in batches for e in b] == list(range(1, 101))

@@ -34,7 +34,7 @@ import enum
 import struct
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,42 @@ def iter_buffer(buf: bytes | memoryview, verify: bool = False) -> Iterator[Entry
             raise ValueError(f"bad record at byte {pos} of a group: {why}")
         yield entry
         pos = entry.end
+
+
+READ_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+def read_entries(path: Path, last: bool,
+                 chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[list[Entry]]:
+    """The records of a segment file, a chunk at a time (lists of about ``chunk_bytes``),
+    so that reading a 64 MiB segment needs a few MiB, not twice its size.
+
+    Stops at the first record that is not whole: in the last segment that is the tail
+    still being written (or torn by a crash); anywhere else it raises ``CorruptLog``.
+    """
+    with open(path, "rb") as f:
+        buf = b""
+        offset = 0  # of buf[0] in the file
+        while True:
+            data = f.read(chunk_bytes)
+            buf = buf + data if buf else data
+            pos = 0
+            batch: list[Entry] = []
+            why = ""
+            while pos < len(buf):
+                entry, why = _check_at(buf, pos, verify=True)
+                if entry is None:
+                    break
+                batch.append(replace(entry, position=offset + pos))
+                pos = entry.end
+            if batch:
+                yield batch
+            whole = pos == len(buf)
+            if not data or (not whole and not why.startswith("incomplete")):
+                if not whole and not last:
+                    raise CorruptLog(path, offset + pos, f"record cannot be read: {why}")
+                return
+            buf, offset = buf[pos:], offset + pos
 
 
 def _valid_record_after(buf: bytes, pos: int, prev_lsn: int) -> int | None:
