@@ -78,6 +78,19 @@ def run_dir_for(data: Path) -> Path:
     return Path(tempfile.gettempdir()) / f"shardnode-{digest}"
 
 
+def start_stages(roles: list[str]) -> list[list[str]]:
+    """``roles`` in start order, grouped into stages that start together: each actor on
+    its own, except the shard writers, which depend only on the actors before them and
+    not on each other, so they recover (replay the log) side by side."""
+    stages: list[list[str]] = []
+    for role in roles:
+        if role.startswith("writer-") and stages and stages[-1][0].startswith("writer-"):
+            stages[-1].append(role)
+        else:
+            stages.append([role])
+    return stages
+
+
 class Supervisor:
     def __init__(self, cfg: NodeConfig) -> None:
         self.cfg = cfg
@@ -141,9 +154,10 @@ class Supervisor:
         if sock_path.exists():
             sock_path.unlink()
         self.mailbox.bind(mailbox_address(self.run_dir, SUPERVISOR))
-        for role in self.order:
-            self._spawn(role)
-            self._wait_ready([role], ready_timeout_s)
+        for stage in start_stages(self.order):
+            for role in stage:
+                self._spawn(role)
+            self._wait_ready(stage, ready_timeout_s)
         log.info("node up: %s, data in %s", self.cfg.endpoint, self.data)
 
     def _spawn(self, role: str) -> None:
@@ -233,12 +247,13 @@ class Supervisor:
                     child.role, child.pid, exitcode, rest or "nothing after it", child.restarts)
         for role in reversed(rest):  # rest-for-one: those started after it go too
             self._stop_child(self.children[role], signal_first=True)
-        for role in [child.role, *rest]:
-            if role != child.role:
-                self.children[role].restarts += 1
-            self._spawn(role)
+        for stage in start_stages([child.role, *rest]):
+            for role in stage:
+                if role != child.role:
+                    self.children[role].restarts += 1
+                self._spawn(role)
             try:
-                self._wait_ready([role], self.cfg.supervisor.stop_timeout_ms / 1000 * 4)
+                self._wait_ready(stage, self.cfg.supervisor.stop_timeout_ms / 1000 * 4)
             except NodeStartError as exc:
                 self.failed = True
                 self.request_stop(str(exc))

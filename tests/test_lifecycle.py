@@ -174,3 +174,15 @@ def test_writer_count_changes_only_after_a_clean_stop(make_node: Any, tmp_path: 
         assert got == sorted(values)
         roles = [a["role"] for a in c.status()["actors"]]
         assert roles == ["log", "txn", "cache", "writer-0", "writer-1", "writer-2", "front"]
+
+
+def test_writers_start_together_and_everything_else_in_order() -> None:
+    from node.supervisor import start_stages
+
+    order = ["log", "txn", "cache", "writer-0", "writer-1", "writer-2", "front"]
+    assert start_stages(order) == [["log"], ["txn"], ["cache"],
+                                   ["writer-0", "writer-1", "writer-2"], ["front"]]
+    # A restart (rest-for-one) starts the failed actor and those after it, the same way.
+    assert start_stages(["writer-1", "writer-2", "front"]) == [["writer-1", "writer-2"],
+                                                                ["front"]]
+    assert start_stages(["cache", "writer-0", "front"]) == [["cache"], ["writer-0"], ["front"]]
