@@ -30,6 +30,11 @@ from wire.errors import Busy, ErrorCode, NodeError, RequestTimeout, Unavailable,
 from wire.protocol import DEFAULT_PORT
 from wire.records import Record, pack_batch, to_wire, unpack_read
 
+# The node remembers each producer's last 1 024 sequence numbers (``[log]
+# producer_window_max``); a producer with more requests in flight could not have a retry of
+# the oldest told apart from a new write.
+PIPELINE_IN_FLIGHT_MAX = 1024
+
 __all__ = ["NodeClient", "NodeError", "Pipeline", "Record", "TopicInfo"]
 
 DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{DEFAULT_PORT}"
@@ -223,23 +228,30 @@ class NodeClient:
         status: dict[str, Any] = self.call("status")["status"]
         return status
 
-    def pipeline(self) -> Pipeline:
-        return Pipeline(self)
+    def pipeline(self, in_flight_max: int = PIPELINE_IN_FLIGHT_MAX) -> Pipeline:
+        return Pipeline(self, in_flight_max)
 
 
 class Pipeline:
     """Many produce requests in flight on one client, answered out of order.
 
     ``submit`` sends and returns the request id; ``poll`` returns finished ones as
-    ``(id, offsets or NodeError)``. Used by the benchmark and the demo.
+    ``(id, offsets or NodeError)``. At most ``in_flight_max`` requests may be in flight:
+    ``submit`` raises ``Busy`` beyond that (poll first). Used by the benchmark.
     """
 
-    def __init__(self, client: NodeClient) -> None:
+    def __init__(self, client: NodeClient, in_flight_max: int = PIPELINE_IN_FLIGHT_MAX) -> None:
+        if in_flight_max < 1:
+            raise ValueError(f"in_flight_max must be at least 1, got {in_flight_max}")
         self.client = client
+        self.in_flight_max = in_flight_max
         self.in_flight: dict[int, int] = {}  # request id → record count
 
     def submit(self, topic: str, records: Sequence[Record | bytes], partition: int | None = None,
                blob: bytes | None = None) -> int:
+        if len(self.in_flight) >= self.in_flight_max:
+            raise Busy(f"{len(self.in_flight)} requests in flight, this pipeline's limit; "
+                       f"poll for answers first")
         c = self.client
         rid = next(c._ids)
         fields: dict[str, Any] = {"op": "produce", "id": rid, "topic": topic,

@@ -230,3 +230,25 @@ def test_cli_consume_follow_prints_records_as_they_arrive(node: LocalNode) -> No
     finally:
         follower.kill()
         follower.wait(10)
+
+
+def test_a_pipeline_answers_out_of_order_and_bounds_what_is_in_flight(node: LocalNode) -> None:
+    from wire.errors import Busy
+
+    with node.client() as c:
+        c.create_topic("p", partitions=2)
+        pipe = c.pipeline(in_flight_max=8)
+        sent = {pipe.submit("p", [f"v{i}".encode()], partition=i % 2): i for i in range(8)}
+        with pytest.raises(Busy, match="in flight"):
+            pipe.submit("p", [b"one too many"], partition=0)
+        answers: dict[int, object] = {}
+        deadline = time.monotonic() + 30
+        while len(answers) < 8:
+            assert time.monotonic() < deadline, "answers never came"
+            answers.update(pipe.poll(1000))
+        assert set(answers) == set(sent)
+        offsets = sorted((out[0][0], out[0][1]) for out in answers.values())  # type: ignore[index]
+        assert offsets == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3)]
+        pipe.submit("p", [b"room again"], partition=0)  # answered ones free their places
+        with pytest.raises(ValueError, match="at least 1"):
+            c.pipeline(in_flight_max=0)
