@@ -87,6 +87,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                   str(a["mailbox"]), str(a["restarts"]))
     console.print(t)
     lg = st["log"]
+    cache: dict[str, Any] = next(
+        (a.get("figures", {}) for a in st["actors"] if a["role"] == "cache"), {})
     lt = Table(title="log manager")
     lt.add_column("figure")
     lt.add_column("value", justify="right")
@@ -102,6 +104,12 @@ def cmd_status(args: argparse.Namespace) -> int:
          f"{lg.get('checkpoints', '-')} ({lg.get('checkpoints_abandoned', '-')})"),
         ("checkpoint phase", lg.get("checkpoint_phase")),
         ("last checkpoint ms", lg.get("last_checkpoint_ms")),
+        # The data path's byte bound: groups queued, and those left for receivers to read
+        # back from the log because their queue was full.
+        ("queued for the cache MB", _mb(lg.get("cache_queued_bytes"))),
+        ("queued for the writers MB", _mb(cache.get("writer_queued_bytes"))),
+        ("groups read back from the log",
+         lg.get("groups_not_sent", 0) + cache.get("groups_not_sent", 0)),
     ):
         lt.add_row(label, "-" if value is None else str(value))
     console.print(lt)

@@ -192,7 +192,8 @@ def test_cli_produce_consume_status(node: LocalNode) -> None:
     assert [ln.split()[0] for ln in _cli(node, "consume", "cli", "--partition", "1",
                                         "--from", "1").splitlines()][:1] == ["1"]
     status = _cli(node, "status")
-    for word in ("log", "cache", "writer-0", "front", "fsyncs/s", "RSS"):
+    for word in ("log", "cache", "writer-0", "front", "fsyncs/s", "RSS",
+                 "queued for the writers MB", "groups read back from the log"):
         assert word in status
     assert "cli" in _cli(node, "topics")
 
