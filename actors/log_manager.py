@@ -226,13 +226,19 @@ class Truncator:
         deleted, error = 0, ""
         try:
             write_snapshot(self.log_dir, slot, logrecord.encode_snapshot(snapshot))
-            faults.crash_point("checkpoint.after_snapshot", self.data_dir)
-            deleted = delete_segments_upto(self.log_dir, upto)
-            faults.crash_point("checkpoint.after_truncate", self.data_dir)
         except OSError as exc:
-            # Nothing is lost: segments are deleted only after the snapshot is durable, and
-            # the other slot still holds the previous one. The next checkpoint tries again.
-            error = f"writing snapshot slot {slot} or deleting segments failed: {exc}"
+            # Nothing is lost: no segment is deleted, and the other slot still holds the
+            # newest valid snapshot. The next checkpoint writes this slot again, so that a
+            # crash during that write cannot spoil the only good one.
+            self.next_slot = slot
+            error = f"writing snapshot slot {slot} failed: {exc}"
+        if not error:
+            faults.crash_point("checkpoint.after_snapshot", self.data_dir)
+            try:
+                deleted = delete_segments_upto(self.log_dir, upto)
+            except OSError as exc:
+                error = f"deleting segments failed: {exc}"  # the next checkpoint retries
+            faults.crash_point("checkpoint.after_truncate", self.data_dir)
         self.result = TruncateResult(ckpt_id, upto, deleted, error)
         self._ping.send(b"")
 
