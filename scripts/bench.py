@@ -51,7 +51,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
-from node.client import NodeClient, NodeError, Record
+from node.client import NodeClient, NodeError, Pipeline, Record
 from node.local import LocalNode, free_port
 from wire.records import pack_batch
 
@@ -84,7 +84,8 @@ CKPT_GAP_S = 0.5
 CKPT_SECONDS_PER = 4        # the timed run is this many times --seconds (full: 20 s) ...
 CKPT_SECONDS_MIN = 2.0      # ... and at least this long (quick: this long)
 CKPT_CAPACITY_S_MAX = 2.0   # the capacity probe runs min(--seconds, this)
-CKPT_IN_FLIGHT_MAX = 2000   # a paced producer's requests in flight (a blocking checkpoint holds them)
+CKPT_IN_FLIGHT_MAX = 1000   # a paced producer's requests in flight (a blocking checkpoint
+                            # holds them); under the client Pipeline's own bound of 1 024
 CKPT_LATE_S = 0.005         # a send this far behind its schedule counts as late
 CKPT_GOAL = 2.0             # fuzzy: p99 inside at most this many times p99 outside
 CKPT_TIMEOUT_MS = 120_000   # one checkpoint request
@@ -473,6 +474,25 @@ def sn_produce(job: Job, gate: Gate) -> ClientResult:
     return res
 
 
+def take_answers(pipe: Pipeline, sent: dict[int, float], res: ClientResult, wait_ms: int,
+                 records: int, size: int, keep_sends: bool = False) -> None:
+    """Collect what ``pipe`` answers within ``wait_ms`` for the requests in ``sent`` (request
+    id → send time), each of ``records`` records of ``size`` bytes: count them and their
+    latency (and send time, with ``keep_sends``), or one error per failed request."""
+    for rid, out in pipe.poll(wait_ms):
+        t = time.monotonic()
+        t0 = sent.pop(rid)
+        if isinstance(out, NodeError):
+            res.errors += 1
+            continue
+        res.records += records
+        res.payload_bytes += records * size
+        if keep_sends:
+            res.sends_s.append(t0)
+        res.latencies_s.append(t - t0)
+        res.finished = t
+
+
 def sn_produce_single(job: Job, gate: Gate) -> ClientResult:
     """Single-record produce requests, ``job.concurrency`` of them in flight at once."""
     value = random.Random(job.index).randbytes(job.size)
@@ -492,16 +512,7 @@ def sn_produce_single(job: Job, gate: Gate) -> ClientResult:
                     sent[pipe.submit(job.name, [value], job.partition, blob=blob)] = now
             elif not sent or now > deadline + DRAIN_TIMEOUT_S:
                 break
-            for rid, out in pipe.poll(100):
-                t = time.monotonic()
-                t0 = sent.pop(rid)
-                if isinstance(out, NodeError):
-                    res.errors += 1
-                    continue
-                res.records += 1
-                res.payload_bytes += job.size
-                res.latencies_s.append(t - t0)
-                res.finished = t
+            take_answers(pipe, sent, res, 100, records=1, size=job.size)
         res.errors += len(sent)  # never answered within the drain time
     return res
 
@@ -583,17 +594,8 @@ def sn_produce_paced(job: Job, gate: Gate) -> ClientResult:
                 break
             else:
                 wait_ms = 100
-            for rid, out in pipe.poll(wait_ms):
-                t = time.monotonic()
-                t0 = sent.pop(rid)
-                if isinstance(out, NodeError):
-                    res.errors += 1
-                    continue
-                res.records += job.batch
-                res.payload_bytes += job.batch * job.size
-                res.sends_s.append(t0)
-                res.latencies_s.append(t - t0)
-                res.finished = t
+            take_answers(pipe, sent, res, wait_ms, records=job.batch, size=job.size,
+                         keep_sends=True)
         res.errors += len(sent)  # never answered within the drain time
     return res
 
