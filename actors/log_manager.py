@@ -480,18 +480,6 @@ class LogManager(Actor):
             self.window_fsyncs += 1
             self.log_bytes += len(data)
             self.bytes_since_checkpoint += len(data)
-            # The cache manager hands the group to the shard writers; if it is gone they
-            # catch up from the log files, so a stalled peer never stalls the log for long.
-            sent = False
-            if self.to_cache.admits(len(data)):
-                group_msg = LogGroup(first_lsn, last_lsn, data)
-                sent = self.send(CACHE_MANAGER, group_msg,
-                                 wait_ms=0 if self.cache_stalled else 1000)
-                self.cache_stalled = not sent
-            if sent:
-                self.to_cache.sent(last_lsn, len(data))
-            else:
-                self.to_cache.skip(last_lsn)
         self.last_group_size = len(group)
         if any(p.catalog_changed for p in group):
             # Before the acks, on the same pipe: a client told "created" can use the topic.
@@ -505,6 +493,22 @@ class LogManager(Actor):
                 self.window_records += sum(part[2] for part in parts)
         # If the front door is gone, its clients time out and retry (produce is idempotent).
         self.send_many(FRONT_DOOR, replies, wait_ms=1000)
+        if records:
+            # The cache manager hands the group to the shard writers; if it is gone they
+            # catch up from the log files, so a stalled peer never stalls the log for long.
+            # It goes after the acknowledgements, so the cache manager and the writers it
+            # wakes do not take the CPU the front door needs for them; a read that follows
+            # an acknowledgement carries its LSN and waits for the group wherever it goes.
+            sent = False
+            if self.to_cache.admits(len(data)):
+                group_msg = LogGroup(first_lsn, last_lsn, data)
+                sent = self.send(CACHE_MANAGER, group_msg,
+                                 wait_ms=0 if self.cache_stalled else 1000)
+                self.cache_stalled = not sent
+            if sent:
+                self.to_cache.sent(last_lsn, len(data))
+            else:
+                self.to_cache.skip(last_lsn)
 
     # ---- the checkpoint handshake -----------------------------------------------------
 

@@ -27,7 +27,7 @@ import msgpack
 import zmq
 
 from wire.errors import Busy, ErrorCode, NodeError, RequestTimeout, Unavailable, error_for
-from wire.protocol import DEFAULT_PORT
+from wire.protocol import DEFAULT_PORT, unpack_replies
 from wire.records import Record, pack_batch, to_wire, unpack_read
 
 # The node remembers each producer's last 1 024 sequence numbers (``[log]
@@ -126,13 +126,12 @@ class NodeClient:
             left = deadline - time.monotonic()
             if left <= 0 or not self.sock.poll(int(left * 1000) + 1, zmq.POLLIN):
                 raise RequestTimeout(f"no reply from {self.endpoint} within {self.timeout_ms} ms")
-            reply = msgpack.unpackb(self.sock.recv(), raw=False)
-            if reply.get("id") != rid:
-                continue  # the late answer to an attempt we gave up on
-            if not reply.get("ok"):
-                raise error_for(reply.get("code", 0), reply.get("error", ""))
-            assert isinstance(reply, dict)
-            return reply
+            for reply in unpack_replies(self.sock.recv()):
+                if reply.get("id") != rid:
+                    continue  # the late answer to an attempt we gave up on
+                if not reply.get("ok"):
+                    raise error_for(reply.get("code", 0), reply.get("error", ""))
+                return reply
 
     # ---- topics -------------------------------------------------------------------
 
@@ -235,17 +234,26 @@ class NodeClient:
 class Pipeline:
     """Many produce requests in flight on one client, answered out of order.
 
-    ``submit`` sends and returns the request id; ``poll`` returns finished ones as
-    ``(id, offsets or NodeError)``. At most ``in_flight_max`` requests may be in flight:
-    ``submit`` raises ``Busy`` beyond that (poll first). Used by the benchmark.
+    ``submit`` queues a request and returns its id; ``flush`` sends what is queued as one
+    frame (``wire.protocol``), and ``poll`` flushes, then returns finished requests as
+    ``(id, offsets or NodeError)``. A queue of ``SUBMIT_QUEUE_MAX`` requests or
+    ``SUBMIT_QUEUE_BYTES_MAX`` bytes is sent at once. At most ``in_flight_max`` requests may
+    be in flight, queued ones included: ``submit`` raises ``Busy`` beyond that (poll first).
+    Used by the benchmark.
     """
 
+    SUBMIT_QUEUE_MAX = 256
+    SUBMIT_QUEUE_BYTES_MAX = 1 << 20
+
     def __init__(self, client: NodeClient, in_flight_max: int = PIPELINE_IN_FLIGHT_MAX) -> None:
-        if in_flight_max < 1:
-            raise ValueError(f"in_flight_max must be at least 1, got {in_flight_max}")
+        if not 1 <= in_flight_max <= PIPELINE_IN_FLIGHT_MAX:
+            raise ValueError(f"in_flight_max must be 1..{PIPELINE_IN_FLIGHT_MAX}, "
+                             f"got {in_flight_max}")
         self.client = client
         self.in_flight_max = in_flight_max
         self.in_flight: dict[int, int] = {}  # request id → record count
+        self.queued: list[bytes] = []  # packed requests not sent yet
+        self.queued_bytes = 0
 
     def submit(self, topic: str, records: Sequence[Record | bytes], partition: int | None = None,
                blob: bytes | None = None) -> int:
@@ -260,11 +268,25 @@ class Pipeline:
                                   msgpack.packb([to_wire(r) for r in records], use_bin_type=True)}
         if partition is not None:
             fields["partition"] = partition
-        c.sock.send(msgpack.packb(fields, use_bin_type=True))
+        frame = msgpack.packb(fields, use_bin_type=True)
+        if self.queued and self.queued_bytes + len(frame) > self.SUBMIT_QUEUE_BYTES_MAX:
+            self.flush()
+        self.queued.append(frame)
+        self.queued_bytes += len(frame)
         self.in_flight[rid] = len(records)
+        if len(self.queued) >= self.SUBMIT_QUEUE_MAX:
+            self.flush()
         return rid
 
+    def flush(self) -> None:
+        """Send the queued requests, as one frame."""
+        if self.queued:
+            frame = self.queued[0] if len(self.queued) == 1 else b"".join(self.queued)
+            self.queued, self.queued_bytes = [], 0
+            self.client.sock.send(frame, 0, copy=len(frame) < 65536)
+
     def poll(self, timeout_ms: int) -> list[tuple[int, list[tuple[int, int]] | NodeError]]:
+        self.flush()
         out: list[tuple[int, list[tuple[int, int]] | NodeError]] = []
         sock = self.client.sock
         if not sock.poll(timeout_ms, zmq.POLLIN):
@@ -274,15 +296,14 @@ class Pipeline:
                 frame = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return out
-            reply = msgpack.unpackb(frame, raw=False)
-            rid = reply.get("id")
-            count = self.in_flight.pop(rid, None)
-            if count is None:
-                continue
-            if reply.get("ok"):
-                out.append((rid, expand_offsets(reply, count)))
-            else:
-                out.append((rid, error_for(reply.get("code", 0), reply.get("error", ""))))
+            for reply in unpack_replies(frame):
+                rid = reply.get("id")
+                if type(rid) is not int or (count := self.in_flight.pop(rid, None)) is None:
+                    continue
+                if reply.get("ok"):
+                    out.append((rid, expand_offsets(reply, count)))
+                else:
+                    out.append((rid, error_for(reply.get("code", 0), reply.get("error", ""))))
 
 
 __all__ += ["Busy", "Unavailable"]

@@ -28,14 +28,14 @@ from actors.base import (
     chunks,
 )
 from node.front_state import FrontDoorState, Out, ToClient
-from wire import codec
+from wire import codec, protocol
 from wire.codec import Message
 from wire.errors import ErrorCode
 from wire.messages import Catalog, Hello, Writes
 
 log = logging.getLogger("shardnode")
 
-CLIENT_BURST_MAX = 1024  # client frames read per poll before looking at the mailbox
+CLIENT_BURST_MAX = 1024  # client requests read per poll before looking at the mailbox
 
 
 class FrontDoor(Actor):
@@ -53,6 +53,7 @@ class FrontDoor(Actor):
         self.poller.register(self.router, zmq.POLLIN)
         self.state = FrontDoorState(self.cfg)
         self.outbox: dict[str, list[tuple[int, bytes]]] = {}  # role → [(corr, frame)]
+        self.replies: dict[bytes, list[bytes]] = {}  # client identity → reply frames
 
     def on_start(self) -> None:
         self.send(LOG_MANAGER, Hello(self.role), wait_ms=100)
@@ -60,15 +61,19 @@ class FrontDoor(Actor):
 
     def on_stop(self) -> None:
         self.perform(self.state.stop())
+        self.flush_replies()
         self.router.close(0)
 
     def perform(self, outs: list[Out]) -> None:
         for out in outs:
             if isinstance(out, ToClient):
-                try:
-                    self.router.send_multipart([out.identity, out.frame], zmq.NOBLOCK)
-                except zmq.Again:
-                    self.note("client send queue full; reply dropped")
+                # Replies wait for the end of this burst: what is ready for one client then
+                # goes out as one frame (``wire.protocol``).
+                frames = self.replies.get(out.identity)
+                if frames is None:
+                    self.replies[out.identity] = [out.frame]
+                else:
+                    frames.append(out.frame)
             else:
                 # A burst's requests to one actor go out together, as one bundle.
                 self.outbox.setdefault(out.role, []).append((out.corr, codec.encode(out.msg)))
@@ -92,17 +97,33 @@ class FrontDoor(Actor):
                                              f"the {role} queue is full; retry later"))
             items.clear()
 
+    def flush_replies(self) -> None:
+        if not self.replies:
+            return
+        replies, self.replies = self.replies, {}
+        send = self.router.send
+        for identity, frames in replies.items():
+            for frame in protocol.join_frames(frames):
+                try:
+                    send(identity, zmq.NOBLOCK | zmq.SNDMORE)
+                    send(frame, zmq.NOBLOCK, copy=len(frame) < 65536)
+                except zmq.Again:
+                    self.note("client send queue full; reply dropped")
+
     def on_socket(self, sock: zmq.Socket[bytes]) -> None:
         now = time.monotonic()
+        state = self.state
+        first = state.requests
         try:
-            for _ in range(CLIENT_BURST_MAX):
+            while state.requests - first < CLIENT_BURST_MAX:
                 try:
                     frames = self.router.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     return
-                self.perform(self.state.request(frames[0], frames[1:], now))
+                self.perform(state.request(frames[0], frames[1:], now))
         finally:
             self.flush_outbox()
+            self.flush_replies()
 
     def on_message(self, msg: Message) -> None:
         if isinstance(msg, Catalog):
@@ -115,9 +136,11 @@ class FrontDoor(Actor):
 
     def on_idle(self) -> None:
         self.flush_outbox()
+        self.flush_replies()
 
     def on_tick(self, now: float) -> None:
         self.perform(self.state.expire(now))
+        self.flush_replies()
         if self.state.catalog_version < 0:
             self.send(LOG_MANAGER, Hello(self.role))
 

@@ -102,24 +102,32 @@ class FrontDoorState:
     # ---- requests ---------------------------------------------------------------------
 
     def request(self, identity: bytes, frames: list[bytes], now: float) -> list[Out]:
-        """One client message (its frames after the identity)."""
-        self.requests += 1
+        """One client message (its frames after the identity): one request or several."""
         if len(frames) != 1:
+            self.requests += 1
+            self.errors += 1
             return [ToClient(identity, protocol.error(0, ErrorCode.BAD_REQUEST,
                                                       "a request is exactly one frame"))]
-        rid = 0
-        try:
-            rid, op, req = protocol.parse_request(frames[0], self.lim.frame_bytes_max)
-            return [self.route(identity, rid, op, req, now)]
-        except NodeError as exc:
-            self.errors += 1
-            rid = getattr(exc, "request_id", rid)
-            return [ToClient(identity, protocol.error(rid, exc.code, exc.message))]
-        except Exception as exc:  # a request must never take the front door down
-            log.exception("request %d failed", rid)
-            self.errors += 1
-            return [ToClient(identity, protocol.error(rid, ErrorCode.INTERNAL,
-                                                      f"{type(exc).__name__}: {exc}"))]
+        out: list[Out] = []
+        for parsed in protocol.parse_requests(frames[0], self.lim.frame_bytes_max):
+            self.requests += 1
+            if isinstance(parsed, NodeError):
+                self.errors += 1
+                out.append(ToClient(identity, protocol.error(
+                    getattr(parsed, "request_id", 0), parsed.code, parsed.message)))
+                continue
+            rid, op, req = parsed
+            try:
+                out.append(self.route(identity, rid, op, req, now))
+            except NodeError as exc:
+                self.errors += 1
+                out.append(ToClient(identity, protocol.error(rid, exc.code, exc.message)))
+            except Exception as exc:  # a request must never take the front door down
+                log.exception("request %d failed", rid)
+                self.errors += 1
+                out.append(ToClient(identity, protocol.error(rid, ErrorCode.INTERNAL,
+                                                             f"{type(exc).__name__}: {exc}")))
+        return out
 
     def topic(self, name: str) -> tuple[int, int]:
         if self.catalog_version < 0:

@@ -13,6 +13,7 @@ import zmq
 
 from node.local import LocalNode
 from wire.errors import ErrorCode
+from wire.protocol import unpack_replies
 
 FRAME_MAX = 2 * 1024 * 1024
 CONFIG = f"""
@@ -173,3 +174,23 @@ def test_stale_producer_sequence(small_node: LocalNode) -> None:
             c.call("produce", topic="t", partition=1, producer_id=777, seq=0,
                    records=msgpack.packb([b"s"]))
         assert getattr(info.value, "code", None) == ErrorCode.STALE_SEQUENCE
+
+
+def test_requests_sharing_a_frame_are_answered_one_by_one(sock: zmq.Socket[bytes]) -> None:
+    """A frame of three requests, the middle one bad: each gets its own reply, and the two
+    produces, acknowledged by one group commit, come back joined in one frame."""
+    frame = good_produce(501) + req(op="frobnicate", id=502) + good_produce(503)
+    sock.send(frame)
+    got: dict[int, dict[str, Any]] = {}
+    frames: list[list[int]] = []
+    while len(got) < 3:
+        assert sock.poll(10_000, zmq.POLLIN), f"no reply within 10 s; have {sorted(got)}"
+        replies = unpack_replies(sock.recv())
+        frames.append([r["id"] for r in replies])
+        got.update((r["id"], r) for r in replies)
+    assert sorted(got) == [501, 502, 503]
+    assert got[501]["ok"] and got[503]["ok"]
+    assert got[503]["parts"][0][1] == got[501]["parts"][0][1] + 1  # in request order
+    assert_error(got[502], ErrorCode.UNKNOWN_OP, "frobnicate")
+    assert [501, 503] in frames, frames
+    assert_still_serving(sock, 504)

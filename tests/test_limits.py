@@ -9,6 +9,7 @@ import msgpack
 import pytest
 import zmq
 
+from wire.protocol import unpack_replies
 from wire.records import Record
 
 
@@ -26,10 +27,10 @@ def test_many_maximum_size_produces_at_once_all_succeed(make_node: Any) -> None:
             sock.send(msgpack.packb({"op": "produce", "id": i, "topic": "big", "partition": i % 2,
                                      "producer_id": 5, "seq": i,
                                      "records": msgpack.packb([value] * 15)}))
-        replies = []
-        for _ in range(n):
+        replies: list[dict[str, Any]] = []
+        while len(replies) < n:
             assert sock.poll(60_000, zmq.POLLIN), "no reply: a request was dropped"
-            replies.append(msgpack.unpackb(sock.recv()))
+            replies.extend(unpack_replies(sock.recv()))
     finally:
         sock.close(0)
     assert all(r["ok"] for r in replies), [r.get("error") for r in replies if not r["ok"]]

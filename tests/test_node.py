@@ -251,5 +251,6 @@ def test_a_pipeline_answers_out_of_order_and_bounds_what_is_in_flight(node: Loca
         offsets = sorted((out[0][0], out[0][1]) for out in answers.values())  # type: ignore[index]
         assert offsets == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3)]
         pipe.submit("p", [b"room again"], partition=0)  # answered ones free their places
-        with pytest.raises(ValueError, match="at least 1"):
-            c.pipeline(in_flight_max=0)
+        for bad in (0, 1025):
+            with pytest.raises(ValueError, match=r"1\.\.1024"):
+                c.pipeline(in_flight_max=bad)

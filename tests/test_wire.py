@@ -27,7 +27,14 @@ from wire.errors import (
     UnknownTopic,
     error_for,
 )
-from wire.protocol import OFFSET_MAX, REQUESTS, parse_request
+from wire.protocol import (
+    OFFSET_MAX,
+    REQUESTS,
+    join_frames,
+    parse_request,
+    parse_requests,
+    unpack_replies,
+)
 from wire.records import Record, check_batch, pack_batch
 
 FRAME_MAX = 1 << 20
@@ -471,3 +478,68 @@ def test_subclass_codes_are_not_shared_between_instances() -> None:
     assert a.code == ErrorCode.EMPTY_BATCH
     assert b.code == ErrorCode.BAD_REQUEST
     assert BadRequest.code == ErrorCode.BAD_REQUEST
+
+
+# ---- several requests or replies in one frame --------------------------------------------
+
+
+def _status(rid: int) -> bytes:
+    return pack({"op": "status", "id": rid})
+
+
+def test_a_frame_of_several_requests_is_parsed_in_order() -> None:
+    frame = _status(1) + pack({"op": "frobnicate", "id": 2}) + _status(3)
+    out = parse_requests(frame, FRAME_MAX)
+    assert [o[:2] if isinstance(o, tuple) else ("error", o.request_id)  # type: ignore[attr-defined]
+            for o in out] == [(1, "status"), ("error", 2), (3, "status")]
+    assert isinstance(out[1], NodeError) and out[1].code == ErrorCode.UNKNOWN_OP
+
+
+def test_one_request_frame_parses_like_parse_request() -> None:
+    assert parse_requests(_status(5), FRAME_MAX) == [parse_request(_status(5), FRAME_MAX)]
+
+
+@pytest.mark.parametrize("tail, words", [(b"\xc1\xc1", "not msgpack"),
+                                         (_status(3)[:-2], "ends inside a message")])
+def test_bytes_that_do_not_decode_end_the_frame_with_one_error(tail: bytes, words: str) -> None:
+    out = parse_requests(_status(1) + _status(2) + tail, FRAME_MAX)
+    assert [o[0] for o in out[:2]] == [1, 2]  # type: ignore[index]
+    (err,) = out[2:]
+    assert isinstance(err, NodeError) and err.code == ErrorCode.BAD_REQUEST
+    assert words in err.message and err.request_id == 0  # type: ignore[attr-defined]
+
+
+def test_an_empty_frame_is_answered() -> None:
+    (err,) = parse_requests(b"", FRAME_MAX)
+    assert isinstance(err, NodeError) and "empty" in err.message
+
+
+def test_a_frame_past_the_request_limit_stops_with_one_error() -> None:
+    frame = b"".join(_status(i) for i in range(1, 8))
+    out = parse_requests(frame, FRAME_MAX, requests_max=5)
+    assert [o[0] for o in out[:5]] == [1, 2, 3, 4, 5]  # type: ignore[index]
+    (err,) = out[5:]
+    assert isinstance(err, NodeError) and err.request_id == 6  # type: ignore[attr-defined]
+    assert "at most 5 requests" in err.message
+
+
+def test_a_frame_of_requests_over_the_byte_limit_is_frame_too_large() -> None:
+    frame = _status(1) + _status(2)
+    (err,) = parse_requests(frame, len(frame) - 1)
+    assert isinstance(err, NodeError) and err.code == ErrorCode.FRAME_TOO_LARGE
+
+
+def test_joined_replies_come_apart_in_order_and_respect_the_byte_bound() -> None:
+    replies = [pack({"id": i, "ok": True, "pad": b"x" * (10 * i)}) for i in range(1, 30)]
+    frames = join_frames(replies, bytes_max=300)
+    assert len(frames) > 1
+    for f in frames:  # a frame holds one reply, or several that fit in the bound
+        assert len(f) <= 300 or len(unpack_replies(f)) == 1
+    assert [r["id"] for f in frames for r in unpack_replies(f)] == list(range(1, 30))
+    assert join_frames(replies[:1]) == replies[:1]
+
+
+def test_a_reply_frame_cut_short_is_an_error() -> None:
+    frame = pack({"id": 1, "ok": True}) + pack({"id": 2, "ok": True})
+    with pytest.raises(ValueError, match="inside a message"):
+        unpack_replies(frame[:-1])

@@ -1,8 +1,14 @@
-"""The client protocol: one msgpack map per request and per reply, over ZeroMQ.
+"""The client protocol: msgpack maps over ZeroMQ, one or more per frame.
 
 A request is ``{"op": str, "id": int, ...fields}``; the client picks ``id`` and the reply
 carries it back, so many requests can be in flight on one DEALER socket. A reply is
 ``{"id": int, "ok": true, ...}`` or ``{"id": int, "ok": false, "code": int, "error": str}``.
+
+A frame carries one map, or several concatenated (as Redis pipelines commands on one
+stream): at most ``REQUESTS_PER_FRAME_MAX`` requests from a client, and as many replies as
+the node had ready for that client at once, up to ``REPLY_FRAME_BYTES_MAX`` (a larger reply
+travels alone). Each request is still answered by its own reply; the frame only saves a
+ZeroMQ message per request on both ends.
 
 ``REQUESTS`` below is the whole request schema; ``parse_request`` checks a decoded map
 against it and names the first field that is wrong.
@@ -21,6 +27,8 @@ from wire.records import KEY_BYTES_MAX, TAG_BYTES_MAX
 DEFAULT_PORT = 7400
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 OFFSET_MAX = 2**63 - 1
+REQUESTS_PER_FRAME_MAX = 1024  # a client's Pipeline keeps at most this many in flight
+REPLY_FRAME_BYTES_MAX = 262144  # replies are joined into one frame up to this size
 
 _INT = (int,)
 _OPT_INT = (int, type(None))
@@ -78,7 +86,7 @@ _NON_NEGATIVE = ("partition", "offset", "max_records", "timestamp", "seq", "prod
 
 
 def parse_request(frame: bytes, frame_bytes_max: int) -> tuple[int, str, dict[str, Any]]:
-    """Decode and check one request frame; return ``(id, op, fields)``.
+    """Decode and check a frame of exactly one request; return ``(id, op, fields)``.
 
     Raises ``NodeError`` with the request id (when it could be read) in ``.request_id``.
     """
@@ -89,6 +97,47 @@ def parse_request(frame: bytes, frame_bytes_max: int) -> tuple[int, str, dict[st
         req = msgpack.unpackb(frame, raw=False, strict_map_key=False)
     except Exception as exc:
         raise _error(0, ErrorCode.BAD_REQUEST, f"request is not msgpack: {exc}") from None
+    return check_request(req)
+
+
+def parse_requests(frame: bytes, frame_bytes_max: int,
+                   requests_max: int = REQUESTS_PER_FRAME_MAX,
+                   ) -> list[tuple[int, str, dict[str, Any]] | NodeError]:
+    """Decode and check every request of a frame, in order: each one parsed, or the error
+    to answer it with. Bytes that do not decode end the frame with one error."""
+    if len(frame) > frame_bytes_max:
+        return [_error(0, ErrorCode.FRAME_TOO_LARGE,
+                       f"request of {len(frame)} bytes is over the limit of {frame_bytes_max}")]
+    if not frame:
+        return [_error(0, ErrorCode.BAD_REQUEST, "request is not msgpack: the frame is empty")]
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(frame))
+    unpacker.feed(frame)
+    out: list[tuple[int, str, dict[str, Any]] | NodeError] = []
+    end = 0  # where the last whole request ended (``tell`` runs on into a partial one)
+    try:
+        for req in unpacker:
+            end = unpacker.tell()
+            if len(out) >= requests_max:
+                rid = req.get("id") if type(req) is dict else None
+                out.append(_error(rid if type(rid) is int else 0, ErrorCode.BAD_REQUEST,
+                                  f"a frame carries at most {requests_max} requests; "
+                                  f"this one and the rest of the frame were not read"))
+                return out
+            try:
+                out.append(check_request(req))
+            except NodeError as exc:
+                out.append(exc)
+    except Exception as exc:
+        out.append(_error(0, ErrorCode.BAD_REQUEST, f"request is not msgpack: {exc}"))
+        return out
+    if end != len(frame):
+        out.append(_error(0, ErrorCode.BAD_REQUEST, "request is not msgpack: the frame ends "
+                          "inside a message"))
+    return out
+
+
+def check_request(req: Any) -> tuple[int, str, dict[str, Any]]:
+    """Check one decoded request against the schema; return ``(id, op, fields)``."""
     if type(req) is not dict:
         raise _error(0, ErrorCode.BAD_REQUEST, "request must be a msgpack map")
     rid = req.get("id")
@@ -119,6 +168,40 @@ def parse_request(frame: bytes, frame_bytes_max: int) -> tuple[int, str, dict[st
             raise _error(rid, ErrorCode.BAD_REQUEST, f"{op}: field '{name}' is longer than {limit}")
     assert isinstance(op, str)
     return rid, op, req
+
+
+def unpack_replies(frame: bytes) -> list[dict[str, Any]]:
+    """Every reply map of a frame (the node may join several into one)."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(frame) or 1)
+    unpacker.feed(frame)
+    replies = []
+    end = 0
+    for reply in unpacker:
+        end = unpacker.tell()
+        if type(reply) is dict:
+            replies.append(reply)
+    if end != len(frame):
+        raise ValueError("reply frame ends inside a message")
+    return replies
+
+
+def join_frames(frames: list[bytes], bytes_max: int = REPLY_FRAME_BYTES_MAX) -> list[bytes]:
+    """Concatenate encoded maps into as few frames as keep each under ``bytes_max``
+    (a map larger than that travels alone)."""
+    if len(frames) == 1:
+        return frames
+    out: list[bytes] = []
+    run: list[bytes] = []
+    size = 0
+    for f in frames:
+        if run and size + len(f) > bytes_max:
+            out.append(b"".join(run))
+            run, size = [], 0
+        run.append(f)
+        size += len(f)
+    if run:
+        out.append(b"".join(run))
+    return out
 
 
 def _error(rid: int, code: ErrorCode, text: str) -> NodeError:
