@@ -32,6 +32,8 @@ log = logging.getLogger("shardnode")
 
 TICK_S = 1.0
 POLL_MS_MAX = 100
+PROGRESS_BYTES_DIVISOR = 8  # ... and once it applied this fraction of the sender's byte bound
+PROGRESS_INTERVAL_S = 0.025  # a receiver on the data path reports what it applied at least this often
 BUNDLE_BYTES_MAX = 16 * 1024 * 1024  # well under the codec's internal frame limit
 DRAIN_MESSAGES_MAX = 4096  # messages handled per burst before the actor looks up
 EVENTS_KEPT = 200  # recent events each actor keeps for debugging
@@ -166,6 +168,30 @@ class GroupsInFlight:
         self.groups.clear()
         self.bytes = 0
         self.skipped_upto = 0
+
+
+class ProgressReport:
+    """When a receiver on the data path tells its sender how far it applied (``Progress``):
+    once it has applied ``bytes_min`` since it last said so (a fraction of the sender's
+    ``GroupsInFlight`` bound), or ``interval_s`` after, never after every group. A report
+    per group would wake the log manager once more per group commit, on the path of every
+    acknowledgement, and cost three messages per group between the actors."""
+
+    def __init__(self, bytes_min: int, interval_s: float = PROGRESS_INTERVAL_S) -> None:
+        self.bytes_min = bytes_min
+        self.interval_s = interval_s
+        self.lsn = 0  # the last LSN reported
+        self.bytes = 0  # applied since
+        self.at = 0.0  # when it was reported
+
+    def applied(self, size: int) -> None:
+        self.bytes += size
+
+    def due(self, lsn: int, now: float) -> bool:
+        return lsn > self.lsn and (self.bytes >= self.bytes_min or now - self.at >= self.interval_s)
+
+    def sent(self, lsn: int, now: float) -> None:
+        self.lsn, self.bytes, self.at = lsn, 0, now
 
 
 class RefuseToStart(Exception):

@@ -11,14 +11,17 @@ go from the front door straight to the owning writer.)
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from actors.base import (
     FRONT_DOOR,
     LOG_MANAGER,
+    PROGRESS_BYTES_DIVISOR,
     Actor,
     ActorContext,
     GroupsInFlight,
+    ProgressReport,
     owner,
     writer_role,
 )
@@ -49,7 +52,7 @@ class CacheManager(Actor):
         self.writers = [writer_role(i) for i in range(self.cfg.node.writers)]
         queued_max = self.cfg.limits.group_bytes_queued_max
         self.to_writer = {w: GroupsInFlight(queued_max) for w in self.writers}
-        self.reported_lsn = 0  # the last LSN told to the log manager in a Progress
+        self.progress = ProgressReport(queued_max // PROGRESS_BYTES_DIVISOR)  # to the log manager
         self.forwarded = 0
         # The flush in hand: checkpoint id → {writer role: flushed LSN, or None while waiting}
         self.flushing: dict[int, dict[str, int | None]] = {}
@@ -95,6 +98,7 @@ class CacheManager(Actor):
             else:
                 flow.skip(msg.last_lsn)
         self.state.add_group(msg.last_lsn, msg.data)
+        self.progress.applied(len(msg.data))
 
     def on_catch_up(self, msg: CatchUp) -> None:
         """The log manager did not send us groups up to ``msg.lsn``: neither did we send
@@ -108,9 +112,9 @@ class CacheManager(Actor):
             self.send(w, msg, wait_ms=200)
 
     def on_idle(self) -> None:
-        lsn = self.state.seen_lsn
-        if lsn > self.reported_lsn and self.send(LOG_MANAGER, Progress(self.role, lsn), 100):
-            self.reported_lsn = lsn
+        lsn, now = self.state.seen_lsn, time.monotonic()
+        if self.progress.due(lsn, now) and self.send(LOG_MANAGER, Progress(self.role, lsn), 100):
+            self.progress.sent(lsn, now)
 
     def on_flush_to(self, msg: FlushTo) -> None:
         """The checkpoint's "flush everything": every writer flushes to the LSN and answers."""

@@ -26,8 +26,10 @@ from actors import faults
 from actors.base import (
     CACHE_MANAGER,
     FRONT_DOOR,
+    PROGRESS_BYTES_DIVISOR,
     Actor,
     ActorContext,
+    ProgressReport,
     RefuseToStart,
     owner,
     waiting_messages,
@@ -87,7 +89,8 @@ class ShardWriter(Actor):
         self.caught_up_bytes = 0
         self.recovery_ms = 0.0
         self.last_flush_ms = 0.0
-        self.reported_lsn = 0  # the last LSN told to the cache manager in a Progress
+        self.progress = ProgressReport(  # to the cache manager
+            self.cfg.limits.group_bytes_queued_max // PROGRESS_BYTES_DIVISOR)
 
     def owns(self, topic_id: int, partition: int) -> bool:
         return owner(topic_id, partition, self.writers) == self.index
@@ -194,6 +197,7 @@ class ShardWriter(Actor):
                                    f"{msg.first_lsn - 1} that a group after them needs")
         entries = [e for e in logrecord.iter_buffer(msg.data) if e.lsn > self.processed_lsn]
         self.apply(entries)
+        self.progress.applied(len(msg.data))
 
     def apply(self, entries: list[Entry]) -> None:
         touched: set[ShardStore] = set()
@@ -230,9 +234,9 @@ class ShardWriter(Actor):
 
     def on_idle(self) -> None:
         # The cache manager counts the bytes it sent us until we say they are applied.
-        lsn = self.processed_lsn
-        if lsn > self.reported_lsn and self.send(CACHE_MANAGER, Progress(self.role, lsn), 100):
-            self.reported_lsn = lsn
+        lsn, now = self.processed_lsn, time.monotonic()
+        if self.progress.due(lsn, now) and self.send(CACHE_MANAGER, Progress(self.role, lsn), 100):
+            self.progress.sent(lsn, now)
 
     def on_flush_to(self, msg: FlushTo) -> None:
         """Make every shard durable to at least ``msg.lsn`` (a checkpoint's flush step)."""

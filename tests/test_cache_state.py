@@ -367,3 +367,22 @@ def test_a_restarted_receiver_starts_with_nothing_in_flight() -> None:
     flow.skip(6)
     flow.reset()
     assert flow.bytes == 0 and flow.admits(100) and flow.applied(0) == 0
+
+
+def test_progress_is_reported_by_bytes_or_by_time_not_per_group() -> None:
+    from actors.base import ProgressReport
+
+    p = ProgressReport(bytes_min=1000, interval_s=0.025)
+    assert p.due(5, now=10.0)  # the first group after a quiet spell is reported at once
+    p.sent(5, now=10.0)
+    p.applied(400)
+    assert not p.due(9, now=10.01)  # a small group soon after waits
+    p.applied(600)
+    assert p.due(9, now=10.01)  # ... until the bytes add up
+    p.sent(9, now=10.01)
+    p.applied(10)
+    assert not p.due(10, now=10.03)
+    assert p.due(10, now=10.036)  # ... or the interval passes
+    p.sent(10, now=10.036)
+    p.applied(5000)
+    assert not p.due(10, now=99.0)  # nothing new applied: nothing to say
