@@ -45,6 +45,7 @@ from wire.codec import Message
 from wire.errors import ErrorCode
 from wire.logrecord import HEADER_BYTES, CorruptLog
 from wire.messages import (
+    Append,
     Catalog,
     CatchUp,
     Checkpoint,
@@ -399,7 +400,9 @@ class LogManager(Actor):
     # ---- requests ---------------------------------------------------------------------
 
     def on_message(self, msg: Message) -> None:
-        if isinstance(msg, Hello):
+        if type(msg) is Append:  # nearly every message; the rest are rare
+            self.admit(msg)
+        elif isinstance(msg, Hello):
             if msg.role == CACHE_MANAGER:
                 self.to_cache.reset()  # a new cache manager: nothing of ours is in its queue
             self.send(msg.role, self.catalog(), wait_ms=1000)

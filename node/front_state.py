@@ -159,14 +159,19 @@ class FrontDoorState:
 
     def route(self, identity: bytes, rid: int, op: str, req: dict[str, Any],
               now: float) -> ToActor:
+        if op == "produce":  # the hot path: no closure below is needed for it
+            try:
+                return self.produce(identity, rid, req, now)
+            except NodeError as exc:
+                exc.request_id = rid  # type: ignore[attr-defined]
+                raise
+
         def to(role: str, make: Any, **kw: Any) -> ToActor:
             corr = self.wait(identity, rid, now, **kw)
             return ToActor(role, corr, make(corr))
 
         lsn = self.lsn_seen
         try:
-            if op == "produce":
-                return self.produce(identity, rid, req, now)
             if op in ("read", "read_by_key", "read_by_tag", "offset_for_timestamp",
                       "committed_offset"):
                 tid, p = self.partition(req["topic"], req["partition"])

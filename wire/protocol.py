@@ -84,6 +84,14 @@ _BYTES_MAX = {"key": KEY_BYTES_MAX, "tag": TAG_BYTES_MAX, "group": 200, "name": 
 # Integer fields that must not be negative.
 _NON_NEGATIVE = ("partition", "offset", "max_records", "timestamp", "seq", "producer_id")
 
+# The schema above, unrolled per op once so that checking a request is one pass over its
+# fields: (name, accepted types, required, must not be negative), and the bounded fields.
+_CHECKS = {op: [(name, types, required, name in _NON_NEGATIVE)
+                for name, (types, required) in fields.items()]
+           for op, fields in REQUESTS.items()}
+_BOUNDED = {op: [(name, _BYTES_MAX[name]) for name in fields if name in _BYTES_MAX]
+            for op, fields in REQUESTS.items()}
+
 
 def parse_request(frame: bytes, frame_bytes_max: int) -> tuple[int, str, dict[str, Any]]:
     """Decode and check a frame of exactly one request; return ``(id, op, fields)``.
@@ -144,29 +152,30 @@ def check_request(req: Any) -> tuple[int, str, dict[str, Any]]:
     if type(rid) is not int:
         raise _error(0, ErrorCode.BAD_REQUEST, "request needs an integer 'id'")
     op = req.get("op")
-    schema = REQUESTS.get(op) if type(op) is str else None
-    if schema is None:
+    checks = _CHECKS.get(op) if type(op) is str else None
+    if checks is None or not isinstance(op, str):
         raise _error(rid, ErrorCode.UNKNOWN_OP, f"unknown op {op!r}; known: {sorted(REQUESTS)}")
-    for name, (types, required) in schema.items():
+    present = 2  # "op" and "id"
+    for name, types, required, non_negative in checks:
         if name not in req:
             if required:
                 raise _error(rid, ErrorCode.BAD_REQUEST, f"{op}: missing field '{name}'")
             continue
+        present += 1
         value = req[name]
         if type(value) not in types:
             want = " or ".join("nil" if t is type(None) else t.__name__ for t in types)
             raise _error(rid, ErrorCode.BAD_REQUEST,
                          f"{op}: field '{name}' must be {want}, got {type(value).__name__}")
-        if name in _NON_NEGATIVE and type(value) is int and not 0 <= value <= OFFSET_MAX:
+        if non_negative and type(value) is int and not 0 <= value <= OFFSET_MAX:
             raise _error(rid, ErrorCode.BAD_REQUEST, f"{op}: field '{name}' is out of range")
-    extra = set(req) - set(schema) - {"op", "id"}
-    if extra:
+    if len(req) != present:
+        extra = set(req) - set(REQUESTS[op]) - {"op", "id"}
         raise _error(rid, ErrorCode.BAD_REQUEST, f"{op}: unknown fields {sorted(map(repr, extra))}")
-    for name, limit in _BYTES_MAX.items():
+    for name, limit in _BOUNDED[op]:
         value = req.get(name)
         if isinstance(value, (str, bytes)) and len(value) > limit:
             raise _error(rid, ErrorCode.BAD_REQUEST, f"{op}: field '{name}' is longer than {limit}")
-    assert isinstance(op, str)
     return rid, op, req
 
 
