@@ -18,10 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import psutil
+import zmq
 
 from node.client import NodeClient
-from wire.errors import NodeError
+from wire.protocol import unpack_replies
+
+READY_POLL_MS = 50  # how often wait_ready asks a starting node for its status
 
 
 def free_port() -> int:
@@ -69,22 +73,29 @@ class LocalNode:
         return self
 
     def wait_ready(self, timeout_s: float = 60.0) -> dict[str, Any]:
-        """Poll ``status`` until every actor runs; raise with the node's log if it died."""
+        """Ask ``status`` every ``READY_POLL_MS`` until every actor runs; raise with the
+        node's log if it died. Any answer counts, however late: a request sent before the
+        front door is up may wait there, so waiting on each one with a timeout would round
+        the start-up time up to that timeout (it did, by half a second)."""
         deadline = time.monotonic() + timeout_s
-        with NodeClient(self.endpoint, timeout_ms=500, retries=0) as c:
+        with NodeClient(self.endpoint) as c:
             while True:
                 if self.proc is not None and self.proc.poll() is not None:
                     raise NodeFailed(f"node exited with {self.proc.returncode}:\n{self.log_tail()}")
-                try:
-                    st = c.status()
-                    mine = self.proc is None or st["pid"] == self.proc.pid  # not another node's port
-                    if mine and all(a["state"] == "running" for a in st["actors"]):
-                        return st
-                except NodeError:
-                    pass
+                asked = time.monotonic()
+                c.sock.send(msgpack.packb({"op": "status", "id": c.next_id()}))
+                while (left_ms := READY_POLL_MS - (time.monotonic() - asked) * 1000) > 0:
+                    if not c.sock.poll(int(left_ms) + 1, zmq.POLLIN):
+                        break
+                    for reply in unpack_replies(c.sock.recv()):
+                        st = reply.get("status") if reply.get("ok") else None
+                        if st is None:
+                            continue
+                        mine = self.proc is None or st["pid"] == self.proc.pid  # not another node's port
+                        if mine and all(a["state"] == "running" for a in st["actors"]):
+                            return dict(st)
                 if time.monotonic() > deadline:
                     raise NodeFailed(f"node not ready in {timeout_s} s:\n{self.log_tail()}")
-                time.sleep(0.05)  # poll interval while waiting for readiness
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -148,8 +159,11 @@ class LocalNode:
         return code
 
     def _wait_gone(self, timeout_s: float) -> None:
+        """Wait until no process of the node's session runs. A zombie has exited: it only
+        waits for its new parent to reap it, which some init processes do a second or more
+        later."""
         deadline = time.monotonic() + timeout_s
-        while self.processes() and time.monotonic() < deadline:
+        while any(_running(p) for p in self.processes()) and time.monotonic() < deadline:
             time.sleep(0.02)  # poll until the session's processes are gone
 
     def _close_log(self) -> None:
@@ -164,3 +178,11 @@ class LocalNode:
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
             self.stop()
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return bool(p.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
