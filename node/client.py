@@ -260,14 +260,17 @@ class Pipeline:
         self.queued_bytes = 0
 
     def submit(self, topic: str, records: Sequence[Record | bytes], partition: int | None = None,
-               blob: bytes | None = None) -> int:
+               blob: bytes | None = None, seq: int | None = None) -> int:
+        """Queue a produce request; returns its id. ``seq`` resends an earlier request
+        under its sequence number (a retry the node recognises); by default the next one."""
         if len(self.in_flight) >= self.in_flight_max:
             raise Busy(f"{len(self.in_flight)} requests in flight, this pipeline's limit; "
                        f"poll for answers first")
         c = self.client
         rid = next(c._ids)
         fields: dict[str, Any] = {"op": "produce", "id": rid, "topic": topic,
-                                  "producer_id": c.producer_id, "seq": c.next_seq(),
+                                  "producer_id": c.producer_id,
+                                  "seq": c.next_seq() if seq is None else seq,
                                   "records": blob if blob is not None else
                                   msgpack.packb([to_wire(r) for r in records], use_bin_type=True)}
         if partition is not None:

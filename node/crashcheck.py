@@ -3,7 +3,8 @@ that after any crash every acknowledged record is present exactly once, in order
 
 Used by ``tests/test_crash.py`` and ``scripts/crashtest``. Producers are threads, each with
 its own ``NodeClient``; each batch is retried with the same sequence number until it is
-acknowledged, as an idempotent producer must. A producer can be paused between batches,
+acknowledged, as an idempotent producer must. A ``PipelinedProducer`` sends each record
+of a batch as its own request, all in flight at once, sharing frames each way. A producer can be paused between batches,
 so the check reads a state that no request is changing.
 """
 
@@ -17,9 +18,11 @@ from typing import Any
 import msgpack
 
 from node.client import NodeClient
-from wire.errors import NodeError
+from wire.errors import ErrorCode, NodeError
 
 BATCH_RETRY_S_MAX = 180.0  # a batch not acknowledged in this long fails the producer
+RETRYABLE = (ErrorCode.BUSY, ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE)
+PIPELINED_IN_FLIGHT = 8  # a PipelinedProducer's batch: single-record requests in flight at once
 
 
 @dataclass
@@ -96,6 +99,37 @@ class Producer(threading.Thread):
             raise AssertionError(f"acknowledged {n} records of a batch of {len(values)}")
         for i, v in enumerate(values):
             self.ledger.acked[v] = (p, first + i)
+
+
+class PipelinedProducer(Producer):
+    """Writes each batch as single-record requests, all in flight at once through one
+    ``Pipeline`` (so several share a frame each way), and resends every one not
+    acknowledged within ``timeout_s`` (or refused as busy) under its own sequence number."""
+
+    timeout_s = 3.0
+
+    def write(self, c: NodeClient, b: int) -> None:
+        values = [f"{self.tag}-{b}-{i}".encode() for i in range(self.batch)]
+        self.ledger.sent.update(values)
+        todo = {b * self.batch + i: v for i, v in enumerate(values)}  # seq → value
+        deadline = time.monotonic() + BATCH_RETRY_S_MAX
+        while todo:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{len(todo)} records of batch {b} never acknowledged")
+            # A fresh pipeline per attempt: late answers to an earlier one are ignored.
+            pipe = c.pipeline(in_flight_max=self.batch)
+            sent = {pipe.submit(self.topic, [v], self.partition, seq=seq): seq
+                    for seq, v in todo.items()}
+            attempt_end = time.monotonic() + self.timeout_s
+            while sent and time.monotonic() < attempt_end:
+                for rid, out in pipe.poll(100):
+                    seq = sent.pop(rid)
+                    if isinstance(out, NodeError):
+                        if out.code not in RETRYABLE:
+                            raise out
+                        continue  # resent in the next attempt
+                    (pos,) = out
+                    self.ledger.acked[todo.pop(seq)] = pos
 
 
 class CheckFailed(AssertionError):

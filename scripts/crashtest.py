@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from node.client import NodeClient
-from node.crashcheck import CheckFailed, Producer, check
+from node.crashcheck import PIPELINED_IN_FLIGHT, CheckFailed, PipelinedProducer, Producer, check
 from node.local import LocalNode
 from wire.errors import NodeError
 
@@ -127,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         c.create_topic(TOPIC, partitions=PARTITIONS)
     producers = [Producer(node.endpoint, TOPIC, f"p{i}", args.batch,
                           i if i < PARTITIONS - 1 else None, batches_max=0) for i in range(3)]
+    # ... and one sending single-record requests, PIPELINED_IN_FLIGHT at once, to any partition.
+    producers.append(PipelinedProducer(node.endpoint, TOPIC, "q", PIPELINED_IN_FLIGHT, None,
+                                       batches_max=0))
     for p in producers:
         p.start()
     passed = failed = 0
