@@ -386,3 +386,42 @@ def test_progress_is_reported_by_bytes_or_by_time_not_per_group() -> None:
     p.sent(10, now=10.036)
     p.applied(5000)
     assert not p.due(10, now=99.0)  # nothing new applied: nothing to say
+
+
+def test_starts_drop_the_front_lazily_and_still_find_every_offset() -> None:
+    from actors.cache_state import STARTS_COMPACT_MIN, Starts
+
+    s = Starts()
+    n = 4 * STARTS_COMPACT_MIN
+    for first in range(0, 2 * n, 2):  # entries of two records each: 0, 2, 4, ...
+        s.add(first)
+    s.remove(7)  # not a start: nothing happens
+    assert len(s) == n
+    s.remove(20)  # from the middle
+    assert len(s) == n - 1 and 20 not in s.offsets
+    for first in range(0, 2 * STARTS_COMPACT_MIN - 2, 2):  # from the front, one by one
+        s.remove(first)
+    assert s.head == STARTS_COMPACT_MIN - 1 - 1  # the removed 20 was among them
+    assert s.last_at_or_before(0) == -1  # gone from the front
+    i = s.last_at_or_before(2 * STARTS_COMPACT_MIN + 1)
+    assert s.offsets[i] == 2 * STARTS_COMPACT_MIN
+    for first in range(2 * STARTS_COMPACT_MIN - 2, n, 2):  # up to half of the list ...
+        s.remove(first)
+    assert s.head == len(s.offsets) // 2  # ... still kept
+    s.remove(n)  # past half: compacted
+    assert s.head == 0 and len(s.offsets) == len(s) == n - 1 - n // 2
+    assert s.offsets[0] == n + 2 and s.last_at_or_before(n + 3) == 0
+    assert s.last_at_or_before(n + 1) == -1 and s.offsets[-1] == 2 * n - 2
+
+
+def test_a_full_cache_keeps_reading_what_it_holds_while_evicting() -> None:
+    blob = pack_batch([b"v"])
+    cache = CacheState(bytes_max=3000 * (len(blob) + ENTRY_OVERHEAD_BYTES))
+    from actors.cache_state import Entry
+
+    for first in range(10_000):
+        cache._add((1, 0), Entry(first, 1, 0, blob))
+    assert len(cache.entries) == 3000
+    assert cache.read((1, 0), 6999, 10) is None  # evicted
+    rows = cache.read((1, 0), 7000, 10)
+    assert rows is not None and [r[0] for r in rows] == list(range(7000, 7010))
