@@ -1176,7 +1176,18 @@ def scenario_row(scenario: str, server: Server, m: Measurement, note: str = "") 
 # ---- scenarios: one function each, run for every server ------------------------------
 
 
-def ingest_batched(b: Bench, server: Server) -> Row:
+@dataclass
+class Runs:
+    """A scenario set up on one server: each call of ``run`` measures it once.
+    ``run_scenario`` calls it ``--repeat`` times, taking turns with the other servers so
+    that every system sees the machine in the same moods, and hands the median row to
+    ``done``."""
+
+    run: Callable[[], Row]
+    done: Callable[[Row], None] | None = None
+
+
+def ingest_batched(b: Bench, server: Server) -> Runs:
     s = b.s
 
     def run() -> Row:
@@ -1188,13 +1199,14 @@ def ingest_batched(b: Bench, server: Server) -> Row:
         return scenario_row("ingest-batched", server, Measurement.of(results, rss),
                             f"{s.producers} producers, batches of {s.batch}")
 
-    row = b.repeated(run)
-    if server.system == SHARDNODE:  # the checkpoint scenario's load is set from this
-        b.capacity[(s.batch, s.size)] = (row.msgs_per_s, "ingest-batched's in this run")
-    return row
+    def done(row: Row) -> None:
+        if server.system == SHARDNODE:  # the checkpoint scenario's load is set from this
+            b.capacity[(s.batch, s.size)] = (row.msgs_per_s, "ingest-batched's in this run")
+
+    return Runs(run, done)
 
 
-def ingest_single(b: Bench, server: Server) -> Row:
+def ingest_single(b: Bench, server: Server) -> Runs:
     s = b.s
 
     def run() -> Row:
@@ -1205,10 +1217,10 @@ def ingest_single(b: Bench, server: Server) -> Row:
         return scenario_row("ingest-single", server, Measurement.of(results, rss),
                             f"{s.concurrency} single-record requests in flight")
 
-    return b.repeated(run)
+    return Runs(run)
 
 
-def read_tail(b: Bench, server: Server) -> Row:
+def read_tail(b: Bench, server: Server) -> Runs:
     s = b.s
     topic = b.name("read-tail")
     server.create_topic(topic, 1)
@@ -1220,10 +1232,10 @@ def read_tail(b: Bench, server: Server) -> Row:
         return scenario_row("read-tail", server, Measurement.of(results, rss),
                             f"offset 0 to {s.read_records:,}, reads of {s.batch}")
 
-    return b.repeated(run)
+    return Runs(run)
 
 
-def read_key(b: Bench, server: Server) -> Row:
+def read_key(b: Bench, server: Server) -> Runs:
     s = b.s
     topic = b.name("read-key")
     server.create_topic(topic, s.producers)
@@ -1237,7 +1249,7 @@ def read_key(b: Bench, server: Server) -> Row:
             raise AssertionError(f"{m.errors} of {m.records} reads by key returned a wrong value")
         return scenario_row("read-key", server, m, f"one client, {s.keys:,} keys")
 
-    return b.repeated(run)
+    return Runs(run)
 
 
 def recovery(b: Bench, server: Server) -> Row:
@@ -1414,7 +1426,7 @@ def checkpoint(b: Bench, server: Server) -> list[Row]:
     return rows
 
 
-SCENARIOS: dict[str, Callable[[Bench, Server], Row | list[Row]]] = {
+SCENARIOS: dict[str, Callable[[Bench, Server], Runs | Row | list[Row]]] = {
     "ingest-batched": ingest_batched,
     "ingest-single": ingest_single,
     "read-tail": read_tail,
@@ -1430,16 +1442,34 @@ def run_scenario(b: Bench, scenario: str) -> tuple[list[Row], list[str]]:
     """Every system's row of one scenario, with the ratios; and what failed."""
     rows: list[Row] = []
     failures: list[str] = []
+    prepared: list[tuple[Server, Runs, list[Row]]] = []
     for server in b.servers:
         if scenario in NODE_ONLY and server.system != SHARDNODE:
             continue
         log.info("%s: %s", scenario, server.system)
         try:
             got = SCENARIOS[scenario](b, server)
-            rows += got if isinstance(got, list) else [got]
+            if isinstance(got, Runs):
+                prepared.append((server, got, []))
+            else:
+                rows += got if isinstance(got, list) else [got]
         except Exception as exc:
             log.error("%s on %s failed: %s", scenario, server.system, exc)
             failures.append(f"{scenario} on {server.system}: {exc}")
+    for k in range(b.s.repeat):  # the systems take turns, run by run
+        for server, runs, done in list(prepared):
+            log.info("%s: %s, run %d of %d", scenario, server.system, k + 1, b.s.repeat)
+            try:
+                done.append(runs.run())
+            except Exception as exc:
+                log.error("%s on %s failed: %s", scenario, server.system, exc)
+                failures.append(f"{scenario} on {server.system}: {exc}")
+                prepared.remove((server, runs, done))
+    for _server, runs, done in prepared:
+        row = median_row(done)
+        if runs.done is not None:
+            runs.done(row)
+        rows.append(row)
     if scenario in INGEST:
         try:
             rows += b.peer_rows(scenario)
