@@ -60,6 +60,7 @@ from wire.messages import (
     Hello,
     LogGroup,
     Progress,
+    Writes,
 )
 
 log = logging.getLogger("shardnode")
@@ -402,6 +403,9 @@ class LogManager(Actor):
     def on_message(self, msg: Message) -> None:
         if type(msg) is Append:  # nearly every message; the rest are rare
             self.admit(msg)
+        elif isinstance(msg, Writes):  # a burst, passed on whole by the transaction manager
+            for frame in msg.frames:
+                self.handle_frame(frame)
         elif isinstance(msg, Hello):
             if msg.role == CACHE_MANAGER:
                 self.to_cache.reset()  # a new cache manager: nothing of ours is in its queue

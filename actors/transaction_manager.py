@@ -1,15 +1,20 @@
 """The transaction manager actor: store transactions, and the checkpoint gate.
 
 Write requests from the front door pass through here on their way to the log manager (a
-burst of them as one bundle); the log manager tells it which ended, one message per group
-commit. See ``actors/txn_state.py`` for the logic.
+burst of them as one ``Writes`` message); the log manager tells it which ended, one message
+per group commit. While the gate is open a burst goes on as the very frame that came: only
+its correlation ids are read, the requests (up to 16 MiB of records) are neither decoded
+nor copied. See ``actors/txn_state.py`` for the logic.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import time
 from typing import Any
+
+import msgpack
 
 from actors.base import FRONT_DOOR, LOG_MANAGER, Actor, ActorContext
 from actors.txn_state import Forward, Instruction, Ready, Reject, TxnState
@@ -26,6 +31,23 @@ from wire.messages import (
 
 log = logging.getLogger("shardnode")
 
+CORRS_READ_BYTES = 8192  # read this much of a burst at a time to find its correlation ids
+
+
+def writes_corrs(frame: bytes) -> list[int] | None:
+    """The correlation ids of a ``Writes`` frame, read without decoding its requests; None
+    for any other message (or a frame that is not one)."""
+    # Read through a file over the frame, a few KiB at a time: feeding the frame to the
+    # unpacker would copy all of it.
+    unpacker = msgpack.Unpacker(io.BytesIO(frame), read_size=CORRS_READ_BYTES, raw=False)
+    try:
+        if unpacker.read_array_header() != 3 or unpacker.unpack() != Writes.TAG:
+            return None
+        corrs = unpacker.unpack()
+    except Exception:  # not msgpack, or not an array: the codec says why
+        return None
+    return corrs if type(corrs) is list and all(type(c) is int for c in corrs) else None
+
 
 class TransactionManager(Actor):
     def __init__(self, ctx: ActorContext) -> None:
@@ -34,7 +56,15 @@ class TransactionManager(Actor):
                               stale_s=2 * self.cfg.limits.request_timeout_ms / 1000,
                               gate_s_max=2 * self.cfg.log.checkpoint_timeout_ms / 1000)
         self.incoming: list[tuple[int, bytes]] = []
+        self.passing: list[tuple[list[int], bytes]] = []  # bursts begun, to pass on as they came
         self.gate_closed_at = 0.0
+
+    def handle_frame(self, frame: bytes) -> None:
+        corrs = writes_corrs(frame)
+        if corrs is not None and not self.incoming and self.state.begin(corrs, time.monotonic()):
+            self.passing.append((corrs, frame))
+            return
+        super().handle_frame(frame)
 
     def on_message(self, msg: Message) -> None:
         corr = getattr(msg, "corr", None)
@@ -56,6 +86,15 @@ class TransactionManager(Actor):
             log.error("transaction manager got an unexpected %s", type(msg).__name__)
 
     def on_idle(self) -> None:
+        if self.passing:
+            passing, self.passing = self.passing, []
+            for i, (_corrs, frame) in enumerate(passing):
+                if not self.send_bytes(LOG_MANAGER, frame, wait_ms=1000):
+                    # The log manager is behind or restarting: these never began.
+                    unsent = [c for cs, _f in passing[i:] for c in cs]
+                    self.state.end(unsent)
+                    self.perform([Reject(corr) for corr in unsent])
+                    break
         if self.incoming:
             items, self.incoming = self.incoming, []
             self.perform(self.state.requests(items, time.monotonic()))

@@ -77,6 +77,16 @@ class TxnState:
                 self.held.append((corr, frame))
         return out
 
+    def begin(self, corrs: list[int], now: float) -> bool:
+        """Begin these write transactions at once, their requests to be passed on as they
+        came; False (nothing begun) while the gate is closed: then ``requests`` holds them."""
+        if self.gate is not None:
+            return False
+        for corr in corrs:
+            self.active[corr] = now
+        self.began += len(corrs)
+        return True
+
     def _begin(self, items: list[tuple[int, bytes]] | collections.deque[tuple[int, bytes]],
                now: float) -> Forward:
         for corr, _frame in items:

@@ -58,3 +58,27 @@ def test_a_gate_whose_finish_was_lost_opens_by_itself() -> None:
     assert s.tick(now=20) == []
     assert s.tick(now=31) == [Forward([7], [b"frame-7"])]
     assert s.gate is None
+
+
+def test_a_burst_begins_whole_while_the_gate_is_open_and_not_while_it_is_closed() -> None:
+    st = TxnState("blocking", held_max=10, stale_s=60.0)
+    assert st.begin([1, 2, 3], now=0.0)
+    assert set(st.active) == {1, 2, 3} and st.began == 3
+    st.checkpoint_requested(7, now=1.0)
+    assert not st.begin([4], now=1.0)  # the caller takes the path that holds it
+    assert 4 not in st.active and st.began == 3
+    st.end([1, 2, 3])
+    st.checkpoint_finished(7, now=2.0)
+    assert st.begin([5], now=2.0) and 5 in st.active
+
+
+def test_the_transaction_manager_reads_only_the_correlation_ids_of_a_burst() -> None:
+    from actors.transaction_manager import writes_corrs
+    from wire import codec
+    from wire.messages import Ended, Writes
+
+    frame = codec.encode(Writes([4, 5], [b"\x01" * 100_000, b"\x02"]))
+    assert writes_corrs(frame) == [4, 5]
+    assert writes_corrs(codec.encode(Ended([4, 5]))) is None
+    assert writes_corrs(b"\xc1 not msgpack") is None
+    assert writes_corrs(frame[:3]) is None
