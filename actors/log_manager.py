@@ -30,6 +30,7 @@ import zmq
 
 from actors import faults
 from actors.base import (
+    BUNDLE_BYTES_MAX,
     CACHE_MANAGER,
     FRONT_DOOR,
     TRANSACTION_MANAGER,
@@ -37,6 +38,7 @@ from actors.base import (
     ActorContext,
     GroupsInFlight,
     RefuseToStart,
+    chunks,
 )
 from actors.checkpoint import AskFlush, AskTxn, Coordinator, Finish, Roll, Step, Truncate
 from actors.log_state import LogState, Pending
@@ -45,6 +47,8 @@ from wire.codec import Message
 from wire.errors import ErrorCode
 from wire.logrecord import HEADER_BYTES, CorruptLog
 from wire.messages import (
+    Ack,
+    Acks,
     Append,
     Catalog,
     CatchUp,
@@ -64,6 +68,10 @@ from wire.messages import (
 )
 
 log = logging.getLogger("shardnode")
+
+# What one row of an Acks message takes encoded, at most: a row, and each of its parts.
+ACK_ROW_BYTES = 32
+ACK_PART_BYTES = 32
 
 EXIT_FSYNC_FAILED = 70
 FSYNC_SAMPLES = 4096  # recent write+fdatasync durations kept for status
@@ -491,15 +499,23 @@ class LogManager(Actor):
         if any(p.catalog_changed for p in group):
             # Before the acks, on the same pipe: a client told "created" can use the topic.
             self.broadcast_catalog()
-        replies = []
+        replies = []  # encoded, for any other answer
+        acks: list[list[Any]] = []  # produce requests: one Acks message for them all
         for p in group:
-            replies.append(codec.encode(p.reply))
+            if type(p.reply) is Ack:
+                acks.append([p.reply.corr, p.reply.lsn, p.reply.parts])
+            else:
+                replies.append(codec.encode(p.reply))
             self.ended.append(p.reply.corr)
             parts = getattr(p.reply, "parts", None)
             if parts and p.record:
                 self.window_records += sum(part[2] for part in parts)
         # If the front door is gone, its clients time out and retry (produce is idempotent).
-        self.send_many(FRONT_DOOR, replies, wait_ms=1000)
+        for start, end in chunks([ACK_ROW_BYTES + ACK_PART_BYTES * len(row[2]) for row in acks],
+                                 BUNDLE_BYTES_MAX):
+            self.send(FRONT_DOOR, Acks(acks[start:end]), wait_ms=1000)
+        if replies:
+            self.send_many(FRONT_DOOR, replies, wait_ms=1000)
         if records:
             # The cache manager hands the group to the shard writers; if it is gone they
             # catch up from the log files, so a stalled peer never stalls the log for long.

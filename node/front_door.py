@@ -31,7 +31,7 @@ from node.front_state import FrontDoorState, Out, ToClient
 from wire import codec, protocol
 from wire.codec import Message
 from wire.errors import ErrorCode
-from wire.messages import Catalog, Hello, Writes
+from wire.messages import Acks, Catalog, Hello, Writes
 
 log = logging.getLogger("shardnode")
 
@@ -126,6 +126,11 @@ class FrontDoor(Actor):
             self.flush_replies()
 
     def on_message(self, msg: Message) -> None:
+        if type(msg) is Acks:  # a group commit's produce requests, the most common message
+            ack = self.state.ack
+            for corr, lsn, parts in msg.rows:
+                self.perform(ack(corr, lsn, parts))
+            return
         if isinstance(msg, Catalog):
             self.state.catalog(msg)
             return

@@ -256,19 +256,27 @@ class FrontDoorState:
             # been told of writes up to the durable LSN: reads wait for those too.
             self.lsn_seen = max(self.lsn_seen, msg.version, msg.durable_lsn)
 
+    def ack(self, corr: int, lsn: int, parts: list[Any]) -> list[Out]:
+        """A produce request is durable (an ``Ack``, or a row of ``Acks``): its reply."""
+        w = self.pending.pop(corr, None)
+        if w is None:
+            return []  # answered already (timed out) or never ours
+        if lsn > self.lsn_seen:
+            self.lsn_seen = lsn
+        fields: dict[str, Any] = {"lsn": lsn, "parts": parts}
+        if w.assign is not None:
+            fields["assign"] = w.assign
+        return [ToClient(w.identity, protocol.ok(w.rid, **fields))]
+
     def answer(self, msg: Message) -> list[Out]:
         """An actor's answer: the client's reply, if the request is still waiting."""
+        if isinstance(msg, Ack):
+            return self.ack(msg.corr, msg.lsn, msg.parts)
         corr = getattr(msg, "corr", None)
         w = self.pending.pop(corr, None) if corr is not None else None
         if w is None:
             return []  # answered already (timed out) or never ours
-        if isinstance(msg, Ack):
-            self.lsn_seen = max(self.lsn_seen, msg.lsn)
-            fields: dict[str, Any] = {"lsn": msg.lsn, "parts": msg.parts}
-            if w.assign is not None:
-                fields["assign"] = w.assign
-            frame = protocol.ok(w.rid, **fields)
-        elif isinstance(msg, Done):
+        if isinstance(msg, Done):
             self.lsn_seen = max(self.lsn_seen, msg.lsn)
             frame = protocol.ok(w.rid, lsn=msg.lsn)
         elif isinstance(msg, RecordsReply):

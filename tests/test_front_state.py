@@ -104,6 +104,21 @@ def test_ack_becomes_the_clients_reply_and_raises_lsn_seen() -> None:
     assert read.msg == Read(read.corr, 1, 1, 0, 5, 42)
 
 
+def test_a_group_commits_acks_in_rows_answer_each_request_once() -> None:
+    s = state()
+    outs = s.request(ID, [b"".join(produce([b"x"], partition=p, seq=p)[0] for p in range(3))],
+                     now=0.0)
+    corrs = [o.corr for o in outs if isinstance(o, ToActor)]
+    assert len(corrs) == 3
+    rows = [[corr, 50 + i, [[i, 7, 1]]] for i, corr in enumerate(corrs)]
+    replies = [reply_of(r) for corr, lsn, parts in rows for r in s.ack(corr, lsn, parts)]
+    assert [(r["lsn"], r["parts"]) for r in replies] == [(50, [[0, 7, 1]]), (51, [[1, 7, 1]]),
+                                                         (52, [[2, 7, 1]])]
+    assert s.lsn_seen == 52 and not s.pending
+    assert s.ack(corrs[0], 50, [[0, 7, 1]]) == [], "answered once only"
+    assert s.ack(999, 60, [[0, 8, 1]]) == [] and s.lsn_seen == 52  # not ours: ignored
+
+
 def test_reads_other_than_by_offset_go_to_the_owning_writer() -> None:
     s = state()
     (out,) = s.request(ID, req("read_by_key", topic="t", partition=3, key=b"k"), now=0.0)

@@ -95,6 +95,14 @@ class Ack(Message):
     parts: list[Part]  # [[partition, first_offset, count], ...] in request order
 
 
+@message(28)
+class Acks(Message):
+    """Log manager → front door: the produce requests of one group commit that are durable,
+    as rows ``[corr, lsn, parts]``: an ``Ack`` each, in one message instead of one each."""
+
+    rows: list[list[Any]]
+
+
 @message(21)
 class Done(Message):
     """A request that needs no data back succeeded (create/delete topic, commit offset)."""
