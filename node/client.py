@@ -99,10 +99,6 @@ class NodeClient:
     def next_seq(self) -> int:
         return next(self._seq)
 
-    def next_id(self) -> int:
-        """A fresh request id (for requests built by hand; ``call`` takes its own)."""
-        return next(self._ids)
-
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
         """Send one request and return its reply map; retry what is safe to retry."""
         attempts = self.retries + 1 if op in _IDEMPOTENT else 1

@@ -9,6 +9,7 @@ and the crash test.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import socket
@@ -25,7 +26,7 @@ import zmq
 from node.client import NodeClient
 from wire.protocol import unpack_replies
 
-READY_POLL_MS = 50  # how often wait_ready asks a starting node for its status
+READY_POLL_MS = 20  # how often wait_ready asks a starting node for its status
 
 
 def free_port() -> int:
@@ -74,20 +75,27 @@ class LocalNode:
 
     def wait_ready(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """Ask ``status`` every ``READY_POLL_MS`` until every actor runs; raise with the
-        node's log if it died. Any answer counts, however late: a request sent before the
-        front door is up may wait there, so waiting on each one with a timeout would round
-        the start-up time up to that timeout (it did, by half a second)."""
+        node's log if it died. Any answer counts, however late: waiting on each request
+        with a timeout rounded the start-up time up to that timeout (by half a second).
+        Requests are only sent once the front door listens (``IMMEDIATE``), so a node that
+        takes long to recover is not met by a pile of them, nor can a full queue block."""
         deadline = time.monotonic() + timeout_s
-        with NodeClient(self.endpoint) as c:
+        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.connect(self.endpoint)
+        ids = itertools.count(1)
+        try:
             while True:
                 if self.proc is not None and self.proc.poll() is not None:
                     raise NodeFailed(f"node exited with {self.proc.returncode}:\n{self.log_tail()}")
                 asked = time.monotonic()
-                c.sock.send(msgpack.packb({"op": "status", "id": c.next_id()}))
+                with contextlib.suppress(zmq.Again):  # not connected yet: ask next time
+                    sock.send(msgpack.packb({"op": "status", "id": next(ids)}), zmq.NOBLOCK)
                 while (left_ms := READY_POLL_MS - (time.monotonic() - asked) * 1000) > 0:
-                    if not c.sock.poll(int(left_ms) + 1, zmq.POLLIN):
+                    if not sock.poll(int(left_ms) + 1, zmq.POLLIN):
                         break
-                    for reply in unpack_replies(c.sock.recv()):
+                    for reply in unpack_replies(sock.recv()):
                         st = reply.get("status") if reply.get("ok") else None
                         if st is None:
                             continue
@@ -96,6 +104,8 @@ class LocalNode:
                             return dict(st)
                 if time.monotonic() > deadline:
                     raise NodeFailed(f"node not ready in {timeout_s} s:\n{self.log_tail()}")
+        finally:
+            sock.close(0)
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -1457,16 +1457,16 @@ def run_scenario(b: Bench, scenario: str) -> tuple[list[Row], list[str]]:
             log.error("%s on %s failed: %s", scenario, server.system, exc)
             failures.append(f"{scenario} on {server.system}: {exc}")
     for k in range(b.s.repeat):  # the systems take turns, run by run
-        for server, runs, done in list(prepared):
+        for server, runs, measured in list(prepared):
             log.info("%s: %s, run %d of %d", scenario, server.system, k + 1, b.s.repeat)
             try:
-                done.append(runs.run())
+                measured.append(runs.run())
             except Exception as exc:
                 log.error("%s on %s failed: %s", scenario, server.system, exc)
                 failures.append(f"{scenario} on {server.system}: {exc}")
-                prepared.remove((server, runs, done))
-    for _server, runs, done in prepared:
-        row = median_row(done)
+                prepared.remove((server, runs, measured))
+    for _server, runs, measured in prepared:
+        row = median_row(measured)
         if runs.done is not None:
             runs.done(row)
         rows.append(row)

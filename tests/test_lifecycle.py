@@ -186,3 +186,39 @@ def test_writers_start_together_and_everything_else_in_order() -> None:
     assert start_stages(["writer-1", "writer-2", "front"]) == [["writer-1", "writer-2"],
                                                                 ["front"]]
     assert start_stages(["cache", "writer-0", "front"]) == [["cache"], ["writer-0"], ["front"]]
+
+
+def test_waiting_for_a_slow_node_asks_only_once_it_listens(tmp_path: Path) -> None:
+    """A node that takes a while to open its front door (a long recovery) is not met by
+    every status request asked meanwhile, and the first answer that says "running" ends
+    the wait at once."""
+    import threading
+
+    from node.local import READY_POLL_MS
+
+    waiting = LocalNode(tmp_path / "data")  # no process: only the wait is under test
+    result: dict[str, Any] = {}
+    waiter = threading.Thread(target=lambda: result.update(waiting.wait_ready(timeout_s=30)))
+    waiter.start()
+    time.sleep(30 * READY_POLL_MS / 1000)  # ok-sleep: let ~30 asks pass while nothing listens
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(waiting.endpoint)
+    try:
+        assert router.poll(10_000, zmq.POLLIN), "no status request once the port listens"
+        identity, frame = router.recv_multipart()
+        asked = unpack_replies(frame)  # the same framing as replies: maps, one or more
+        assert [r["op"] for r in asked] == ["status"]
+        queued = 0  # requests already waiting when the first one was read
+        while router.poll(0, zmq.POLLIN):
+            router.recv_multipart()
+            queued += 1
+        assert queued <= 2, f"{queued} status requests were queued while nothing listened"
+        status = {"pid": 1, "actors": [{"state": "running"}]}
+        router.send_multipart([identity, msgpack.packb({"id": asked[0]["id"], "ok": True,
+                                                        "status": status})])
+        waiter.join(10)
+        assert not waiter.is_alive() and result == status
+    finally:
+        router.close(0)
+        waiter.join(10)

@@ -34,7 +34,7 @@ import enum
 import struct
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -152,8 +152,10 @@ def read_entries(path: Path, last: bool,
                 entry, why = _check_at(buf, pos, verify=True)
                 if entry is None:
                     break
-                batch.append(replace(entry, position=offset + pos))
                 pos = entry.end
+                # _check_at places records in ``buf``; past the first chunk, in the file.
+                batch.append(Entry(offset + entry.position, entry.lsn, entry.kind, entry.payload)
+                             if offset else entry)
             if batch:
                 yield batch
             whole = pos == len(buf)

@@ -98,14 +98,14 @@ def parse_request(frame: bytes, frame_bytes_max: int) -> tuple[int, str, dict[st
 
     Raises ``NodeError`` with the request id (when it could be read) in ``.request_id``.
     """
-    if len(frame) > frame_bytes_max:
-        raise _error(0, ErrorCode.FRAME_TOO_LARGE,
-                     f"request of {len(frame)} bytes is over the limit of {frame_bytes_max}")
-    try:
-        req = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-    except Exception as exc:
-        raise _error(0, ErrorCode.BAD_REQUEST, f"request is not msgpack: {exc}") from None
-    return check_request(req)
+    first, *rest = parse_requests(frame, frame_bytes_max, requests_max=1)
+    if isinstance(first, NodeError):
+        raise first
+    if rest:  # anything after the one request ends the frame with an error
+        err = rest[0]
+        assert isinstance(err, NodeError)
+        raise err
+    return first
 
 
 def parse_requests(frame: bytes, frame_bytes_max: int,
@@ -136,7 +136,8 @@ def parse_requests(frame: bytes, frame_bytes_max: int,
             except NodeError as exc:
                 out.append(exc)
     except Exception as exc:
-        out.append(_error(0, ErrorCode.BAD_REQUEST, f"request is not msgpack: {exc}"))
+        why = str(exc) or type(exc).__name__
+        out.append(_error(0, ErrorCode.BAD_REQUEST, f"request is not msgpack: {why}"))
         return out
     if end != len(frame):
         out.append(_error(0, ErrorCode.BAD_REQUEST, "request is not msgpack: the frame ends "
