@@ -49,7 +49,6 @@ from wire.logrecord import HEADER_BYTES, CorruptLog
 from wire.messages import (
     Ack,
     Acks,
-    Append,
     Catalog,
     CatchUp,
     Checkpoint,
@@ -409,11 +408,15 @@ class LogManager(Actor):
     # ---- requests ---------------------------------------------------------------------
 
     def on_message(self, msg: Message) -> None:
-        if type(msg) is Append:  # nearly every message; the rest are rare
-            self.admit(msg)
-        elif isinstance(msg, Writes):  # a burst, passed on whole by the transaction manager
-            for frame in msg.frames:
-                self.handle_frame(frame)
+        if type(msg) is Writes:  # a burst, passed on by the transaction manager; most messages
+            now_ms = int(time.time() * 1000)
+            append = self.state.append
+            for corr, request in zip(msg.corrs, msg.requests, strict=True):
+                if isinstance(request, list):  # a produce: its Append's fields after corr
+                    producer_id, seq, parts = request
+                    self.admitted(append(corr, producer_id, seq, parts, now_ms))
+                else:
+                    self.handle_frame(request)
         elif isinstance(msg, Hello):
             if msg.role == CACHE_MANAGER:
                 self.to_cache.reset()  # a new cache manager: nothing of ours is in its queue
@@ -434,7 +437,10 @@ class LogManager(Actor):
             self.admit(msg)
 
     def admit(self, msg: Message) -> None:
-        out = self.state.admit(msg, int(time.time() * 1000))
+        self.admitted(self.state.admit(msg, int(time.time() * 1000)))
+
+    def admitted(self, out: Pending | Message) -> None:
+        """Queue a request's record for the next group commit, or answer it at once."""
         if isinstance(out, Pending):
             self.queue.append(out)
             self.queued_bytes += len(out.record)

@@ -86,7 +86,7 @@ class LogState:
     def admit(self, msg: Any, now_ms: int) -> Pending | Any:
         """A ``Pending`` to log, or a message to answer with at once."""
         if isinstance(msg, Append):
-            return self._append(msg, now_ms)
+            return self.append(msg.corr, msg.producer_id, msg.seq, msg.parts, now_ms)
         if isinstance(msg, CreateTopic):
             return self._create(msg)
         if isinstance(msg, DeleteTopic):
@@ -124,41 +124,43 @@ class LogState:
                 break
             del results[oldest]
 
-    def _append(self, msg: Append, now_ms: int) -> Pending | Any:
-        known = self.producers.get(msg.producer_id)
+    def append(self, corr: int, producer_id: int, seq: int, parts: list[list[Any]],
+               now_ms: int) -> Pending | Any:
+        """A produce request (the fields of an ``Append``, which ``Writes`` carries bare)."""
+        known = self.producers.get(producer_id)
         if known is not None:
-            self.producers.move_to_end(msg.producer_id)  # a retry is use, too
-            seen = known.results.get(msg.seq)
+            self.producers.move_to_end(producer_id)  # a retry is use, too
+            seen = known.results.get(seq)
             if seen is not None:
-                lsn, parts = msgpack.unpackb(seen)
-                return Pending(b"", Ack(msg.corr, lsn, parts), lsn)  # answered with its group
-            if msg.seq <= known.max_seq - self.window:
-                return ErrorReply(msg.corr, ErrorCode.STALE_SEQUENCE,
-                                  f"sequence {msg.seq} of producer {msg.producer_id} is older "
+                lsn, acked = msgpack.unpackb(seen)
+                return Pending(b"", Ack(corr, lsn, acked), lsn)  # answered with its group
+            if seq <= known.max_seq - self.window:
+                return ErrorReply(corr, ErrorCode.STALE_SEQUENCE,
+                                  f"sequence {seq} of producer {producer_id} is older "
                                   f"than the last {self.window} remembered (latest {known.max_seq})")
         logged = []
         acked = []
-        for topic_id, partition, count, blob in msg.parts:
+        for topic_id, partition, count, blob in parts:
             topic = self.by_id.get(topic_id)
             if topic is None:
-                return ErrorReply(msg.corr, ErrorCode.UNKNOWN_TOPIC,
+                return ErrorReply(corr, ErrorCode.UNKNOWN_TOPIC,
                                   f"topic id {topic_id} does not exist (deleted?)")
             if not 0 <= partition < topic.partitions:
-                return ErrorReply(msg.corr, ErrorCode.UNKNOWN_PARTITION,
+                return ErrorReply(corr, ErrorCode.UNKNOWN_PARTITION,
                                   f"topic {topic.name!r} has no partition {partition}")
             first = self.next_offset[(topic_id, partition)]
             logged.append([topic_id, partition, first, count, blob])
             acked.append([partition, first, count])
         # Only a request that is going to be logged touches producer state: a refused one
         # must not evict another producer's window.
-        win = self._producer(msg.producer_id)
+        win = self._producer(producer_id)
         for (topic_id, partition, first, count, _blob) in logged:
             self.next_offset[(topic_id, partition)] = first + count
         self.last_lsn += 1
         lsn = self.last_lsn
-        record = logrecord.encode(lsn, Kind.PRODUCE, [msg.producer_id, msg.seq, now_ms, logged])
-        self._remember(win, msg.seq, lsn, acked)
-        return Pending(record, Ack(msg.corr, lsn, acked), lsn)
+        record = logrecord.encode(lsn, Kind.PRODUCE, [producer_id, seq, now_ms, logged])
+        self._remember(win, seq, lsn, acked)
+        return Pending(record, Ack(corr, lsn, acked), lsn)
 
     def _create(self, msg: CreateTopic) -> Pending | Any:
         if not NAME_RE.match(msg.name):

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgpack
 
-from actors.base import FRONT_DOOR, LOG_MANAGER, Actor, ActorContext
+from actors.base import BUNDLE_BYTES_MAX, FRONT_DOOR, LOG_MANAGER, Actor, ActorContext, chunks
 from actors.txn_state import Forward, Instruction, Ready, Reject, TxnState
 from wire.codec import Message
 from wire.errors import ErrorCode
@@ -27,6 +27,7 @@ from wire.messages import (
     Ended,
     ErrorReply,
     Writes,
+    write_bytes,
 )
 
 log = logging.getLogger("shardnode")
@@ -55,7 +56,7 @@ class TransactionManager(Actor):
         self.state = TxnState(self.cfg.log.checkpoint_mode, self.cfg.transactions.held_requests_max,
                               stale_s=2 * self.cfg.limits.request_timeout_ms / 1000,
                               gate_s_max=2 * self.cfg.log.checkpoint_timeout_ms / 1000)
-        self.incoming: list[tuple[int, bytes]] = []
+        self.incoming: list[tuple[int, Any]] = []  # (corr, request) as in Writes
         self.passing: list[tuple[list[int], bytes]] = []  # bursts begun, to pass on as they came
         self.gate_closed_at = 0.0
 
@@ -79,7 +80,7 @@ class TransactionManager(Actor):
                          (time.monotonic() - self.gate_closed_at) * 1000)
             self.perform(self.state.checkpoint_finished(msg.ckpt_id, time.monotonic()))
         elif isinstance(msg, Writes):
-            self.incoming.extend(zip(msg.corrs, msg.frames, strict=True))
+            self.incoming.extend(zip(msg.corrs, msg.requests, strict=True))
         elif corr is not None:
             self.incoming.append((corr, self.current_frame))  # a write request sent alone
         else:
@@ -105,8 +106,13 @@ class TransactionManager(Actor):
     def perform(self, instructions: list[Instruction]) -> None:
         for ins in instructions:
             if isinstance(ins, Forward):
-                sent = self.send_many(LOG_MANAGER, ins.frames, wait_ms=1000)
-                if sent < len(ins.frames):
+                sent = 0
+                for start, end in chunks([write_bytes(r) for r in ins.requests], BUNDLE_BYTES_MAX):
+                    if not self.send(LOG_MANAGER, Writes(ins.corrs[start:end],
+                                                         ins.requests[start:end]), wait_ms=1000):
+                        break
+                    sent = end
+                if sent < len(ins.requests):
                     # The log manager is behind or restarting: the rest never began.
                     unsent = ins.corrs[sent:]
                     self.state.end(unsent)
@@ -124,6 +130,7 @@ class TransactionManager(Actor):
         return {
             "active": len(s.active),
             "held": len(s.held),
+            "held_total": s.held_total,
             "gate": s.gate is not None,
             "began": s.began,
             "ended": s.ended,

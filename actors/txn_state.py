@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
 class Forward:
-    """Pass these request frames on to the log manager."""
+    """Pass these requests on to the log manager (as ``Writes`` carries them)."""
 
     corrs: list[int]
-    frames: list[bytes]
+    requests: list[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +57,9 @@ class TxnState:
         self.ready_sent = False  # said ready for the gate's checkpoint already
         self.gate_s_max = gate_s_max  # a gate whose "finished" was lost opens by itself
         self.gate_since = 0.0
-        self.held: collections.deque[tuple[int, bytes]] = collections.deque()
+        self.held: collections.deque[tuple[int, Any]] = collections.deque()
         self.began = 0
+        self.held_total = 0  # requests ever held back at a closed gate
         self.ended = 0
         self.expired = 0
 
@@ -65,16 +67,17 @@ class TxnState:
         """The oldest LSN an active transaction still needs; 0 when none needs any."""
         return 0
 
-    def requests(self, items: list[tuple[int, bytes]], now: float) -> list[Instruction]:
-        """New write requests (corr, frame) from the front door."""
+    def requests(self, items: list[tuple[int, Any]], now: float) -> list[Instruction]:
+        """New write requests (corr, request as in ``Writes``) from the front door."""
         if self.gate is None:
             return [self._begin(items, now)]
         out: list[Instruction] = []
-        for corr, frame in items:
+        for corr, request in items:
             if len(self.held) >= self.held_max:
                 out.append(Reject(corr))
             else:
-                self.held.append((corr, frame))
+                self.held.append((corr, request))
+                self.held_total += 1
         return out
 
     def begin(self, corrs: list[int], now: float) -> bool:
@@ -87,12 +90,12 @@ class TxnState:
         self.began += len(corrs)
         return True
 
-    def _begin(self, items: list[tuple[int, bytes]] | collections.deque[tuple[int, bytes]],
+    def _begin(self, items: list[tuple[int, Any]] | collections.deque[tuple[int, Any]],
                now: float) -> Forward:
-        for corr, _frame in items:
+        for corr, _request in items:
             self.active[corr] = now
         self.began += len(items)
-        return Forward([corr for corr, _frame in items], [frame for _corr, frame in items])
+        return Forward([corr for corr, _r in items], [request for _corr, request in items])
 
     def end(self, corrs: list[int]) -> list[Instruction]:
         for corr in corrs:

@@ -27,11 +27,11 @@ from actors.base import (
     ActorContext,
     chunks,
 )
-from node.front_state import FrontDoorState, Out, ToClient
+from node.front_state import FrontDoorState, Out, Produce, ToClient
 from wire import codec, protocol
 from wire.codec import Message
 from wire.errors import ErrorCode
-from wire.messages import Acks, Catalog, Hello, Writes
+from wire.messages import Acks, Catalog, Hello, Writes, write_bytes
 
 log = logging.getLogger("shardnode")
 
@@ -52,7 +52,7 @@ class FrontDoor(Actor):
         self.router.bind(self.cfg.endpoint)
         self.poller.register(self.router, zmq.POLLIN)
         self.state = FrontDoorState(self.cfg)
-        self.outbox: dict[str, list[tuple[int, bytes]]] = {}  # role → [(corr, frame)]
+        self.outbox: dict[str, list[tuple[int, Any]]] = {}  # role → [(corr, request)]
         self.replies: dict[bytes, list[bytes]] = {}  # client identity → reply frames
 
     def on_start(self) -> None:
@@ -74,6 +74,10 @@ class FrontDoor(Actor):
                     self.replies[out.identity] = [out.frame]
                 else:
                     frames.append(out.frame)
+            elif isinstance(out, Produce):
+                # As the fields of its Append: nothing to encode per request here, nothing
+                # to decode per request in the log manager.
+                self.outbox.setdefault(TRANSACTION_MANAGER, []).append((out.corr, out.fields))
             else:
                 # A burst's requests to one actor go out together, as one bundle.
                 self.outbox.setdefault(out.role, []).append((out.corr, codec.encode(out.msg)))
@@ -82,16 +86,16 @@ class FrontDoor(Actor):
         for role, items in self.outbox.items():
             if not items:
                 continue
-            frames = [frame for _corr, frame in items]
-            corrs = [corr for corr, _f in items]
+            requests = [request for _corr, request in items]
+            corrs = [corr for corr, _r in items]
             if role == TRANSACTION_MANAGER:
                 sent = 0
-                for start, end in chunks([len(f) for f in frames], BUNDLE_BYTES_MAX):
-                    if not self.send(role, Writes(corrs[start:end], frames[start:end])):
+                for start, end in chunks([write_bytes(r) for r in requests], BUNDLE_BYTES_MAX):
+                    if not self.send(role, Writes(corrs[start:end], requests[start:end])):
                         break
                     sent = end
             else:
-                sent = self.send_many(role, frames)
+                sent = self.send_many(role, requests)  # all encoded messages
             if sent < len(items):
                 self.perform(self.state.fail(corrs[sent:], ErrorCode.BUSY,
                                              f"the {role} queue is full; retry later"))

@@ -30,7 +30,6 @@ from wire.codec import Message
 from wire.errors import ErrorCode, NodeError
 from wire.messages import (
     Ack,
-    Append,
     Catalog,
     Checkpoint,
     CommitOffset,
@@ -74,7 +73,17 @@ class ToActor:
     msg: Message
 
 
-Out = ToClient | ToActor
+@dataclass(frozen=True, slots=True)
+class Produce:
+    """Send a produce request on to be logged: ``corr`` waits for its answer, and
+    ``fields`` (its ``Append`` after ``corr``: producer id, sequence number, parts) ride in
+    a ``Writes`` burst as they are, never encoded as a message of their own."""
+
+    corr: int
+    fields: list[Any]
+
+
+Out = ToClient | ToActor | Produce
 
 
 @dataclass(slots=True)
@@ -158,7 +167,7 @@ class FrontDoorState:
         return corr
 
     def route(self, identity: bytes, rid: int, op: str, req: dict[str, Any],
-              now: float) -> ToActor:
+              now: float) -> ToActor | Produce:
         if op == "produce":  # the hot path: no closure below is needed for it
             try:
                 return self.produce(identity, rid, req, now)
@@ -212,7 +221,7 @@ class FrontDoorState:
             raise
         raise NodeError(f"op {op!r} has no route", ErrorCode.UNKNOWN_OP)  # parse_request stops it
 
-    def produce(self, identity: bytes, rid: int, req: dict[str, Any], now: float) -> ToActor:
+    def produce(self, identity: bytes, rid: int, req: dict[str, Any], now: float) -> Produce:
         name = req["topic"]
         topic_id, partitions = self.topic(name)
         blob = req["records"]
@@ -243,8 +252,7 @@ class FrontDoorState:
                     parts = [[topic_id, p, len(recs), msgpack.packb(recs, use_bin_type=True)]
                              for p, recs in sorted(split.items())]
         corr = self.wait(identity, rid, now, assign)
-        return ToActor(TRANSACTION_MANAGER, corr,
-                       Append(corr, req["producer_id"], req["seq"], parts))
+        return Produce(corr, [req["producer_id"], req["seq"], parts])
 
     # ---- answers ----------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from actors.faults import fired_dir
 from node.client import NodeClient
 from node.local import LocalNode
 from wire import logrecord
-from wire.errors import NodeError
+from wire.errors import ErrorCode, NodeError
 
 SMALL = """
 [limits]
@@ -94,6 +94,44 @@ def test_checkpoint_truncates_the_log_and_keeps_every_record(make_node: Any, mod
     with node2.client() as c:
         assert sorted(stored(c)) == sorted(values)
         assert c.produce("t", b"more", partition=0)[1] == 35 * 100
+
+
+def test_writes_held_at_a_blocking_checkpoints_gate_go_on_when_it_opens(make_node: Any) -> None:
+    """Produce requests arriving while a blocking checkpoint holds the gate wait in the
+    transaction manager and are logged after it: each acknowledged record is stored once."""
+    node = make_node(config("blocking", ckpt=1024 * 1024))
+    acked: list[bytes] = []
+    with node.client(timeout_ms=20_000) as c:
+        c.create_topic("t", partitions=2)
+        pipe = c.pipeline(in_flight_max=64)
+        sent: dict[int, bytes] = {}
+        n = 0
+        deadline = time.monotonic() + 60
+        held = 0
+        while held == 0:
+            assert time.monotonic() < deadline, "no write was ever held at the gate"
+            for _ in range(40):  # ~40 rounds of up to 64 requests of 1 KiB between looks
+                while len(sent) < 64:
+                    value = f"{n}-".encode() + b"v" * 1000
+                    sent[pipe.submit("t", [value], n % 2)] = value
+                    n += 1
+                for rid, result in pipe.poll(5000):
+                    value = sent.pop(rid)
+                    if isinstance(result, NodeError):
+                        assert result.code == ErrorCode.BUSY, result  # the held queue was full
+                    else:
+                        acked.append(value)
+            txn = next(a for a in c.status()["actors"] if a["role"] == "txn")
+            held = txn["figures"].get("held_total", 0)
+        while sent:
+            for rid, result in pipe.poll(5000):
+                value = sent.pop(rid)
+                if isinstance(result, NodeError):
+                    assert result.code == ErrorCode.BUSY, result
+                else:
+                    acked.append(value)
+        assert sorted(stored(c)) == sorted(acked)
+        assert len(set(acked)) == len(acked) > 0
 
 
 def test_checkpoints_take_turns_between_the_snapshot_slots_across_restarts(

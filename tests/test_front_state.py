@@ -9,11 +9,10 @@ import msgpack
 import pytest
 
 from config import load_config
-from node.front_state import FrontDoorState, ToActor, ToClient
+from node.front_state import FrontDoorState, Produce, ToActor, ToClient
 from wire.errors import ErrorCode
 from wire.messages import (
     Ack,
-    Append,
     Catalog,
     CommittedOffset,
     CreateTopic,
@@ -45,6 +44,14 @@ def produce(records: list[Any], partition: int | None = None, seq: int = 0) -> l
     return req("produce", **fields)
 
 
+def parts_of(out: Any) -> list[Any]:
+    """The parts of a produce request on its way to be logged."""
+    assert isinstance(out, Produce)
+    producer_id, _seq, parts = out.fields
+    assert producer_id == 9
+    return parts  # type: ignore[no-any-return]
+
+
 def reply_of(out: Any) -> dict[str, Any]:
     assert isinstance(out, ToClient) and out.identity == ID
     decoded: dict[str, Any] = msgpack.unpackb(out.frame, raw=False)
@@ -54,9 +61,7 @@ def reply_of(out: Any) -> dict[str, Any]:
 def test_produce_to_a_named_partition_goes_to_the_transaction_manager_whole() -> None:
     s = state()
     (out,) = s.request(ID, produce([b"a", b"b"], partition=2), now=0.0)
-    assert isinstance(out, ToActor) and out.role == "txn"
-    assert isinstance(out.msg, Append) and out.msg.corr == out.corr
-    assert out.msg.parts == [[1, 2, 2, msgpack.packb([b"a", b"b"])]]
+    assert parts_of(out) == [[1, 2, 2, msgpack.packb([b"a", b"b"])]]
     assert out.corr in s.pending
 
 
@@ -65,15 +70,13 @@ def test_a_retried_split_batch_is_placed_as_the_first_attempt() -> None:
     recs = [[b"a", b"k1", [], None], b"no-key", [b"c", b"k2", [], None]]
     (first,) = s.request(ID, produce(recs, seq=5), now=0.0)
     (again,) = s.request(ID, produce(recs, seq=5), now=0.0)
-    assert isinstance(first, ToActor) and isinstance(again, ToActor)
+    assert parts_of(first) == parts_of(again)
     assert s.pending[first.corr].assign == s.pending[again.corr].assign
-    assert first.msg.parts == again.msg.parts  # type: ignore[union-attr]
 
 
 def test_keyless_batches_go_round_robin() -> None:
     s = state()
-    parts = [s.request(ID, produce([b"x"], seq=i), now=0.0)[0].msg.parts[0][1]  # type: ignore[union-attr]
-             for i in range(8)]
+    parts = [parts_of(s.request(ID, produce([b"x"], seq=i), now=0.0)[0])[0][1] for i in range(8)]
     assert parts == [(9 + i) % 4 for i in range(8)]  # producer 9, sequence numbers 0..7
 
 
@@ -82,10 +85,9 @@ def test_keyed_batch_is_split_by_key_hash_in_record_order() -> None:
     keys = [f"k{i}".encode() for i in range(12)]
     recs = [[f"v{i}".encode(), k, [], None] for i, k in enumerate(keys)]
     (out,) = s.request(ID, produce(recs), now=0.0)
-    assert isinstance(out, ToActor) and isinstance(out.msg, Append)
     want = [zlib.crc32(k) % 4 for k in keys]
     assert s.pending[out.corr].assign == want
-    for _tid, p, count, blob in out.msg.parts:
+    for _tid, p, count, blob in parts_of(out):
         inner = msgpack.unpackb(blob)
         assert [r[1] for r in inner] == [k for k, w in zip(keys, want, strict=True) if w == p]
         assert count == len(inner)
@@ -94,7 +96,7 @@ def test_keyed_batch_is_split_by_key_hash_in_record_order() -> None:
 def test_ack_becomes_the_clients_reply_and_raises_lsn_seen() -> None:
     s = state()
     (out,) = s.request(ID, produce([b"a"], partition=1), now=0.0)
-    assert isinstance(out, ToActor)
+    assert isinstance(out, Produce)
     (rep,) = s.answer(Ack(out.corr, 42, [[1, 10, 1]]))
     assert reply_of(rep) == {"id": 1, "ok": True, "lsn": 42, "parts": [[1, 10, 1]]}
     assert s.lsn_seen == 42 and not s.pending
@@ -108,7 +110,7 @@ def test_a_group_commits_acks_in_rows_answer_each_request_once() -> None:
     s = state()
     outs = s.request(ID, [b"".join(produce([b"x"], partition=p, seq=p)[0] for p in range(3))],
                      now=0.0)
-    corrs = [o.corr for o in outs if isinstance(o, ToActor)]
+    corrs = [o.corr for o in outs if isinstance(o, Produce)]
     assert len(corrs) == 3
     rows = [[corr, 50 + i, [[i, 7, 1]]] for i, corr in enumerate(corrs)]
     replies = [reply_of(r) for corr, lsn, parts in rows for r in s.ack(corr, lsn, parts)]
@@ -152,7 +154,7 @@ def test_before_the_catalog_arrives_requests_are_unavailable() -> None:
 def test_pending_limit_answers_busy() -> None:
     s = state(pending_requests_max=2)
     outs = [s.request(ID, produce([b"a"], partition=0, seq=i), now=0.0)[0] for i in range(3)]
-    assert [type(o) for o in outs] == [ToActor, ToActor, ToClient]
+    assert [type(o) for o in outs] == [Produce, Produce, ToClient]
     assert reply_of(outs[2])["code"] == ErrorCode.BUSY
 
 
@@ -170,7 +172,7 @@ def test_fail_and_stop_answer_every_waiting_request() -> None:
     s = state()
     a = s.request(ID, produce([b"a"], partition=0, seq=1), now=0.0)[0]
     s.request(ID, produce([b"b"], partition=0, seq=2), now=0.0)
-    assert isinstance(a, ToActor)
+    assert isinstance(a, Produce)
     (busy,) = s.fail([a.corr], ErrorCode.BUSY, "full")
     assert reply_of(busy)["code"] == ErrorCode.BUSY
     (stopped,) = s.stop()

@@ -22,6 +22,7 @@ def test_blocking_gate_waits_for_active_and_holds_new() -> None:
     s.requests(items(1, 2), now=0)
     assert s.checkpoint_requested(3) == []  # two still active
     assert s.requests(items(4, 5), now=0) == []  # held back
+    assert s.held_total == 2
     assert s.end([1]) == []
     assert s.end([2]) == [Ready(3, 0)]
     assert s.end([2]) == []  # ready is said once
@@ -39,7 +40,7 @@ def test_held_queue_is_bounded() -> None:
     s = TxnState("blocking", held_max=2, stale_s=5)
     s.checkpoint_requested(1)
     assert s.requests(items(1, 2, 3), now=0) == [Reject(3)]
-    assert len(s.held) == 2
+    assert len(s.held) == 2 and s.held_total == 2
 
 
 def test_lost_transactions_expire_and_release_the_gate() -> None:

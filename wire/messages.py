@@ -289,11 +289,25 @@ class Ended(Message):
 
 @message(76)
 class Writes(Message):
-    """Front door → transaction manager: a burst of write requests, encoded, with their
-    correlation ids, so they begin as transactions and pass on without being decoded."""
+    """Front door → transaction manager → log manager: a burst of write requests with their
+    correlation ids, so they begin as transactions together and pass on without being
+    decoded. A produce request travels as the fields of its ``Append`` after ``corr``
+    (``[producer_id, seq, parts]``); any other write as its encoded message."""
 
     corrs: list[int]
-    frames: list[bytes]
+    requests: list[list[Any] | bytes]
+
+
+# What a request of a ``Writes`` takes encoded beyond its records, at most (a generous bound
+# on the ids and headers: the sizes only split bursts under the bundle limit).
+WRITE_OVERHEAD_BYTES = 64
+
+
+def write_bytes(request: list[Any] | bytes) -> int:
+    """About how many bytes ``request`` (an item of ``Writes.requests``) takes encoded."""
+    if isinstance(request, bytes):
+        return len(request) + WRITE_OVERHEAD_BYTES
+    return WRITE_OVERHEAD_BYTES + sum(len(part[3]) + WRITE_OVERHEAD_BYTES for part in request[2])
 
 
 @message(71)
