@@ -40,7 +40,7 @@ from actors.base import (
     RefuseToStart,
     chunks,
 )
-from actors.checkpoint import AskFlush, AskTxn, Coordinator, Finish, Roll, Step, Truncate
+from actors.checkpoint import AskFlush, AskTxn, Coordinator, Finish, Phase, Roll, Step, Truncate
 from actors.log_state import LogState, Pending
 from wire import codec, logrecord
 from wire.codec import Message
@@ -71,6 +71,11 @@ log = logging.getLogger("shardnode")
 # What one row of an Acks message takes encoded, at most: a row, and each of its parts.
 ACK_ROW_BYTES = 32
 ACK_PART_BYTES = 32
+
+# The transaction manager hears which requests were answered at least this often (s), or
+# once this many are waiting to be told, and at once while a checkpoint waits for it.
+ENDED_INTERVAL_S = 0.05
+ENDED_ROWS_MAX = 8192
 
 EXIT_FSYNC_FAILED = 70
 FSYNC_SAMPLES = 4096  # recent write+fdatasync durations kept for status
@@ -330,6 +335,7 @@ class LogManager(Actor):
         self.queue: list[Pending] = []
         self.queued_bytes = 0
         self.ended: list[int] = []  # requests answered since the transaction manager was told
+        self.ended_told = 0.0  # when it was last told
         self.last_group_size = 0
         self.cache_stalled = False
         self.to_cache = GroupsInFlight(self.cfg.limits.group_bytes_queued_max)
@@ -466,7 +472,7 @@ class LogManager(Actor):
                     self.drain_mailbox()
             if self.queue:
                 self.flush_queue()
-        self.tell_ended()
+        self.maybe_tell_ended()
         if self.bytes_since_checkpoint >= self.cfg.log.checkpoint_bytes:
             steps = self.ckpt.start(time.monotonic())
             if steps:  # not while one is running: that one resets the count when it ends
@@ -474,9 +480,22 @@ class LogManager(Actor):
                 self.run_steps(steps)
 
     def tell_ended(self) -> None:
+        """Tell the transaction manager which requests have been answered since it was last
+        told."""
         if self.ended:
             ended, self.ended = self.ended, []
             self.send(TRANSACTION_MANAGER, Ended(ended), wait_ms=100)
+        self.ended_told = time.monotonic()
+
+    def maybe_tell_ended(self) -> None:
+        """``tell_ended`` when it matters: a checkpoint waits for the transaction manager to
+        be ready, or ``ENDED_INTERVAL_S`` or ``ENDED_ROWS_MAX`` have passed. Telling it after
+        every group commit woke it once more per group, for nothing outside a checkpoint."""
+        if not self.ended:
+            return
+        if self.ckpt.phase is Phase.WAIT_READY or len(self.ended) >= ENDED_ROWS_MAX or \
+                time.monotonic() - self.ended_told >= ENDED_INTERVAL_S:
+            self.tell_ended()
 
     def flush_queue(self) -> None:
         group, self.queue, self.queued_bytes = self.queue, [], 0
@@ -550,6 +569,7 @@ class LogManager(Actor):
             elif isinstance(step, AskTxn):
                 self.checkpoint_started = time.monotonic()
                 log.info("checkpoint %d requested (%s)", step.ckpt_id, self.cfg.log.checkpoint_mode)
+                self.tell_ended()  # first: the transaction manager waits only for the rest
                 self.send(TRANSACTION_MANAGER, CheckpointRequest(step.ckpt_id), wait_ms=1000)
                 faults.crash_point("checkpoint.after_request", data)
             elif isinstance(step, AskFlush):

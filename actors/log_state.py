@@ -62,6 +62,7 @@ class ProducerWindow:
     """The recent sequence numbers of one producer and what each one produced."""
 
     max_seq: int = -1
+    low: int = 0  # every sequence number below this has been forgotten
     # seq → msgpack [lsn, parts]: packed once when admitted (about 1 µs), so the window
     # costs little memory and a snapshot packs bytes, not ten thousand small lists.
     results: dict[int, bytes] = field(default_factory=dict)
@@ -111,18 +112,24 @@ class LogState:
         return win
 
     def _remember(self, win: ProducerWindow, seq: int, lsn: int, parts: list[list[int]]) -> None:
+        if seq < win.low:
+            return  # out of the window already (replayed with a smaller window than logged)
         results = win.results
         results[seq] = msgpack.packb([lsn, parts], use_bin_type=True)
-        if seq > win.max_seq:
-            win.max_seq = seq
-        # Sequence numbers arrive (almost always) in order, so the oldest are at the front
-        # of the insertion-ordered dict: evicting costs O(1) per request, not O(window).
-        floor = win.max_seq - self.window
-        while results:
-            oldest = next(iter(results))
-            if oldest > floor and len(results) <= 2 * self.window:
-                break
-            del results[oldest]
+        if seq <= win.max_seq:
+            return  # a gap filled: nothing falls out of the window
+        win.max_seq = seq
+        # Forget the sequence numbers that fell out of the window, (nearly always) the one
+        # just below it. Asking the dict for its oldest key instead cost up to O(window):
+        # iterating skips the slots its deletions left at the front.
+        floor = seq - self.window
+        if floor - win.low >= self.window:  # a jump: look at what is there
+            for old in [s for s in results if s <= floor]:
+                del results[old]
+        else:
+            for old in range(win.low, floor + 1):
+                results.pop(old, None)
+        win.low = max(win.low, floor + 1)
 
     def append(self, corr: int, producer_id: int, seq: int, parts: list[list[Any]],
                now_ms: int) -> Pending | Any:
@@ -274,7 +281,9 @@ class LogState:
                           for seq, lsn, parts in results}
             else:
                 window = dict(results)
-            self.producers[pid] = ProducerWindow(max_seq, window)
+            low = max(0, max_seq - self.window + 1)
+            self.producers[pid] = ProducerWindow(max_seq, low,
+                                                 {s: r for s, r in window.items() if s >= low})
 
     # ---- recovery -------------------------------------------------------------------
 

@@ -337,6 +337,19 @@ def test_a_never_seen_seq_older_than_the_window_is_stale() -> None:
     assert isinstance(d.append(5, 97, [[tid, 0, 1, blob(1)]]), Pending)
 
 
+def test_a_window_holds_at_most_window_entries_through_jumps_and_gaps() -> None:
+    d = Driver(window=8)
+    tid = d.create("t", 1)
+    seqs = [*range(0, 20), 25, 23, 1_000_000, 999_995, *range(1_000_001, 1_000_030, 3)]
+    for seq in seqs:
+        assert isinstance(d.append(6, seq, [[tid, 0, 1, blob(1)]]), Pending), seq
+        win = d.state.producers[6]
+        assert sorted(win.results) == sorted(s for s in set(seqs[:seqs.index(seq) + 1])
+                                             if s > win.max_seq - 8), seq
+    again = d.append(6, 999_995, [[tid, 0, 1, blob(1)]])
+    assert isinstance(again, ErrorReply) and again.code == ErrorCode.STALE_SEQUENCE
+
+
 def test_out_of_order_seqs_inside_the_window_are_accepted_once() -> None:
     d = Driver(window=8)
     tid = d.create("t", 1)
