@@ -1,0 +1,45 @@
+"""The log manager's hand-off to the cache manager (``actors.log_manager.HandOff``): durable
+groups wait a moment and go on merged, as one group whose records are theirs, in order."""
+
+from __future__ import annotations
+
+from actors.log_manager import HAND_OFF_BYTES, HAND_OFF_S, HandOff
+from wire import logrecord
+from wire.logrecord import Kind
+
+
+def group(first: int, last: int) -> bytes:
+    return b"".join(logrecord.encode(lsn, Kind.OFFSET_COMMIT, ["g", 1, 0, lsn])
+                    for lsn in range(first, last + 1))
+
+
+def test_groups_merge_into_one_with_the_first_lsn_of_the_first_and_the_last_of_the_last() -> None:
+    h = HandOff()
+    h.add(1, 3, group(1, 3), now=10.0)
+    h.add(4, 4, group(4, 4), now=10.001)
+    h.add(5, 9, group(5, 9), now=10.0015)
+    assert h.due == 10.0 + HAND_OFF_S  # the first group waits no longer than HAND_OFF_S
+    assert not h.full()
+    first, last, data = h.take()
+    assert (first, last) == (1, 9)
+    assert [e.lsn for e in logrecord.iter_buffer(data)] == list(range(1, 10))
+    assert not h.datas and h.size == 0
+
+
+def test_after_a_take_the_next_group_starts_a_new_wait() -> None:
+    h = HandOff()
+    h.add(1, 1, group(1, 1), now=5.0)
+    h.take()
+    h.add(2, 2, group(2, 2), now=7.0)
+    assert h.due == 7.0 + HAND_OFF_S
+    assert h.take()[:2] == (2, 2)
+
+
+def test_enough_bytes_waiting_make_it_full() -> None:
+    h = HandOff()
+    data = group(1, 1)
+    lsn = 0
+    while not h.full():
+        lsn += 1
+        h.add(lsn, lsn, data, now=0.0)
+    assert h.size >= HAND_OFF_BYTES > h.size - len(data)
