@@ -49,6 +49,17 @@ TRANSACTION_MANAGER = "txn"
 CACHE_MANAGER = "cache"
 
 
+def writes_role(cfg: NodeConfig) -> str:
+    """Where the front door sends write requests (produce, topic changes, offset commits).
+
+    A ``blocking`` checkpoint holds new writes at the transaction manager's gate, so they
+    pass through it. A ``fuzzy`` checkpoint never holds them, and a single write begins and
+    ends inside one group commit, needing nothing of the log that a checkpoint could
+    truncate: there they go straight to the log manager, one process hop fewer on every
+    acknowledgement's way (docs/ARCHITECTURE.md)."""
+    return TRANSACTION_MANAGER if cfg.log.checkpoint_mode == "blocking" else LOG_MANAGER
+
+
 def writer_role(index: int) -> str:
     return f"writer-{index}"
 

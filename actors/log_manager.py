@@ -6,9 +6,11 @@ producer is written at once; while an fsync runs, the next crowd queues up and s
 next one. When the previous group held more than one request, it waits up to
 ``group_wait_us_max`` for stragglers before committing, so a busy log batches more.
 
-Durable groups flow on, as the very bytes written, to the cache manager (which hands them
-to the shard writers) before any acknowledgement is sent, and the transaction manager is
-told which requests ended. An fsync error is fatal: the process exits at once and recovery
+Once a group is durable its requests are acknowledged, and the group flows on, as the very
+bytes written, to the cache manager (which hands it to the shard writers). When writes come
+through the transaction manager (``blocking`` checkpoints) it is told which requests ended;
+otherwise they come straight from the front door and it is told nothing (``writes_role``).
+An fsync error is fatal: the process exits at once and recovery
 rebuilds the truth from the disk. The log manager also drives the checkpoint handshake
 (``actors/checkpoint.py``) that lets it delete old segments.
 """
@@ -41,6 +43,7 @@ from actors.base import (
     GroupsInFlight,
     RefuseToStart,
     chunks,
+    writes_role,
 )
 from actors.checkpoint import AskFlush, AskTxn, Coordinator, Finish, Phase, Roll, Step, Truncate
 from actors.log_state import LogState, Pending
@@ -368,7 +371,9 @@ class LogManager(Actor):
         self.ckpt = Coordinator(lcfg.checkpoint_mode, lcfg.checkpoint_timeout_ms / 1000)
         self.queue: list[Pending] = []
         self.queued_bytes = 0
-        self.ended: list[int] = []  # requests answered since the transaction manager was told
+        # Requests answered since the transaction manager was told: only when it began them.
+        self.track_ended = writes_role(self.cfg) == TRANSACTION_MANAGER
+        self.ended: list[int] = []
         self.ended_told = 0.0  # when it was last told
         self.last_group_size = 0
         self.cache_stalled = False
@@ -492,7 +497,7 @@ class LogManager(Actor):
         else:
             self.send(FRONT_DOOR, out, wait_ms=1000)
             corr = getattr(out, "corr", None)
-            if corr is not None:
+            if corr is not None and self.track_ended:
                 self.ended.append(corr)
 
     def on_idle(self) -> None:
@@ -569,10 +574,11 @@ class LogManager(Actor):
                 acks.append([p.reply.corr, p.reply.lsn, p.reply.parts])
             else:
                 replies.append(codec.encode(p.reply))
-            self.ended.append(p.reply.corr)
             parts = getattr(p.reply, "parts", None)
             if parts and p.record:
                 self.window_records += sum(part[2] for part in parts)
+        if self.track_ended:
+            self.ended.extend(p.reply.corr for p in group)
         # If the front door is gone, its clients time out and retry (produce is idempotent).
         for start, end in chunks([ACK_ROW_BYTES + ACK_PART_BYTES * len(row[2]) for row in acks],
                                  BUNDLE_BYTES_MAX):

@@ -1,10 +1,13 @@
 """The transaction manager actor: store transactions, and the checkpoint gate.
 
-Write requests from the front door pass through here on their way to the log manager (a
-burst of them as one ``Writes`` message); the log manager tells it which ended, one message
-per group commit. While the gate is open a burst goes on as the very frame that came: only
+When checkpoints are ``blocking``, write requests from the front door pass through here on
+their way to the log manager (a burst of them as one ``Writes`` message), so that the gate
+can hold them; the log manager tells it which ended, every 50 ms or at once while a
+checkpoint waits. While the gate is open a burst goes on as the very frame that came: only
 its correlation ids are read, the requests (up to 16 MiB of records) are neither decoded
-nor copied. See ``actors/txn_state.py`` for the logic.
+nor copied. With ``fuzzy`` checkpoints nothing is held, and writes go straight to the log
+manager (``actors.base.writes_role``): here a checkpoint request is answered ready at once.
+See ``actors/txn_state.py`` for the logic.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 It owns one ROUTER socket on ``host:port``. Each request is decoded and checked against
 ``wire.protocol``; produce batches are checked record by record once, here, and split by
-key hash when the client named no partition. Requests go on to the transaction manager
-(writes), the cache manager (reads by offset), the owning shard writer (other reads), the
-log manager or the supervisor, tagged with a correlation id; answers come back to this
+key hash when the client named no partition. Requests go on to the log manager (writes,
+through the transaction manager when checkpoints are ``blocking``: ``writes_role``), the
+cache manager (reads by offset), the owning shard writer (other reads), the log manager
+or the supervisor, tagged with a correlation id; answers come back to this
 actor's mailbox and are matched to the waiting client. It never touches the disk and never
 blocks: a full queue is answered BUSY, a request nobody answered in ``request_timeout_ms``
 is answered TIMEOUT, and bad input gets an error code and message. The logic is
@@ -22,7 +23,6 @@ import zmq
 from actors.base import (
     BUNDLE_BYTES_MAX,
     LOG_MANAGER,
-    TRANSACTION_MANAGER,
     Actor,
     ActorContext,
     chunks,
@@ -77,7 +77,7 @@ class FrontDoor(Actor):
             elif isinstance(out, Produce):
                 # As the fields of its Append: nothing to encode per request here, nothing
                 # to decode per request in the log manager.
-                self.outbox.setdefault(TRANSACTION_MANAGER, []).append((out.corr, out.fields))
+                self.outbox.setdefault(self.state.writes_to, []).append((out.corr, out.fields))
             else:
                 # A burst's requests to one actor go out together, as one bundle.
                 self.outbox.setdefault(out.role, []).append((out.corr, codec.encode(out.msg)))
@@ -88,7 +88,7 @@ class FrontDoor(Actor):
                 continue
             requests = [request for _corr, request in items]
             corrs = [corr for corr, _r in items]
-            if role == TRANSACTION_MANAGER:
+            if role == self.state.writes_to:  # produce fields, and encoded messages
                 sent = 0
                 for start, end in chunks([write_bytes(r) for r in requests], BUNDLE_BYTES_MAX):
                     if not self.send(role, Writes(corrs[start:end], requests[start:end])):

@@ -20,9 +20,9 @@ from actors.base import (
     CACHE_MANAGER,
     LOG_MANAGER,
     SUPERVISOR,
-    TRANSACTION_MANAGER,
     owner,
     writer_role,
+    writes_role,
 )
 from config import NodeConfig
 from wire import protocol
@@ -99,6 +99,7 @@ class FrontDoorState:
         self.lim = cfg.limits
         self.writers = cfg.node.writers
         self.checkpoint_timeout_ms = cfg.log.checkpoint_timeout_ms
+        self.writes_to = writes_role(cfg)  # the actor write requests go to
         self.topics: dict[str, tuple[int, int]] = {}  # name → (topic_id, partitions)
         self.catalog_version = -1
         self.pending: dict[int, Waiting] = {}
@@ -199,15 +200,15 @@ class FrontDoorState:
                 return to(writer, lambda c: CommittedOffset(c, req["group"], tid, p, lsn))
             if op == "create_topic":
                 protocol.check_name("topic name", req["name"])
-                return to(TRANSACTION_MANAGER,
+                return to(self.writes_to,
                           lambda c: CreateTopic(c, req["name"], req["partitions"]))
             if op == "delete_topic":
                 self.topic(req["name"])
-                return to(TRANSACTION_MANAGER, lambda c: DeleteTopic(c, req["name"]))
+                return to(self.writes_to, lambda c: DeleteTopic(c, req["name"]))
             if op == "commit_offset":
                 protocol.check_name("group name", req["group"])
                 tid, p = self.partition(req["topic"], req["partition"])
-                return to(TRANSACTION_MANAGER,
+                return to(self.writes_to,
                           lambda c: CommitOffset(c, req["group"], tid, p, req["offset"]))
             if op == "list_topics":
                 return to(LOG_MANAGER, ListTopics)

@@ -75,6 +75,11 @@ def wait_status(node: LocalNode, what: str, cond: Any, timeout_s: float = 60) ->
             time.sleep(0.05)  # ok-sleep: poll interval, under a deadline
 
 
+def txn_figures(status: dict[str, Any]) -> dict[str, Any]:
+    figures: dict[str, Any] = next(a for a in status["actors"] if a["role"] == "txn")["figures"]
+    return figures
+
+
 @pytest.mark.parametrize("mode", ["fuzzy", "blocking"])
 def test_checkpoint_truncates_the_log_and_keeps_every_record(make_node: Any, mode: str) -> None:
     node = make_node(config(mode, ckpt=64 * 1024 * 1024))
@@ -89,6 +94,12 @@ def test_checkpoint_truncates_the_log_and_keeps_every_record(make_node: Any, mod
         assert after < 1024 * 1024, f"{before} -> {after} bytes"
         assert sorted(stored(c)) == sorted(values)
         values += produce(c, 10, start=60)
+    if mode == "blocking":  # every write began at the gate and was told ended, none forgotten
+        st = wait_status(node, "the transaction manager's figures",
+                         lambda st: 0 < txn_figures(st)["began"] == txn_figures(st)["ended"])
+        assert txn_figures(st)["expired"] == 0
+    else:  # fuzzy: writes go straight to the log manager
+        assert txn_figures(wait_status(node, "status", lambda st: True))["began"] == 0
     node.kill()  # the snapshot and the shards must carry what was truncated
     node2 = make_node(config(mode, ckpt=64 * 1024 * 1024), data_dir=node.data_dir)
     with node2.client() as c:
@@ -121,8 +132,7 @@ def test_writes_held_at_a_blocking_checkpoints_gate_go_on_when_it_opens(make_nod
                         assert result.code == ErrorCode.BUSY, result  # the held queue was full
                     else:
                         acked.append(value)
-            txn = next(a for a in c.status()["actors"] if a["role"] == "txn")
-            held = txn["figures"].get("held_total", 0)
+            held = txn_figures(c.status()).get("held_total", 0)
         while sent:
             for rid, result in pipe.poll(5000):
                 value = sent.pop(rid)

@@ -14,6 +14,7 @@ from wire.errors import ErrorCode
 from wire.messages import (
     Ack,
     Catalog,
+    CommitOffset,
     CommittedOffset,
     CreateTopic,
     ErrorReply,
@@ -25,8 +26,8 @@ from wire.messages import (
 ID = b"client-1"
 
 
-def state(**limits: int) -> FrontDoorState:
-    cfg = load_config(overrides={"limits": limits} if limits else None)
+def state(mode: str = "fuzzy", **limits: int) -> FrontDoorState:
+    cfg = load_config(overrides={"limits": limits, "log": {"checkpoint_mode": mode}})
     s = FrontDoorState(cfg)
     s.catalog(Catalog(7, [[1, "t", 4], [2, "one", 1]], 7))
     return s
@@ -58,7 +59,7 @@ def reply_of(out: Any) -> dict[str, Any]:
     return decoded
 
 
-def test_produce_to_a_named_partition_goes_to_the_transaction_manager_whole() -> None:
+def test_produce_to_a_named_partition_goes_on_whole() -> None:
     s = state()
     (out,) = s.request(ID, produce([b"a", b"b"], partition=2), now=0.0)
     assert parts_of(out) == [[1, 2, 2, msgpack.packb([b"a", b"b"])]]
@@ -119,6 +120,18 @@ def test_a_group_commits_acks_in_rows_answer_each_request_once() -> None:
     assert s.lsn_seen == 52 and not s.pending
     assert s.ack(corrs[0], 50, [[0, 7, 1]]) == [], "answered once only"
     assert s.ack(999, 60, [[0, 8, 1]]) == [] and s.lsn_seen == 52  # not ours: ignored
+
+
+@pytest.mark.parametrize("mode, role", [("fuzzy", "log"), ("blocking", "txn")])
+def test_writes_pass_the_transaction_managers_gate_only_when_checkpoints_block(
+        mode: str, role: str) -> None:
+    s = state(mode)
+    assert s.writes_to == role  # where the shell sends produce requests (Produce)
+    (out,) = s.request(ID, req("create_topic", name="new", partitions=2), now=0.0)
+    assert isinstance(out, ToActor) and isinstance(out.msg, CreateTopic) and out.role == role
+    (out,) = s.request(ID, req("commit_offset", group="g", topic="t", partition=1, offset=5),
+                       now=0.0)
+    assert isinstance(out, ToActor) and isinstance(out.msg, CommitOffset) and out.role == role
 
 
 def test_reads_other_than_by_offset_go_to_the_owning_writer() -> None:
