@@ -235,6 +235,7 @@ class Actor:
         self.last_drain = 0
         self.current_frame = b""
         self._next_tick = time.monotonic() + TICK_S
+        self._reported_at = 0.0
         self.started_at = time.time()
 
     # ---- sending ------------------------------------------------------------------
@@ -350,6 +351,7 @@ class Actor:
             self.handle_frame(frame)
             if not self.running:
                 break
+            self.keep_alive()
         return n
 
     def report(self) -> None:
@@ -357,6 +359,16 @@ class Actor:
         figures.setdefault("mailbox", self.last_drain)
         figures["started_at"] = self.started_at
         self.send(SUPERVISOR, Stats(self.role, os.getpid(), figures))
+        self._reported_at = time.monotonic()
+
+    def keep_alive(self) -> None:
+        """Report if a tick's time has passed since the last report. Work that can outlast
+        the supervisor's ``heartbeat_timeout_ms`` without returning to the loop (a writer
+        far behind, reading the log back at low CPU priority on a busy machine) calls it
+        between steps, or the supervisor would take it for hung and kill it. Not while
+        starting: the first report tells the supervisor this actor is up (``run``)."""
+        if self._reported_at and time.monotonic() - self._reported_at >= TICK_S:
+            self.report()
 
     def run(self) -> None:
         self.on_start()

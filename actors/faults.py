@@ -1,8 +1,9 @@
-"""Fault injection seams, for tests: crash an actor at a named point, or fail an fsync.
+"""Fault injection seams, for tests: crash an actor at a named point, fail an fsync, or slow
+a step down.
 
 ``SHARDNODE_FAULTS`` lists the armed points, comma-separated, e.g.
 ``checkpoint.after_snapshot,log.fsync``. Each fires once per data directory, in one process
-only: firing first creates ``<data dir>/faults-fired/<point>`` exclusively, so a second actor
+only (a seam that slows, ``armed``, stays armed): firing first creates ``<data dir>/faults-fired/<point>`` exclusively, so a second actor
 reaching the point at the same moment, or the restarted actor, goes on normally.
 With the variable unset (always, outside tests) every call is one dictionary lookup.
 """
@@ -49,3 +50,9 @@ def crash_point(point: str, data_dir: Path) -> None:
 def fails(point: str, data_dir: Path) -> bool:
     """True once if ``point`` is armed: the caller then behaves as if its I/O failed."""
     return bool(_armed) and _fire(point, data_dir)
+
+
+def armed(point: str) -> bool:
+    """True while ``point`` is armed, every time: for a seam that slows a step rather than
+    failing it once. Callers ask once, at start."""
+    return point in _armed

@@ -68,6 +68,7 @@ log = logging.getLogger("shardnode")
 
 Shard = tuple[int, int]
 PARKED_READS_MAX = 10000
+SLOW_APPLY_S = 0.25  # with the seam writer.slow_apply armed: the wait before each log record
 
 
 class ShardWriter(Actor):
@@ -91,6 +92,7 @@ class ShardWriter(Actor):
         self.last_flush_ms = 0.0
         self.progress = ProgressReport(  # to the cache manager
             self.cfg.limits.group_bytes_queued_max // PROGRESS_BYTES_DIVISOR)
+        self.slow_apply_s = SLOW_APPLY_S if faults.armed("writer.slow_apply") else 0.0
 
     def owns(self, topic_id: int, partition: int) -> bool:
         return owner(topic_id, partition, self.writers) == self.index
@@ -204,6 +206,10 @@ class ShardWriter(Actor):
         last = self.processed_lsn
         for e in entries:
             last = e.lsn
+            # Far behind on a busy machine, at low CPU priority, this can take a while.
+            self.keep_alive()
+            if self.slow_apply_s:
+                time.sleep(self.slow_apply_s)  # the test seam writer.slow_apply
             if e.kind == Kind.PRODUCE:
                 _pid, _seq, ts, parts = msgpack.unpackb(e.payload, raw=False)
                 for topic_id, partition, first, count, blob in parts:
@@ -246,6 +252,7 @@ class ShardWriter(Actor):
         for store in self.stores.values():
             store.finish(max(store.applied_lsn, self.processed_lsn))
             store.flush()
+            self.keep_alive()  # hundreds of shards take a while
         if self.processed_lsn > self.catalog_lsn:
             self._save_catalog_lsn(self.processed_lsn)
         faults.crash_point("writer.after_flush", self.cfg.data_path)
@@ -264,8 +271,7 @@ class ShardWriter(Actor):
                     store.finish(e.lsn)
                     store.flush()
                     self.stores[(topic_id, p)] = store
-                    if len(self.stores) % 16 == 0:
-                        self.report()  # a wide topic takes a while: stay alive to the supervisor
+                    self.keep_alive()  # a wide topic takes a while
         else:
             topic_id, _name = e.body()
             for shard in [s for s in self.stores if s[0] == topic_id]:

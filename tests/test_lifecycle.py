@@ -222,3 +222,33 @@ def test_waiting_for_a_slow_node_asks_only_once_it_listens(tmp_path: Path) -> No
     finally:
         router.close(0)
         waiter.join(10)
+
+
+def test_a_writer_busy_past_the_heartbeat_timeout_reports_and_is_not_killed(
+        make_node: Any) -> None:
+    """A writer whose work outlasts ``heartbeat_timeout_ms`` without going back to its loop
+    (each log record here waits 0.25 s: the seam ``writer.slow_apply``) reports as it goes,
+    so the supervisor does not take it for hung and kill it."""
+    from actors.shard_writer import SLOW_APPLY_S
+    from wire.records import Record
+
+    heartbeat_s = 2.0
+    node = make_node(f"[supervisor]\nheartbeat_timeout_ms = {int(heartbeat_s * 1000)}\n",
+                     env={"SHARDNODE_FAULTS": "writer.slow_apply"})
+    n = 16
+    assert n * SLOW_APPLY_S >= 2 * heartbeat_s
+    with node.client(timeout_ms=60_000) as c:
+        c.create_topic("t")
+        pipe = c.pipeline()
+        sent = {pipe.submit("t", [Record(f"v{i}".encode(), key=b"k")], 0) for i in range(n)}
+        deadline = time.monotonic() + 30
+        while sent:  # acknowledged once logged: the writer is off that path
+            assert time.monotonic() < deadline, "produce requests not answered"
+            for rid, result in pipe.poll(1000):
+                assert not isinstance(result, Exception), result
+                sent.discard(rid)
+        # Served by the writer once it has applied all of them, in one stretch of ~4 s.
+        latest = c.read_by_key("t", b"k")
+        assert latest is not None and latest.value == f"v{n - 1}".encode()
+        restarts = {a["role"]: a["restarts"] for a in c.status()["actors"]}
+    assert not any(restarts.values()), restarts
