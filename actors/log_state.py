@@ -70,7 +70,8 @@ class ProducerWindow:
 
 class LogState:
     def __init__(self, producers_max: int, producer_window_max: int,
-                 shards_max: int = 1 << 30) -> None:
+                 shards_max: int = 1 << 30, producer_entries_max: int = 1 << 62) -> None:
+        assert producer_entries_max >= producer_window_max, "one full window must fit"
         self.last_lsn = 0
         self.topics: dict[str, Topic] = {}
         self.by_id: dict[int, Topic] = {}
@@ -79,6 +80,11 @@ class LogState:
         self.producers: collections.OrderedDict[int, ProducerWindow] = collections.OrderedDict()
         self.producers_max = producers_max
         self.window = producer_window_max
+        # Sequence numbers remembered across all windows: the least recently used producers
+        # are forgotten beyond this, so memory (and each checkpoint's copy) stays bounded
+        # however many producers keep how full a window.
+        self.entries_max = producer_entries_max
+        self.entries = 0
         self.catalog_lsn = 0
         self.shards_max = shards_max
 
@@ -106,30 +112,44 @@ class LogState:
             win = ProducerWindow()
             self.producers[producer_id] = win
             if len(self.producers) > self.producers_max:
-                self.producers.popitem(last=False)
+                self._forget_oldest()
         else:
             self.producers.move_to_end(producer_id)
         return win
+
+    def _forget_oldest(self) -> None:
+        """Forget the least recently used producer: a retry of its would be logged again."""
+        _pid, old = self.producers.popitem(last=False)
+        self.entries -= len(old.results)
+
+    def _bound_entries(self) -> None:
+        # The most recent producer, the one just used, stays: its window alone fits.
+        while self.entries > self.entries_max and len(self.producers) > 1:
+            self._forget_oldest()
 
     def _remember(self, win: ProducerWindow, seq: int, lsn: int, parts: list[list[int]]) -> None:
         if seq < win.low:
             return  # out of the window already (replayed with a smaller window than logged)
         results = win.results
+        before = len(results)
         results[seq] = msgpack.packb([lsn, parts], use_bin_type=True)
-        if seq <= win.max_seq:
-            return  # a gap filled: nothing falls out of the window
-        win.max_seq = seq
-        # Forget the sequence numbers that fell out of the window, (nearly always) the one
-        # just below it. Asking the dict for its oldest key instead cost up to O(window):
-        # iterating skips the slots its deletions left at the front.
-        floor = seq - self.window
-        if floor - win.low >= self.window:  # a jump: look at what is there
-            for old in [s for s in results if s <= floor]:
-                del results[old]
-        else:
-            for old in range(win.low, floor + 1):
-                results.pop(old, None)
-        win.low = max(win.low, floor + 1)
+        if seq > win.max_seq:
+            win.max_seq = seq
+            # Forget the sequence numbers that fell out of the window, (nearly always) the
+            # one just below it. Asking the dict for its oldest key instead cost up to
+            # O(window): iterating skips the slots its deletions left at the front.
+            floor = seq - self.window
+            if floor - win.low >= self.window:  # a jump: look at what is there
+                for old in [s for s in results if s <= floor]:
+                    del results[old]
+            else:
+                for old in range(win.low, floor + 1):
+                    results.pop(old, None)
+            win.low = max(win.low, floor + 1)
+        # else a gap filled: nothing falls out of the window
+        self.entries += len(results) - before
+        if self.entries > self.entries_max:
+            self._bound_entries()
 
     def append(self, corr: int, producer_id: int, seq: int, parts: list[list[Any]],
                now_ms: int) -> Pending | Any:
@@ -284,6 +304,11 @@ class LogState:
             low = max(0, max_seq - self.window + 1)
             self.producers[pid] = ProducerWindow(max_seq, low,
                                                  {s: r for s, r in window.items() if s >= low})
+        # Oldest first, as they were: a smaller bound than the snapshot's forgets the oldest.
+        self.entries = sum(len(w.results) for w in self.producers.values())
+        while len(self.producers) > self.producers_max:
+            self._forget_oldest()
+        self._bound_entries()
 
     # ---- recovery -------------------------------------------------------------------
 

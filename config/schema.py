@@ -53,6 +53,7 @@ class LogConfig:
     group_wait_us_max: int
     producers_max: int
     producer_window_max: int
+    producer_entries_max: int
     checkpoint_bytes: int
     checkpoint_mode: str
     checkpoint_timeout_ms: int
@@ -200,6 +201,10 @@ def validate(cfg: NodeConfig) -> None:
                           "a longer window only adds latency")
     if lim.read_records_max > lim.batch_records_max * 100:
         raise ConfigError("limits.read_records_max is unreasonably large")
+    if log.producer_entries_max < log.producer_window_max:
+        raise ConfigError("log.producer_entries_max must hold at least one full window of "
+                          f"log.producer_window_max: {log.producer_entries_max} < "
+                          f"{log.producer_window_max}")
     if log.checkpoint_mode not in CHECKPOINT_MODES:
         raise ConfigError(f"log.checkpoint_mode must be one of {CHECKPOINT_MODES}, "
                           f"got {log.checkpoint_mode!r}")

@@ -48,8 +48,10 @@ def only_entry(p: Pending) -> Any:
 class Driver:
     """A LogState plus the records it asked to log, in order."""
 
-    def __init__(self, producers_max: int = 1000, window: int = 8) -> None:
-        self.state = LogState(producers_max=producers_max, producer_window_max=window)
+    def __init__(self, producers_max: int = 1000, window: int = 8,
+                 entries_max: int = 1 << 62) -> None:
+        self.state = LogState(producers_max=producers_max, producer_window_max=window,
+                              producer_entries_max=entries_max)
         self.log = bytearray()
         self.corr = 0
 
@@ -380,6 +382,46 @@ def test_producers_max_evicts_the_least_recently_used_producer() -> None:
     b_retry = d.append(2, 0, [[tid, 0, 1, blob(1)]])
     assert b_retry.record != b""  # forgotten: logged again
     assert len(d.state.producers) == 2
+
+
+def entries_in_windows(st: LogState) -> int:
+    return sum(len(w.results) for w in st.producers.values())
+
+
+def test_producer_entries_max_forgets_the_least_recently_used_producers() -> None:
+    d = Driver(window=4, entries_max=10)
+    tid = d.create("t", 1)
+    first = {}
+    for pid in (1, 2, 3):
+        for seq in range(4):
+            out = d.append(pid, seq, [[tid, 0, 1, blob(1)]])
+            first[(pid, seq)] = out.lsn
+            assert d.state.entries == entries_in_windows(d.state) <= 10
+    # 12 entries would not fit: producer 1, the least recently used, was forgotten whole.
+    assert list(d.state.producers) == [2, 3] and d.state.entries == 8
+    assert d.append(1, 3, [[tid, 0, 1, blob(1)]]).record != b""  # logged again
+    retry = d.append(3, 3, [[tid, 0, 1, blob(1)]])
+    assert retry.record == b"" and retry.lsn == first[(3, 3)]  # remembered: answered as before
+    assert d.state.entries == entries_in_windows(d.state) <= 10
+
+
+def test_producer_entries_are_counted_through_gaps_jumps_and_evictions() -> None:
+    seed = int(os.environ.get("SHARDNODE_SEED", random.randrange(2**32)))
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    d = Driver(producers_max=6, window=5, entries_max=17)
+    tid = d.create("t", 2)
+    for _ in range(2000):
+        pid = rng.randrange(10)
+        seq = rng.choice([rng.randrange(40), rng.randrange(1000)])  # gaps, retries, jumps
+        d.append(pid, seq, [[tid, rng.randrange(2), 1, blob(1)]])
+        assert d.state.entries == entries_in_windows(d.state) <= 17
+        assert len(d.state.producers) <= 6
+    restored = LogState(producers_max=3, producer_window_max=5, producer_entries_max=8)
+    restored.restore(d.state.snapshot())
+    assert restored.entries == entries_in_windows(restored) <= 8
+    assert len(restored.producers) <= 3
+    assert list(restored.producers) == list(d.state.producers)[-len(restored.producers):]
 
 
 # ---- offset commits -------------------------------------------------------------------------
