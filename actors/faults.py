@@ -2,9 +2,10 @@
 a step down.
 
 ``SHARDNODE_FAULTS`` lists the armed points, comma-separated, e.g.
-``checkpoint.after_snapshot,log.fsync``. Each fires once per data directory, in one process
-only (a seam that slows, ``armed``, stays armed): firing first creates ``<data dir>/faults-fired/<point>`` exclusively, so a second actor
-reaching the point at the same moment, or the restarted actor, goes on normally.
+``checkpoint.after_snapshot,log.fsync``. Each crash or failure fires once per data
+directory, in one process only: firing first creates ``<data dir>/faults-fired/<point>``
+exclusively, so a second actor reaching the point at the same moment, or the restarted
+actor, goes on normally. A seam that slows a step (``armed``) stays armed.
 With the variable unset (always, outside tests) every call is one dictionary lookup.
 """
 
