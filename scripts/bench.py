@@ -1553,6 +1553,100 @@ def print_checkpoint_table(rows: list[Row], s: Settings) -> None:
     console.print()
 
 
+# ---- targets: the goals the issues set, checked on every run ---------------------------
+
+
+def _shardnode_row(rows: Sequence[Row], scenario: str, phase: str | None = None) -> Row | None:
+    return next((r for r in rows if r.scenario == scenario and r.system == SHARDNODE
+                 and (phase is None or (r.mode, r.phase) == ("fuzzy", phase))), None)
+
+
+def _figure(scenario: str, name: str, phase: str | None = None
+            ) -> Callable[[Sequence[Row]], float | None]:
+    def measure(rows: Sequence[Row]) -> float | None:
+        row = _shardnode_row(rows, scenario, phase)
+        return None if row is None else getattr(row, name)
+    return measure
+
+
+def _over_redis(scenario: str) -> Callable[[Sequence[Row]], float | None]:
+    def measure(rows: Sequence[Row]) -> float | None:
+        row = next((r for r in rows if r.scenario == scenario and r.system == REDIS), None)
+        return None if row is None else row.shardnode_ratio
+    return measure
+
+
+def _rss_peak(rows: Sequence[Row]) -> float | None:
+    peaks = [r.rss_mb for r in rows if r.system == SHARDNODE and r.rss_mb is not None]
+    return max(peaks) if peaks else None
+
+
+@dataclass(frozen=True)
+class Target:
+    """A goal an issue set for this machine, at the bench's default settings."""
+
+    issue: int
+    text: str
+    measure: Callable[[Sequence[Row]], float | None]  # None: not measured in this run
+    at_least: float | None = None
+    at_most: float | None = None
+    unit: str = ""
+
+    def verdict(self, rows: Sequence[Row]) -> tuple[float | None, bool | None]:
+        value = self.measure(rows)
+        if value is None:
+            return None, None
+        return value, ((self.at_least is None or value >= self.at_least)
+                       and (self.at_most is None or value <= self.at_most))
+
+
+TARGETS = (
+    Target(2, "ingest-batched >= 200 000 records/s", _figure("ingest-batched", "msgs_per_s"),
+           at_least=200_000, unit="/s"),
+    Target(2, "ingest-single >= 20 000 records/s", _figure("ingest-single", "msgs_per_s"),
+           at_least=20_000, unit="/s"),
+    Target(3, "ingest-batched >= 3x Redis Streams", _over_redis("ingest-batched"),
+           at_least=3.0, unit="x"),
+    Target(3, "ingest-batched >= 300 000 records/s", _figure("ingest-batched", "msgs_per_s"),
+           at_least=300_000, unit="/s"),
+    Target(3, "ingest-single >= 1x Redis Streams", _over_redis("ingest-single"),
+           at_least=1.0, unit="x"),
+    Target(3, "node RSS <= 400 MB in every scenario", _rss_peak, at_most=400, unit=" MB"),
+    Target(3, "recovery >= 100 MB/s", _figure("recovery", "mb_per_s"), at_least=100,
+           unit=" MB/s"),
+    Target(4, f"fuzzy checkpoint p99 inside <= {CKPT_GOAL:g}x outside",
+           _figure("checkpoint", "p99_ratio", phase="inside"), at_most=CKPT_GOAL, unit="x"),
+)
+
+
+def _defaults_differ(s: Settings) -> list[str]:
+    """The settings of this run that differ from those the targets are set for."""
+    base = Settings(s.scenarios)
+    return [name for name in ("producers", "batch", "size", "concurrency", "seconds",
+                              "read_records", "keys", "recovery_mb", "quick")
+            if getattr(s, name) != getattr(base, name)]
+
+
+def print_targets(rows: list[Row], s: Settings) -> None:
+    t = Table(title="targets (the issues' goals for this machine)", title_justify="left")
+    for col in ("issue", "target", "measured", "verdict"):
+        t.add_column(col, justify="right" if col in ("issue", "measured") else "left")
+    for target in TARGETS:
+        value, met = target.verdict(rows)
+        shown = "-" if value is None else (f"{value:.2f}{target.unit}" if target.unit == "x"
+                                           else f"{_num(value)}{target.unit}")
+        verdict = ("not run" if met is None else "[green]met[/green]" if met
+                   else "[red]MISSED[/red]")
+        t.add_row(str(target.issue), target.text, shown, verdict)
+    console.print(t)
+    differ = _defaults_differ(s)
+    if differ:
+        console.print(f"  the targets are set for the default settings; this run changed "
+                      f"{', '.join(differ)}, so its verdicts only indicate", highlight=False,
+                      soft_wrap=True)
+    console.print()
+
+
 def print_table(scenario: str, rows: list[Row], s: Settings) -> None:
     if scenario == "checkpoint":
         print_checkpoint_table(rows, s)
@@ -1688,6 +1782,7 @@ def main(argv: list[str] | None = None) -> int:
         failures += bench.failures
     for scenario in s.scenarios:
         print_table(scenario, [r for r in rows if r.scenario == scenario], s)
+    print_targets(rows, s)
     if REDIS in s.peers and bench.redis_binary is None:
         console.print("[yellow]redis peer skipped: redis-server not available[/yellow]")
     if a.json is not None:

@@ -58,3 +58,5 @@ def test_bench_quick_writes_a_row_per_scenario(tmp_path: Path) -> None:
         assert row["records"] > 0 and row["p99_ms"] is not None, (mode, phase, row)
         assert row["rss_mb"] is not None and row["rss_mb"] > 0, (mode, phase, row)
     assert "goal: fuzzy p99 inside" in proc.stdout
+    assert "targets (the issues' goals" in proc.stdout and "so its verdicts only indicate" \
+        in proc.stdout, "a quick run prints the targets table, saying it is not comparable"
