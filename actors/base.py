@@ -358,6 +358,7 @@ class Actor:
         figures = self.figures()
         figures.setdefault("mailbox", self.last_drain)
         figures["started_at"] = self.started_at
+        figures["reported_at"] = time.time()  # status figures are this old
         self.send(SUPERVISOR, Stats(self.role, os.getpid(), figures))
         self._reported_at = time.monotonic()
 

@@ -89,7 +89,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     lg = st["log"]
     cache: dict[str, Any] = next(
         (a.get("figures", {}) for a in st["actors"] if a["role"] == "cache"), {})
-    lt = Table(title="log manager")
+    reported_at = lg.get("reported_at")
+    age = "" if reported_at is None else f" (figures {max(0.0, time.time() - reported_at):.1f} s old)"
+    lt = Table(title=f"log manager{age}")
     lt.add_column("figure")
     lt.add_column("value", justify="right")
     for label, value in (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -195,6 +196,7 @@ def test_cli_produce_consume_status(node: LocalNode) -> None:
     for word in ("log", "cache", "writer-0", "front", "fsyncs/s", "RSS",
                  "queued for the writers MB", "groups read back from the log"):
         assert word in status
+    assert re.search(r"log manager \(figures \d+\.\d s old\)", status), status
     assert "cli" in _cli(node, "topics")
 
 
