@@ -4,17 +4,14 @@ An actor binds one PULL socket (its mailbox, ipc under the node's run directory)
 connects PUSH sockets to the mailboxes it sends to. The loop is setup / run / teardown
 with hooks: ``on_start``, ``on_message``, ``on_idle`` (after each drained burst),
 ``on_tick`` (about every ``TICK_S``), ``on_stop``. Every receive has a timeout, every send
-is bounded, and an actor whose parent died exits by itself.
+is bounded, and an actor whose parent died exits by itself. The process around it
+(spawning, signals, exit codes) is ``actors/process.py``; roles are ``actors/roles.py``.
 """
 
 from __future__ import annotations
 
-import collections
-import ctypes
 import logging
 import os
-import signal
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,65 +20,18 @@ from typing import Any
 
 import zmq
 
+from actors.flow import BUNDLE_BYTES_MAX, chunks
+from actors.roles import SUPERVISOR
 from config import NodeConfig
 from config.schema import from_dict
 from wire import codec
-from wire.messages import Bundle, Stats, Stop
+from wire.messages import Bundle, Stats, Stop, WriteRequest, Writes, write_bytes
 
 log = logging.getLogger("shardnode")
 
 TICK_S = 1.0
 POLL_MS_MAX = 100
-PROGRESS_BYTES_DIVISOR = 8  # ... and once it applied this fraction of the sender's byte bound
-PROGRESS_INTERVAL_S = 0.025  # a receiver on the data path reports what it applied at least this often
-BUNDLE_BYTES_MAX = 16 * 1024 * 1024  # well under the codec's internal frame limit
 DRAIN_MESSAGES_MAX = 4096  # messages handled per burst before the actor looks up
-EVENTS_KEPT = 200  # recent events each actor keeps for debugging
-
-# Exit codes an actor uses to tell the supervisor why it stopped.
-EXIT_FAILED = 1  # an unexpected error: restart it
-EXIT_REFUSED = 65  # it must not run on what it found (a corrupt log, a newer format): stop the node
-
-SUPERVISOR = "supervisor"
-FRONT_DOOR = "front"
-LOG_MANAGER = "log"
-TRANSACTION_MANAGER = "txn"
-CACHE_MANAGER = "cache"
-
-
-def writes_role(cfg: NodeConfig) -> str:
-    """Where the front door sends write requests (produce, topic changes, offset commits).
-
-    A ``blocking`` checkpoint holds new writes at the transaction manager's gate, so they
-    pass through it. A ``fuzzy`` checkpoint never holds them, and a single write begins and
-    ends inside one group commit, needing nothing of the log that a checkpoint could
-    truncate: there they go straight to the log manager, one process hop fewer on every
-    acknowledgement's way (docs/ARCHITECTURE.md)."""
-    return TRANSACTION_MANAGER if cfg.log.checkpoint_mode == "blocking" else LOG_MANAGER
-
-
-def writer_role(index: int) -> str:
-    return f"writer-{index}"
-
-
-def owner(topic_id: int, partition: int, writers: int) -> int:
-    """The index of the shard writer that owns a shard (stable for a given writer count)."""
-    return (topic_id * 7919 + partition) % writers
-
-
-def chunks(sizes: list[int], bytes_max: int) -> list[tuple[int, int]]:
-    """Split items into consecutive [start, end) runs of at most ``bytes_max`` bytes each
-    (an item larger than that gets a run of its own)."""
-    runs = []
-    start = total = 0
-    for i, size in enumerate(sizes):
-        if i > start and total + size > bytes_max:
-            runs.append((start, i))
-            start, total = i, 0
-        total += size
-    if start < len(sizes):
-        runs.append((start, len(sizes)))
-    return runs
 
 
 def waiting_messages(sock: zmq.Socket[bytes], limit: int) -> Iterator[codec.Message]:
@@ -112,99 +62,6 @@ class ActorContext:
     parent_pid: int
 
 
-def configure_logging(role: str) -> None:
-    level = os.environ.get("SHARDNODE_LOG", "INFO").upper()
-    logging.basicConfig(
-        level=getattr(logging, level, logging.INFO),
-        format=f"%(asctime)s %(levelname)s [{role}] %(message)s",
-        stream=sys.stderr,
-        force=True,
-    )
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to send SIGTERM when the parent exits (backed up by the ppid check)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
-    except OSError:
-        pass
-
-
-class GroupsInFlight:
-    """The bytes of log groups sent to one receiver on the data path that it has not yet
-    reported applied (``Progress``). Mailboxes are bounded in messages, and a group can be
-    tens of MiB, so this is the byte bound: a group that would take it over ``bytes_max``
-    is not sent (``skip``), nor is one its mailbox refused. The receiver reads what it
-    missed from the log files: when the next group it gets leaves a gap in LSNs, or, if
-    none comes, when the sender tells it with ``CatchUp`` (``applied`` says when: nothing
-    is in flight any more and groups after what it applied were skipped). One group always
-    goes when nothing is in flight."""
-
-    def __init__(self, bytes_max: int) -> None:
-        self.bytes_max = bytes_max
-        self.bytes = 0
-        self.groups: collections.deque[tuple[int, int]] = collections.deque()  # (last LSN, bytes)
-        self.skipped = 0  # groups not sent, in all
-        self.skipped_upto = 0  # the last LSN of the groups not sent, until announced
-
-    def admits(self, size: int) -> bool:
-        return self.bytes == 0 or self.bytes + size <= self.bytes_max
-
-    def sent(self, last_lsn: int, size: int) -> None:
-        self.groups.append((last_lsn, size))
-        self.bytes += size
-
-    def skip(self, last_lsn: int) -> None:
-        self.skipped += 1
-        self.skipped_upto = max(self.skipped_upto, last_lsn)
-
-    def applied(self, lsn: int) -> int:
-        """The receiver applied everything to ``lsn``. Returns the LSN to announce in a
-        ``CatchUp`` (0: none; a group still in flight will show it the gap)."""
-        groups = self.groups
-        while groups and groups[0][0] <= lsn:
-            self.bytes -= groups.popleft()[1]
-        if self.skipped_upto <= lsn:
-            self.skipped_upto = 0
-            return 0
-        if groups:
-            return 0
-        announce, self.skipped_upto = self.skipped_upto, 0
-        return announce
-
-    def reset(self) -> None:
-        """The receiver restarted: it recovers from the log by itself."""
-        self.groups.clear()
-        self.bytes = 0
-        self.skipped_upto = 0
-
-
-class ProgressReport:
-    """When a receiver on the data path tells its sender how far it applied (``Progress``):
-    once it has applied ``bytes_min`` since it last said so (a fraction of the sender's
-    ``GroupsInFlight`` bound), or ``interval_s`` after, never after every group. A report
-    per group would wake the log manager once more per group commit, on the path of every
-    acknowledgement, and cost three messages per group between the actors."""
-
-    def __init__(self, bytes_min: int, interval_s: float = PROGRESS_INTERVAL_S) -> None:
-        self.bytes_min = bytes_min
-        self.interval_s = interval_s
-        self.lsn = 0  # the last LSN reported
-        self.bytes = 0  # applied since
-        self.at = 0.0  # when it was reported
-
-    def applied(self, size: int) -> None:
-        self.bytes += size
-
-    def due(self, lsn: int, now: float) -> bool:
-        return lsn > self.lsn and (self.bytes >= self.bytes_min or now - self.at >= self.interval_s)
-
-    def sent(self, lsn: int, now: float) -> None:
-        self.lsn, self.bytes, self.at = lsn, 0, now
-
-
 class RefuseToStart(Exception):
     """Raised by ``on_start`` when the actor must not run; the node stops with the message."""
 
@@ -231,7 +88,7 @@ class Actor:
         self.running = True
         self.crashed = False  # run() raised: on_stop must not trust half-done work
         self.stop_reason = ""
-        self.events: collections.deque[str] = collections.deque(maxlen=EVENTS_KEPT)
+        self.sends_refused = 0  # messages not sent: the peer's mailbox stayed full
         self.last_drain = 0
         self.current_frame = b""
         self._next_tick = time.monotonic() + TICK_S
@@ -267,6 +124,18 @@ class Actor:
             sent = end
         return sent
 
+    def send_writes(self, role: str, corrs: list[int], requests: list[WriteRequest],
+                    wait_ms: int = 0) -> list[int]:
+        """Send a burst of write requests to ``role`` as ``Writes`` messages of at most
+        ``BUNDLE_BYTES_MAX`` each; returns the correlation ids of those not sent (a suffix:
+        the peer's mailbox stayed full), which the caller must answer."""
+        sent = 0
+        for start, end in chunks([write_bytes(r) for r in requests], BUNDLE_BYTES_MAX):
+            if not self.send(role, Writes(corrs[start:end], requests[start:end]), wait_ms):
+                break
+            sent = end
+        return corrs[sent:]
+
     def send_bytes(self, role: str, frame: bytes, wait_ms: int = 0) -> bool:
         sock = self.peer(role)
         try:
@@ -281,7 +150,8 @@ class Actor:
                 return True
             except zmq.Again:
                 pass
-        self.note(f"mailbox of {role} stayed full for {wait_ms} ms")
+        self.sends_refused += 1
+        log.debug("mailbox of %s stayed full for %d ms", role, wait_ms)
         return False
 
     # ---- hooks --------------------------------------------------------------------
@@ -313,9 +183,6 @@ class Actor:
 
     # ---- the loop -----------------------------------------------------------------
 
-    def note(self, event: str) -> None:
-        self.events.append(f"{time.time():.3f} {event}")
-
     def stop(self, reason: str) -> None:
         if self.running:
             self.running = False
@@ -328,7 +195,6 @@ class Actor:
             msg = codec.decode(frame)
         except codec.CodecError as exc:
             log.error("dropped a frame that is not a message: %s", exc)
-            self.note(f"bad frame: {exc}")
             return
         if isinstance(msg, Stop):
             self.stop(msg.reason)
@@ -357,6 +223,7 @@ class Actor:
     def report(self) -> None:
         figures = self.figures()
         figures.setdefault("mailbox", self.last_drain)
+        figures["sends_refused"] = self.sends_refused
         figures["started_at"] = self.started_at
         figures["reported_at"] = time.time()  # status figures are this old
         self.send(SUPERVISOR, Stats(self.role, os.getpid(), figures))
@@ -395,62 +262,3 @@ class Actor:
         for sock in self._out.values():
             sock.close(0)
         self.mailbox.close(0)
-
-
-def _actor_class(role: str) -> type[Actor]:
-    if role == LOG_MANAGER:
-        from actors.log_manager import LogManager
-        return LogManager
-    if role == TRANSACTION_MANAGER:
-        from actors.transaction_manager import TransactionManager
-        return TransactionManager
-    if role == CACHE_MANAGER:
-        from actors.cache_manager import CacheManager
-        return CacheManager
-    if role.startswith("writer-"):
-        from actors.shard_writer import ShardWriter
-        return ShardWriter
-    if role == FRONT_DOOR:
-        from node.front_door import FrontDoor
-        return FrontDoor
-    raise ValueError(f"no actor has role {role!r}")
-
-
-def actor_main(ctx: ActorContext) -> None:
-    """Entry point of every actor process (spawned by the supervisor)."""
-    configure_logging(ctx.role)
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
-    if ctx.role.startswith("writer-"):
-        # Before RocksDB starts its background threads, which inherit this priority: the
-        # writers' work (applying, flushing) is off the acknowledgement path.
-        nice = int(ctx.config["shards"]["writer_nice"])
-        if nice:
-            os.nice(nice)
-    actor: Actor | None = None
-
-    def on_term(signum: int, frame: Any) -> None:
-        if actor is not None:
-            actor.stop("SIGTERM")
-        else:
-            raise SystemExit(0)
-
-    signal.signal(signal.SIGTERM, on_term)
-    code = 0
-    try:
-        actor = _actor_class(ctx.role)(ctx)
-        try:
-            actor.run()
-        except BaseException:
-            actor.crashed = True
-            raise
-        finally:
-            actor.on_stop()
-            actor.close()
-    except RefuseToStart as exc:
-        log.critical("%s refuses to start: %s", ctx.role, exc)
-        code = EXIT_REFUSED
-    except Exception:
-        log.exception("actor %s failed", ctx.role)
-        code = EXIT_FAILED
-    sys.exit(code)

@@ -14,18 +14,10 @@ import logging
 import time
 from typing import Any
 
-from actors.base import (
-    FRONT_DOOR,
-    LOG_MANAGER,
-    PROGRESS_BYTES_DIVISOR,
-    Actor,
-    ActorContext,
-    GroupsInFlight,
-    ProgressReport,
-    owner,
-    writer_role,
-)
+from actors.base import Actor, ActorContext
 from actors.cache_state import CacheState
+from actors.flow import PROGRESS_BYTES_DIVISOR, GroupsInFlight, ProgressReport
+from actors.roles import FRONT_DOOR, LOG_MANAGER, shard_owner, writer_role
 from wire import codec
 from wire.codec import Message
 from wire.messages import (
@@ -146,7 +138,7 @@ class CacheManager(Actor):
 
     def forward(self, msg: Any) -> None:
         self.forwarded += 1
-        w = self.writers[owner(msg.topic_id, msg.partition, len(self.writers))]
+        w = self.writers[shard_owner(msg.topic_id, msg.partition, len(self.writers))]
         self.send_bytes(w, codec.encode(msg), wait_ms=100)
 
     def figures(self) -> dict[str, Any]:

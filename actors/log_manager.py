@@ -32,21 +32,13 @@ from typing import Any
 import zmq
 
 from actors import faults
-from actors.base import (
-    BUNDLE_BYTES_MAX,
-    CACHE_MANAGER,
-    FRONT_DOOR,
-    POLL_MS_MAX,
-    TRANSACTION_MANAGER,
-    Actor,
-    ActorContext,
-    GroupsInFlight,
-    RefuseToStart,
-    chunks,
-    writes_role,
-)
+from actors.base import POLL_MS_MAX, Actor, ActorContext, RefuseToStart
 from actors.checkpoint import AskFlush, AskTxn, Coordinator, Finish, Phase, Roll, Step, Truncate
+from actors.durable import fsync_dir
+from actors.flow import BUNDLE_BYTES_MAX, GroupsInFlight, chunks
 from actors.log_state import LogState, Pending
+from actors.process import EXIT_FSYNC_FAILED
+from actors.roles import CACHE_MANAGER, FRONT_DOOR, TRANSACTION_MANAGER, writes_role
 from wire import codec, logrecord
 from wire.codec import Message
 from wire.errors import ErrorCode
@@ -85,16 +77,7 @@ ENDED_ROWS_MAX = 8192
 HAND_OFF_S = 0.002  # durable groups wait at most this long to go to the cache manager ...
 HAND_OFF_BYTES = 1 << 20  # ... or until this many bytes of them wait
 
-EXIT_FSYNC_FAILED = 70
 FSYNC_SAMPLES = 4096  # recent write+fdatasync durations kept for status
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class SegmentWriter:

@@ -18,7 +18,6 @@ when producers send timestamps out of order.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import struct
@@ -27,6 +26,8 @@ from typing import Any
 
 import msgpack
 import rocksdict
+
+from actors.durable import rename_durably
 
 U64 = struct.Struct(">Q")
 TAG_LEN = struct.Struct(">H")
@@ -203,12 +204,7 @@ class ShardStore:
         shard that would be opened again; tombstones are removed at start."""
         self.close()
         tomb = self.path.with_name(self.path.name + TOMBSTONE_SUFFIX)
-        os.replace(self.path, tomb)
-        fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        rename_durably(self.path, tomb)
         shutil.rmtree(tomb, ignore_errors=True)
 
     # ---- reading ------------------------------------------------------------------------

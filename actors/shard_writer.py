@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import shutil
 import time
 from typing import Any
@@ -23,18 +22,10 @@ from typing import Any
 import msgpack
 
 from actors import faults
-from actors.base import (
-    CACHE_MANAGER,
-    FRONT_DOOR,
-    PROGRESS_BYTES_DIVISOR,
-    Actor,
-    ActorContext,
-    ProgressReport,
-    RefuseToStart,
-    owner,
-    waiting_messages,
-)
-from actors.log_manager import fsync_dir
+from actors.base import Actor, ActorContext, RefuseToStart, waiting_messages
+from actors.durable import fsync_dir, write_atomic
+from actors.flow import PROGRESS_BYTES_DIVISOR, ProgressReport
+from actors.roles import CACHE_MANAGER, FRONT_DOOR, shard_owner, writer_index
 from actors.shard_store import (
     TOMBSTONE_SUFFIX,
     ShardStore,
@@ -74,7 +65,7 @@ SLOW_APPLY_S = 0.25  # with the seam writer.slow_apply armed: the wait before ea
 class ShardWriter(Actor):
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
-        self.index = int(self.role.split("-")[1])
+        self.index = writer_index(self.role)
         self.writers = self.cfg.node.writers
         data = self.cfg.data_path
         self.log_dir = data / "log"
@@ -95,7 +86,7 @@ class ShardWriter(Actor):
         self.slow_apply_s = SLOW_APPLY_S if faults.armed("writer.slow_apply") else 0.0
 
     def owns(self, topic_id: int, partition: int) -> bool:
-        return owner(topic_id, partition, self.writers) == self.index
+        return shard_owner(topic_id, partition, self.writers) == self.index
 
     # ---- start and stop ---------------------------------------------------------------
 
@@ -155,13 +146,7 @@ class ShardWriter(Actor):
 
     def _save_catalog_lsn(self, lsn: int) -> None:
         self.catalog_lsn = lsn
-        tmp = self.state_file.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.write(str(lsn))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.state_file)
-        fsync_dir(self.state_file.parent)
+        write_atomic(self.state_file, str(lsn).encode())
 
     # ---- applying ---------------------------------------------------------------------
 
@@ -192,7 +177,7 @@ class ShardWriter(Actor):
         if msg.last_lsn <= self.processed_lsn:
             return
         if msg.first_lsn > self.processed_lsn + 1:
-            self.note(f"gap {self.processed_lsn + 1}..{msg.first_lsn - 1}: reading the log")
+            log.debug("gap %d..%d: reading the log", self.processed_lsn + 1, msg.first_lsn - 1)
             self.catch_up(until_lsn=msg.first_lsn - 1)
             if self.processed_lsn < msg.first_lsn - 1:
                 raise RuntimeError(f"the log has no records {self.processed_lsn + 1}.."
@@ -288,7 +273,7 @@ class ShardWriter(Actor):
             self.on_flush_to(msg)
         elif isinstance(msg, CatchUp):
             if msg.lsn > self.processed_lsn:
-                self.note(f"groups to {msg.lsn} were not sent: reading the log")
+                log.debug("groups to %d were not sent: reading the log", msg.lsn)
                 self.catch_up(until_lsn=msg.lsn)
         elif hasattr(msg, "lsn_min"):
             if msg.lsn_min <= self.processed_lsn:

@@ -6,7 +6,7 @@ can hold them; the log manager tells it which ended, every 50 ms or at once whil
 checkpoint waits. While the gate is open a burst goes on as the very frame that came: only
 its correlation ids are read, the requests (up to 16 MiB of records) are neither decoded
 nor copied. With ``fuzzy`` checkpoints nothing is held, and writes go straight to the log
-manager (``actors.base.writes_role``): here a checkpoint request is answered ready at once.
+manager (``actors.roles.writes_role``): here a checkpoint request is answered ready at once.
 See ``actors/txn_state.py`` for the logic.
 """
 
@@ -19,7 +19,8 @@ from typing import Any
 
 import msgpack
 
-from actors.base import BUNDLE_BYTES_MAX, FRONT_DOOR, LOG_MANAGER, Actor, ActorContext, chunks
+from actors.base import Actor, ActorContext
+from actors.roles import FRONT_DOOR, LOG_MANAGER
 from actors.txn_state import Forward, Instruction, Ready, Reject, TxnState
 from wire.codec import Message
 from wire.errors import ErrorCode
@@ -30,7 +31,6 @@ from wire.messages import (
     Ended,
     ErrorReply,
     Writes,
-    write_bytes,
 )
 
 log = logging.getLogger("shardnode")
@@ -109,15 +109,9 @@ class TransactionManager(Actor):
     def perform(self, instructions: list[Instruction]) -> None:
         for ins in instructions:
             if isinstance(ins, Forward):
-                sent = 0
-                for start, end in chunks([write_bytes(r) for r in ins.requests], BUNDLE_BYTES_MAX):
-                    if not self.send(LOG_MANAGER, Writes(ins.corrs[start:end],
-                                                         ins.requests[start:end]), wait_ms=1000):
-                        break
-                    sent = end
-                if sent < len(ins.requests):
+                unsent = self.send_writes(LOG_MANAGER, ins.corrs, ins.requests, wait_ms=1000)
+                if unsent:
                     # The log manager is behind or restarting: the rest never began.
-                    unsent = ins.corrs[sent:]
                     self.state.end(unsent)
                     self.perform([Reject(corr) for corr in unsent])
             elif isinstance(ins, Ready):

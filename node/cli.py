@@ -34,7 +34,7 @@ def _endpoint(args: argparse.Namespace) -> str:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from actors.base import configure_logging
+    from actors.process import configure_logging
     from node.supervisor import NodeStartError, Supervisor
 
     overrides: dict[str, dict[str, Any]] = {"node": {}}

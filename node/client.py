@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import random
 import time
-import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import msgpack
 import zmq
 
+from actors.roles import key_partition
 from wire.errors import Busy, ErrorCode, NodeError, RequestTimeout, Unavailable, error_for
 from wire.protocol import DEFAULT_PORT, unpack_replies
 from wire.records import Record, pack_batch, to_wire, unpack_read
@@ -187,7 +187,7 @@ class NodeClient:
 
     def key_partition(self, topic: str, key: bytes | str) -> int:
         """The partition ``produce`` sends a key to when no partition is named."""
-        return zlib.crc32(_as_bytes(key)) % self.partitions(topic)
+        return key_partition(_as_bytes(key), self.partitions(topic))
 
     def read_by_key(self, topic: str, key: bytes | str, partition: int | None = None) -> Record | None:
         """The latest record with ``key``: in the key's own partition unless one is named."""

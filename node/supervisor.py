@@ -30,20 +30,23 @@ from typing import Any
 import psutil
 import zmq
 
-from actors.base import (
+from actors.base import Actor, ActorContext, mailbox_address, waiting_messages
+from actors.cache_manager import CacheManager
+from actors.durable import fsync_dir, write_atomic
+from actors.front_door import FrontDoor
+from actors.log_manager import LogManager
+from actors.process import EXIT_REFUSED, actor_main
+from actors.roles import (
     CACHE_MANAGER,
-    EXIT_REFUSED,
     FRONT_DOOR,
     LOG_MANAGER,
     SUPERVISOR,
     TRANSACTION_MANAGER,
-    ActorContext,
-    actor_main,
-    mailbox_address,
-    waiting_messages,
+    is_writer,
     writer_role,
 )
-from actors.log_manager import fsync_dir
+from actors.shard_writer import ShardWriter
+from actors.transaction_manager import TransactionManager
 from config import NodeConfig
 from wire import codec
 from wire.messages import Checkpoint, Done, ErrorReply, Stats, StatusReply, StatusRequest, Stop
@@ -51,6 +54,19 @@ from wire.messages import Checkpoint, Done, ErrorReply, Stats, StatusReply, Stat
 log = logging.getLogger("shardnode")
 
 IPC_PATH_MAX = 100  # sun_path is 108 bytes on Linux; keep room for "/writer-63.sock"
+
+
+def actor_class(role: str) -> type[Actor]:
+    """What runs in the process of ``role``."""
+    if is_writer(role):
+        return ShardWriter
+    classes: dict[str, type[Actor]] = {
+        LOG_MANAGER: LogManager,
+        TRANSACTION_MANAGER: TransactionManager,
+        CACHE_MANAGER: CacheManager,
+        FRONT_DOOR: FrontDoor,
+    }
+    return classes[role]
 
 
 class NodeStartError(RuntimeError):
@@ -84,7 +100,7 @@ def start_stages(roles: list[str]) -> list[list[str]]:
     not on each other, so they recover (replay the log) side by side."""
     stages: list[list[str]] = []
     for role in roles:
-        if role.startswith("writer-") and stages and stages[-1][0].startswith("writer-"):
+        if is_writer(role) and stages and is_writer(stages[-1][0]):
             stages[-1].append(role)
         else:
             stages.append([role])
@@ -96,8 +112,10 @@ class Supervisor:
         self.cfg = cfg
         self.data = cfg.data_path
         self.run_dir = run_dir_for(self.data)
-        writers = [writer_role(i) for i in range(cfg.node.writers)]
-        self.order = [LOG_MANAGER, TRANSACTION_MANAGER, CACHE_MANAGER, *writers, FRONT_DOOR]
+        self.writers = [writer_role(i) for i in range(cfg.node.writers)]
+        self.order = [LOG_MANAGER, TRANSACTION_MANAGER, CACHE_MANAGER, *self.writers, FRONT_DOOR]
+        # Every actor but the front door: a checkpoint needs all of them.
+        self.behind_front = [role for role in self.order if role != FRONT_DOOR]
         self.children = {role: Child(role) for role in self.order}
         self.spawn = multiprocessing.get_context("spawn")
         self.zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -162,7 +180,8 @@ class Supervisor:
 
     def _spawn(self, role: str) -> None:
         ctx = ActorContext(role, self.cfg.to_dict(), str(self.run_dir), os.getpid())
-        proc = self.spawn.Process(target=actor_main, args=(ctx,), name=f"shardnode-{role}")
+        proc = self.spawn.Process(target=actor_main, args=(ctx, actor_class(role)),
+                                  name=f"shardnode-{role}")
         proc.start()
         child = self.children[role]
         child.process = proc
@@ -352,29 +371,30 @@ class Supervisor:
 
     def _checkpoint_before_stop(self) -> None:
         """Make the shards durable and truncate the log, so the next start replays nothing."""
-        if not all(self._alive(r) for r in self.order[:-1]) or self.mailbox is None:
+        if not all(self._alive(r) for r in self.behind_front) or self.mailbox is None:
             return
         self.checkpoint_done = None
         if not self._tell(LOG_MANAGER, Checkpoint(0, SUPERVISOR)):
             return
         deadline = time.monotonic() + self.cfg.log.checkpoint_timeout_ms / 1000
         while self.checkpoint_done is None and time.monotonic() < deadline:
-            if not all(self._alive(r) for r in self.order[:-1]):
+            if not all(self._alive(r) for r in self.behind_front):
                 return
             self.poll_mailbox(100)
         if isinstance(self.checkpoint_done, Done):
             log.info("checkpoint at stop: shards durable to LSN %d", self.checkpoint_done.lsn)
             marker = self.data / "writers" / "clean-stop"
-            marker.write_text(f"{self.checkpoint_done.lsn}\n")
-            fsync_dir(marker.parent)
+            write_atomic(marker, f"{self.checkpoint_done.lsn}\n".encode())
         else:
             log.warning("no checkpoint at stop (%s); the next start replays the log",
                         getattr(self.checkpoint_done, "text", "timed out"))
 
     def shutdown(self) -> None:
         try:
+            # The front door first (no new requests), then the log manager after its
+            # checkpoint, then the rest in start order.
             for role in [FRONT_DOOR, LOG_MANAGER, TRANSACTION_MANAGER, CACHE_MANAGER,
-                         *self.order[3:-1]]:
+                         *self.writers]:
                 if role == LOG_MANAGER:
                     self._checkpoint_before_stop()
                 child = self.children[role]

@@ -310,11 +310,11 @@ def test_rows_are_plain_values(max_records: int) -> None:
     assert back == log.model[(tid, 0)][:max_records]
 
 
-# ---- the byte bound on the data path (actors.base.GroupsInFlight) ---------------------------
+# ---- the byte bound on the data path (actors.flow.GroupsInFlight) ---------------------------
 
 
 def test_groups_in_flight_bound_bytes_until_the_receiver_reports_them_applied() -> None:
-    from actors.base import GroupsInFlight
+    from actors.flow import GroupsInFlight
 
     flow = GroupsInFlight(bytes_max=100)
     assert flow.admits(60)
@@ -331,7 +331,7 @@ def test_groups_in_flight_bound_bytes_until_the_receiver_reports_them_applied() 
 
 
 def test_one_group_always_goes_when_nothing_is_in_flight() -> None:
-    from actors.base import GroupsInFlight
+    from actors.flow import GroupsInFlight
 
     flow = GroupsInFlight(bytes_max=10)
     assert flow.admits(500)
@@ -340,7 +340,7 @@ def test_one_group_always_goes_when_nothing_is_in_flight() -> None:
 
 
 def test_skipped_groups_are_announced_once_nothing_after_them_is_in_flight() -> None:
-    from actors.base import GroupsInFlight
+    from actors.flow import GroupsInFlight
 
     flow = GroupsInFlight(bytes_max=100)
     flow.sent(5, 100)
@@ -360,7 +360,7 @@ def test_skipped_groups_are_announced_once_nothing_after_them_is_in_flight() -> 
 
 
 def test_a_restarted_receiver_starts_with_nothing_in_flight() -> None:
-    from actors.base import GroupsInFlight
+    from actors.flow import GroupsInFlight
 
     flow = GroupsInFlight(bytes_max=100)
     flow.sent(5, 100)
@@ -370,7 +370,7 @@ def test_a_restarted_receiver_starts_with_nothing_in_flight() -> None:
 
 
 def test_progress_is_reported_by_bytes_or_by_time_not_per_group() -> None:
-    from actors.base import ProgressReport
+    from actors.flow import ProgressReport
 
     p = ProgressReport(bytes_min=1000, interval_s=0.025)
     assert p.due(5, now=10.0)  # the first group after a quiet spell is reported at once

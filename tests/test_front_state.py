@@ -8,8 +8,8 @@ from typing import Any
 import msgpack
 import pytest
 
+from actors.front_state import FrontDoorState, Produce, ToActor, ToClient
 from config import load_config
-from node.front_state import FrontDoorState, Produce, ToActor, ToClient
 from wire.errors import ErrorCode
 from wire.messages import (
     Ack,

@@ -287,6 +287,11 @@ class Ended(Message):
     corrs: list[int]
 
 
+# An item of ``Writes.requests``: a produce request's ``Append`` fields after ``corr``
+# (``[producer_id, seq, parts]``), or any other write request as its encoded message.
+WriteRequest = list[Any] | bytes
+
+
 @message(76)
 class Writes(Message):
     """Front door → transaction manager → log manager: a burst of write requests with their
@@ -295,7 +300,7 @@ class Writes(Message):
     (``[producer_id, seq, parts]``); any other write as its encoded message."""
 
     corrs: list[int]
-    requests: list[list[Any] | bytes]
+    requests: list[WriteRequest]
 
 
 # What a request of a ``Writes`` takes encoded beyond its records, at most (a generous bound
@@ -303,7 +308,7 @@ class Writes(Message):
 WRITE_OVERHEAD_BYTES = 64
 
 
-def write_bytes(request: list[Any] | bytes) -> int:
+def write_bytes(request: WriteRequest) -> int:
     """About how many bytes ``request`` (an item of ``Writes.requests``) takes encoded."""
     if isinstance(request, bytes):
         return len(request) + WRITE_OVERHEAD_BYTES

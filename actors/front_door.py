@@ -9,7 +9,7 @@ or the supervisor, tagged with a correlation id; answers come back to this
 actor's mailbox and are matched to the waiting client. It never touches the disk and never
 blocks: a full queue is answered BUSY, a request nobody answered in ``request_timeout_ms``
 is answered TIMEOUT, and bad input gets an error code and message. The logic is
-``node/front_state.py``; this is the shell around its sockets.
+``actors/front_state.py``; this is the shell around its sockets.
 """
 
 from __future__ import annotations
@@ -20,18 +20,13 @@ from typing import Any
 
 import zmq
 
-from actors.base import (
-    BUNDLE_BYTES_MAX,
-    LOG_MANAGER,
-    Actor,
-    ActorContext,
-    chunks,
-)
-from node.front_state import FrontDoorState, Out, Produce, ToClient
+from actors.base import Actor, ActorContext
+from actors.front_state import FrontDoorState, Out, Produce, ToClient
+from actors.roles import LOG_MANAGER
 from wire import codec, protocol
 from wire.codec import Message
 from wire.errors import ErrorCode
-from wire.messages import Acks, Catalog, Hello, Writes, write_bytes
+from wire.messages import Acks, Catalog, Hello
 
 log = logging.getLogger("shardnode")
 
@@ -54,6 +49,7 @@ class FrontDoor(Actor):
         self.state = FrontDoorState(self.cfg)
         self.outbox: dict[str, list[tuple[int, Any]]] = {}  # role → [(corr, request)]
         self.replies: dict[bytes, list[bytes]] = {}  # client identity → reply frames
+        self.replies_dropped = 0
 
     def on_start(self) -> None:
         self.send(LOG_MANAGER, Hello(self.role), wait_ms=100)
@@ -89,15 +85,11 @@ class FrontDoor(Actor):
             requests = [request for _corr, request in items]
             corrs = [corr for corr, _r in items]
             if role == self.state.writes_to:  # produce fields, and encoded messages
-                sent = 0
-                for start, end in chunks([write_bytes(r) for r in requests], BUNDLE_BYTES_MAX):
-                    if not self.send(role, Writes(corrs[start:end], requests[start:end])):
-                        break
-                    sent = end
+                unsent = self.send_writes(role, corrs, requests)
             else:
-                sent = self.send_many(role, requests)  # all encoded messages
-            if sent < len(items):
-                self.perform(self.state.fail(corrs[sent:], ErrorCode.BUSY,
+                unsent = corrs[self.send_many(role, requests):]  # all encoded messages
+            if unsent:
+                self.perform(self.state.fail(unsent, ErrorCode.BUSY,
                                              f"the {role} queue is full; retry later"))
             items.clear()
 
@@ -112,7 +104,8 @@ class FrontDoor(Actor):
                     send(identity, zmq.NOBLOCK | zmq.SNDMORE)
                     send(frame, zmq.NOBLOCK, copy=len(frame) < 65536)
                 except zmq.Again:
-                    self.note("client send queue full; reply dropped")
+                    self.replies_dropped += 1
+                    log.warning("the send queue of a client is full: a reply was dropped")
 
     def on_socket(self, sock: zmq.Socket[bytes]) -> None:
         now = time.monotonic()
@@ -161,5 +154,6 @@ class FrontDoor(Actor):
             "requests": s.requests,
             "errors": s.errors,
             "timeouts": s.timeouts,
+            "replies_dropped": self.replies_dropped,
         }
 

@@ -4,23 +4,23 @@
 once (an error), or send a message to an actor and wait for its answer under a fresh
 correlation id. ``answer`` turns an actor's reply into the client's reply frame, ``expire``
 answers TIMEOUT for requests nobody answered in time, and ``catalog`` keeps the topic table
-the log manager sends. The shell in ``node/front_door.py`` owns the sockets.
+the log manager sends. The shell in ``actors/front_door.py`` owns the sockets.
 """
 
 from __future__ import annotations
 
 import logging
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
-from actors.base import (
+from actors.roles import (
     CACHE_MANAGER,
     LOG_MANAGER,
     SUPERVISOR,
-    owner,
+    key_partition,
+    shard_owner,
     writer_role,
     writes_role,
 )
@@ -155,7 +155,7 @@ class FrontDoorState:
         return topic_id, partition
 
     def writer_of(self, topic_id: int, partition: int) -> str:
-        return writer_role(owner(topic_id, partition, self.writers))
+        return writer_role(shard_owner(topic_id, partition, self.writers))
 
     def wait(self, identity: bytes, rid: int, now: float, assign: list[int] | None = None,
              timeout_ms: int | None = None) -> int:
@@ -241,7 +241,7 @@ class FrontDoorState:
                 parts = [[topic_id, rr % partitions, len(items), blob]]
             else:
                 # By key hash; records without a key go to this batch's round-robin pick.
-                assign = [rr % partitions if k is None else zlib.crc32(k) % partitions
+                assign = [rr % partitions if k is None else key_partition(k, partitions)
                           for k in keys]
                 split: dict[int, list[Any]] = {}
                 for p, item in zip(assign, items, strict=True):

@@ -1,0 +1,130 @@
+"""What a state machine asks its shell to do: the one instruction type of every actor.
+
+The logic of each actor (``front_state``, ``log_state``, ``checkpoint``, ``txn_state``,
+``writer_state``, the supervisor's restart policy) is a state machine with no I/O: it
+takes an event and returns ``list[Instruction]``. The shell around it owns the sockets
+and files and carries each instruction out in a ``match`` that ends in ``assert_never``,
+so an instruction no shell performs is a type error, not a silent drop. Each shell meets
+only some of them; the state machines are tested with plain asserts on what they return.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from wire.codec import Message
+from wire.messages import WriteRequest
+
+# ---- between actors ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send ``msg`` to the actor ``role``, waiting up to ``wait_ms`` for room in its mailbox."""
+
+    role: str
+    msg: Message
+    wait_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """Send ``msg`` to the actor ``role`` on a client's behalf; ``corr`` waits for its answer
+    (and is answered BUSY if the actor's mailbox is full)."""
+
+    role: str
+    corr: int
+    msg: Message
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Send these write requests on to ``role`` as ``Writes`` bursts (``Writes`` says what an
+    item of ``requests`` is); those that cannot be sent are answered BUSY."""
+
+    role: str
+    corrs: list[int]
+    requests: list[WriteRequest]
+
+
+@dataclass(frozen=True, slots=True)
+class Produce:
+    """Send a produce request on to be logged: ``corr`` waits for its answer, and
+    ``fields`` (its ``Append`` after ``corr``: producer id, sequence number, parts) ride in
+    a ``Writes`` burst as they are, never encoded as a message of their own."""
+
+    corr: int
+    fields: list[Any]
+
+
+# ---- to a client ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Send ``frame`` to the client ``identity`` (joined with its other replies of a burst)."""
+
+    identity: bytes
+    frame: bytes
+
+
+# ---- the log -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Log:
+    """Write ``record`` (LSN ``lsn``) in the next group commit; once it is durable, send
+    ``reply`` (a message for the front door). An empty record needs no write: the reply
+    goes with its group (a duplicate produce). Not frozen: one is made per request on the
+    hot path, and a frozen dataclass costs more to build."""
+
+    record: bytes
+    reply: Any
+    lsn: int
+    catalog_changed: bool = False
+
+
+# ---- the checkpoint handshake (actors/checkpoint.py) ---------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Roll:
+    """Start a new log segment (after committing what is queued)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AskTxn:
+    """Ask the transaction manager whether checkpoint ``ckpt_id`` may go on."""
+
+    ckpt_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AskFlush:
+    """Commit the queue, then ask the cache manager to flush to the last durable LSN."""
+
+    ckpt_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    """Write the state snapshot, then delete segments holding only LSNs ≤ ``upto``; call
+    ``Coordinator.truncated`` when done."""
+
+    ckpt_id: int
+    upto: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """Tell the transaction manager, and answer the waiters (ok, or the error)."""
+
+    ckpt_id: int
+    lsn: int
+    waiters: list[tuple[str, int]]
+    error: str = ""
+
+
+Instruction = (Send | Request | Forward | Produce | Reply | Log
+               | Roll | AskTxn | AskFlush | Truncate | Finish)

@@ -1,0 +1,85 @@
+"""An actor's process: what it is given at spawn, its set-up, and its exit code.
+
+The supervisor spawns ``actor_main`` with an ``ActorContext`` and the class to run; the
+process sets up logging and signals, asks the kernel to end it with its parent, runs the
+actor's loop and exits with a code that tells the supervisor why it stopped.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from actors.base import Actor, ActorContext, RefuseToStart
+from actors.roles import is_writer
+
+log = logging.getLogger("shardnode")
+
+# Exit codes an actor uses to tell the supervisor why it stopped.
+EXIT_FAILED = 1  # an unexpected error: restart it
+EXIT_REFUSED = 65  # it must not run on what it found (a corrupt log, a newer format): stop the node
+EXIT_FSYNC_FAILED = 70  # the log's fsync failed: restart it, and recovery reads the disk
+
+
+def configure_logging(role: str) -> None:
+    level = os.environ.get("SHARDNODE_LOG", "INFO").upper()
+    logging.basicConfig(
+        level=getattr(logging, level, logging.INFO),
+        format=f"%(asctime)s %(levelname)s [{role}] %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to send SIGTERM when the parent exits (backed up by the ppid check)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def actor_main(ctx: ActorContext, actor_class: type[Actor]) -> None:
+    """Entry point of every actor process (spawned by the supervisor)."""
+    configure_logging(ctx.role)
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
+    if is_writer(ctx.role):
+        # Before RocksDB starts its background threads, which inherit this priority: the
+        # writers' work (applying, flushing) is off the acknowledgement path.
+        nice = int(ctx.config["shards"]["writer_nice"])
+        if nice:
+            os.nice(nice)
+    actor: Actor | None = None
+
+    def on_term(signum: int, frame: Any) -> None:
+        if actor is not None:
+            actor.stop("SIGTERM")
+        else:
+            raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    code = 0
+    try:
+        actor = actor_class(ctx)
+        try:
+            actor.run()
+        except BaseException:
+            actor.crashed = True
+            raise
+        finally:
+            actor.on_stop()
+            actor.close()
+    except RefuseToStart as exc:
+        log.critical("%s refuses to start: %s", ctx.role, exc)
+        code = EXIT_REFUSED
+    except Exception:
+        log.exception("actor %s failed", ctx.role)
+        code = EXIT_FAILED
+    sys.exit(code)
