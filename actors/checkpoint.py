@@ -23,6 +23,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from actors.instructions import AskFlush, AskTxn, Finish, Roll, Truncate
+
 
 class Phase(enum.Enum):
     IDLE = "idle"
@@ -31,42 +33,7 @@ class Phase(enum.Enum):
     TRUNCATING = "truncating"
 
 
-@dataclass(frozen=True, slots=True)
-class Roll:
-    """Start a new log segment (after committing what is queued)."""
-
-
-@dataclass(frozen=True, slots=True)
-class AskTxn:
-    ckpt_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class AskFlush:
-    """Commit the queue, then ask the cache manager to flush to the last durable LSN."""
-
-    ckpt_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class Truncate:
-    """Write the state snapshot, then delete segments holding only LSNs ≤ ``upto``; call
-    ``Coordinator.truncated`` when done."""
-
-    ckpt_id: int
-    upto: int
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    """Tell the transaction manager, and answer the waiters (ok, or the error)."""
-
-    ckpt_id: int
-    lsn: int
-    waiters: list[tuple[str, int]]
-    error: str = ""
-
-
+# The instructions (actors/instructions.py) a checkpoint gives the log manager.
 Step = Roll | AskTxn | AskFlush | Truncate | Finish
 
 

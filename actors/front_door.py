@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, assert_never
 
 import zmq
 
 from actors.base import Actor, ActorContext
-from actors.front_state import FrontDoorState, Out, Produce, ToClient
+from actors.front_state import FrontDoorState, Out
+from actors.instructions import Produce, Reply, Request
 from actors.roles import LOG_MANAGER
 from wire import codec, protocol
 from wire.codec import Message
@@ -62,21 +63,24 @@ class FrontDoor(Actor):
 
     def perform(self, outs: list[Out]) -> None:
         for out in outs:
-            if isinstance(out, ToClient):
-                # Replies wait for the end of this burst: what is ready for one client then
-                # goes out as one frame (``wire.protocol``).
-                frames = self.replies.get(out.identity)
-                if frames is None:
-                    self.replies[out.identity] = [out.frame]
-                else:
-                    frames.append(out.frame)
-            elif isinstance(out, Produce):
-                # As the fields of its Append: nothing to encode per request here, nothing
-                # to decode per request in the log manager.
-                self.outbox.setdefault(self.state.writes_to, []).append((out.corr, out.fields))
-            else:
-                # A burst's requests to one actor go out together, as one bundle.
-                self.outbox.setdefault(out.role, []).append((out.corr, codec.encode(out.msg)))
+            match out:
+                case Reply(identity, frame):
+                    # Replies wait for the end of this burst: what is ready for one client
+                    # then goes out as one frame (``wire.protocol``).
+                    frames = self.replies.get(identity)
+                    if frames is None:
+                        self.replies[identity] = [frame]
+                    else:
+                        frames.append(frame)
+                case Produce(corr, fields):
+                    # As the fields of its Append: nothing to encode per request here,
+                    # nothing to decode per request in the log manager.
+                    self.outbox.setdefault(self.state.writes_to, []).append((corr, fields))
+                case Request(role, corr, msg):
+                    # A burst's requests to one actor go out together, as one bundle.
+                    self.outbox.setdefault(role, []).append((corr, codec.encode(msg)))
+                case _:
+                    assert_never(out)
 
     def flush_outbox(self) -> None:
         for role, items in self.outbox.items():

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgpack
 
+from actors.instructions import Produce, Reply, Request
 from actors.roles import (
     CACHE_MANAGER,
     LOG_MANAGER,
@@ -56,34 +57,8 @@ log = logging.getLogger("shardnode")
 STOPPING_TEXT = "the front door is stopping (node stop or restart); retry"
 
 
-@dataclass(frozen=True, slots=True)
-class ToClient:
-    """Send ``frame`` to the client ``identity``."""
-
-    identity: bytes
-    frame: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ToActor:
-    """Send ``msg`` to the actor ``role``; ``corr`` waits for its answer."""
-
-    role: str
-    corr: int
-    msg: Message
-
-
-@dataclass(frozen=True, slots=True)
-class Produce:
-    """Send a produce request on to be logged: ``corr`` waits for its answer, and
-    ``fields`` (its ``Append`` after ``corr``: producer id, sequence number, parts) ride in
-    a ``Writes`` burst as they are, never encoded as a message of their own."""
-
-    corr: int
-    fields: list[Any]
-
-
-Out = ToClient | ToActor | Produce
+# The instructions (actors/instructions.py) the front door's logic gives its shell.
+Out = Reply | Request | Produce
 
 
 @dataclass(slots=True)
@@ -116,14 +91,14 @@ class FrontDoorState:
         if len(frames) != 1:
             self.requests += 1
             self.errors += 1
-            return [ToClient(identity, protocol.error(0, ErrorCode.BAD_REQUEST,
+            return [Reply(identity, protocol.error(0, ErrorCode.BAD_REQUEST,
                                                       "a request is exactly one frame"))]
         out: list[Out] = []
         for parsed in protocol.parse_requests(frames[0], self.lim.frame_bytes_max):
             self.requests += 1
             if isinstance(parsed, NodeError):
                 self.errors += 1
-                out.append(ToClient(identity, protocol.error(
+                out.append(Reply(identity, protocol.error(
                     getattr(parsed, "request_id", 0), parsed.code, parsed.message)))
                 continue
             rid, op, req = parsed
@@ -131,11 +106,11 @@ class FrontDoorState:
                 out.append(self.route(identity, rid, op, req, now))
             except NodeError as exc:
                 self.errors += 1
-                out.append(ToClient(identity, protocol.error(rid, exc.code, exc.message)))
+                out.append(Reply(identity, protocol.error(rid, exc.code, exc.message)))
             except Exception as exc:  # a request must never take the front door down
                 log.exception("request %d failed", rid)
                 self.errors += 1
-                out.append(ToClient(identity, protocol.error(rid, ErrorCode.INTERNAL,
+                out.append(Reply(identity, protocol.error(rid, ErrorCode.INTERNAL,
                                                              f"{type(exc).__name__}: {exc}")))
         return out
 
@@ -168,7 +143,7 @@ class FrontDoorState:
         return corr
 
     def route(self, identity: bytes, rid: int, op: str, req: dict[str, Any],
-              now: float) -> ToActor | Produce:
+              now: float) -> Request | Produce:
         if op == "produce":  # the hot path: no closure below is needed for it
             try:
                 return self.produce(identity, rid, req, now)
@@ -176,9 +151,9 @@ class FrontDoorState:
                 exc.request_id = rid  # type: ignore[attr-defined]
                 raise
 
-        def to(role: str, make: Any, **kw: Any) -> ToActor:
+        def to(role: str, make: Any, **kw: Any) -> Request:
             corr = self.wait(identity, rid, now, **kw)
-            return ToActor(role, corr, make(corr))
+            return Request(role, corr, make(corr))
 
         lsn = self.lsn_seen
         try:
@@ -275,7 +250,7 @@ class FrontDoorState:
         fields: dict[str, Any] = {"lsn": lsn, "parts": parts}
         if w.assign is not None:
             fields["assign"] = w.assign
-        return [ToClient(w.identity, protocol.ok(w.rid, **fields))]
+        return [Reply(w.identity, protocol.ok(w.rid, **fields))]
 
     def answer(self, msg: Message) -> list[Out]:
         """An actor's answer: the client's reply, if the request is still waiting."""
@@ -301,7 +276,7 @@ class FrontDoorState:
             frame = protocol.error(w.rid, msg.code, msg.text)
         else:
             frame = protocol.error(w.rid, ErrorCode.INTERNAL, f"unexpected {type(msg).__name__}")
-        return [ToClient(w.identity, frame)]
+        return [Reply(w.identity, frame)]
 
     def fail(self, corrs: list[int], code: ErrorCode, text: str) -> list[Out]:
         """Answer these waiting requests with an error (their actor could not take them)."""
@@ -310,7 +285,7 @@ class FrontDoorState:
             w = self.pending.pop(corr, None)
             if w is not None:
                 self.errors += 1
-                out.append(ToClient(w.identity, protocol.error(w.rid, code, text)))
+                out.append(Reply(w.identity, protocol.error(w.rid, code, text)))
         return out
 
     def expire(self, now: float) -> list[Out]:

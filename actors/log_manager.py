@@ -27,16 +27,17 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 import zmq
 
 from actors import faults
 from actors.base import POLL_MS_MAX, Actor, ActorContext, RefuseToStart
-from actors.checkpoint import AskFlush, AskTxn, Coordinator, Finish, Phase, Roll, Step, Truncate
+from actors.checkpoint import Coordinator, Phase, Step
 from actors.durable import fsync_dir
 from actors.flow import BUNDLE_BYTES_MAX, GroupsInFlight, chunks
-from actors.log_state import LogState, Pending
+from actors.instructions import AskFlush, AskTxn, Finish, Log, Roll, Send, Truncate
+from actors.log_state import LogState
 from actors.process import EXIT_FSYNC_FAILED
 from actors.roles import CACHE_MANAGER, FRONT_DOOR, TRANSACTION_MANAGER, writes_role
 from wire import codec, logrecord
@@ -352,7 +353,7 @@ class LogManager(Actor):
         self.log_dir = self.cfg.data_path / "log"
         self.writer = SegmentWriter(self.log_dir, lcfg.segment_bytes_max)
         self.ckpt = Coordinator(lcfg.checkpoint_mode, lcfg.checkpoint_timeout_ms / 1000)
-        self.queue: list[Pending] = []
+        self.queue: list[Log] = []
         self.queued_bytes = 0
         # Requests answered since the transaction manager was told: only when it began them.
         self.track_ended = writes_role(self.cfg) == TRANSACTION_MANAGER
@@ -469,19 +470,22 @@ class LogManager(Actor):
     def admit(self, msg: Message) -> None:
         self.admitted(self.state.admit(msg, int(time.time() * 1000)))
 
-    def admitted(self, out: Pending | Message) -> None:
+    def admitted(self, out: Log | Send) -> None:
         """Queue a request's record for the next group commit, or answer it at once."""
-        if isinstance(out, Pending):
-            self.queue.append(out)
-            self.queued_bytes += len(out.record)
-            if self.queued_bytes >= self.cfg.log.group_bytes_max or \
-                    len(self.queue) >= self.cfg.log.group_requests_max:
-                self.flush_queue()
-        else:
-            self.send(FRONT_DOOR, out, wait_ms=1000)
-            corr = getattr(out, "corr", None)
-            if corr is not None and self.track_ended:
-                self.ended.append(corr)
+        match out:
+            case Log():
+                self.queue.append(out)
+                self.queued_bytes += len(out.record)
+                if self.queued_bytes >= self.cfg.log.group_bytes_max or \
+                        len(self.queue) >= self.cfg.log.group_requests_max:
+                    self.flush_queue()
+            case Send(role, msg, wait_ms):
+                self.send(role, msg, wait_ms)
+                corr = getattr(msg, "corr", None)
+                if corr is not None and self.track_ended:
+                    self.ended.append(corr)
+            case _:
+                assert_never(out)
 
     def on_idle(self) -> None:
         if self.queue:
@@ -527,7 +531,7 @@ class LogManager(Actor):
         group, self.queue, self.queued_bytes = self.queue, [], 0
         self.commit(group)
 
-    def commit(self, group: list[Pending]) -> None:
+    def commit(self, group: list[Log]) -> None:
         records = [p.record for p in group if p.record]
         if records:
             data = b"".join(records)
@@ -603,26 +607,29 @@ class LogManager(Actor):
     def run_steps(self, steps: list[Step]) -> None:
         data = self.cfg.data_path
         for step in steps:
-            if isinstance(step, Roll):
-                self.flush_queue()
-                self.writer.roll(self.state.last_lsn + 1)
-            elif isinstance(step, AskTxn):
-                self.checkpoint_started = time.monotonic()
-                log.info("checkpoint %d requested (%s)", step.ckpt_id, self.cfg.log.checkpoint_mode)
-                self.tell_ended()  # first: the transaction manager waits only for the rest
-                self.send(TRANSACTION_MANAGER, CheckpointRequest(step.ckpt_id), wait_ms=1000)
-                faults.crash_point("checkpoint.after_request", data)
-            elif isinstance(step, AskFlush):
-                self.flush_queue()
-                self.hand_off_groups()  # the flush must find every group up to its LSN
-                self.tell_ended()
-                self.ckpt.asked_flush(self.state.last_lsn)
-                self.send(CACHE_MANAGER, FlushTo(step.ckpt_id, self.state.last_lsn), wait_ms=1000)
-            elif isinstance(step, Truncate):
-                self.flush_queue()  # the snapshot must be exactly what is durable
-                self.truncator.start(step.ckpt_id, step.upto, self.state.snapshot())
-            elif isinstance(step, Finish):
-                self.finish_checkpoint(step)
+            match step:
+                case Roll():
+                    self.flush_queue()
+                    self.writer.roll(self.state.last_lsn + 1)
+                case AskTxn(ckpt_id):
+                    self.checkpoint_started = time.monotonic()
+                    log.info("checkpoint %d requested (%s)", ckpt_id, self.cfg.log.checkpoint_mode)
+                    self.tell_ended()  # first: the transaction manager waits only for the rest
+                    self.send(TRANSACTION_MANAGER, CheckpointRequest(ckpt_id), wait_ms=1000)
+                    faults.crash_point("checkpoint.after_request", data)
+                case AskFlush(ckpt_id):
+                    self.flush_queue()
+                    self.hand_off_groups()  # the flush must find every group up to its LSN
+                    self.tell_ended()
+                    self.ckpt.asked_flush(self.state.last_lsn)
+                    self.send(CACHE_MANAGER, FlushTo(ckpt_id, self.state.last_lsn), wait_ms=1000)
+                case Truncate(ckpt_id, upto):
+                    self.flush_queue()  # the snapshot must be exactly what is durable
+                    self.truncator.start(ckpt_id, upto, self.state.snapshot())
+                case Finish():
+                    self.finish_checkpoint(step)
+                case _:
+                    assert_never(step)
 
     def finish_checkpoint(self, step: Finish) -> None:
         self.send(TRANSACTION_MANAGER, CheckpointFinished(step.ckpt_id), wait_ms=1000)

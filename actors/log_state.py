@@ -2,7 +2,7 @@
 
 ``LogState`` owns the LSN counter, the topic catalog, the next offset of every shard and
 the producers' recent sequence numbers. ``admit`` turns one request into either an
-immediate answer (an error, a duplicate's earlier result, the topic list) or a ``Pending``
+immediate answer (an error, a duplicate's earlier result, the topic list) or a ``Log``
 entry: the encoded log record plus the answer to send once the record is durable. The
 shell writes a group of pending entries with one write and one fdatasync, then sends
 their answers. ``replay`` rebuilds the same state from records read back at recovery.
@@ -20,7 +20,10 @@ from typing import Any
 
 import msgpack
 
+from actors.instructions import Log, Send
+from actors.roles import FRONT_DOOR
 from wire import logrecord
+from wire.codec import Message
 from wire.errors import ErrorCode
 from wire.logrecord import Kind
 from wire.messages import (
@@ -38,6 +41,7 @@ from wire.messages import (
 from wire.protocol import NAME_RE
 
 PARTITIONS_MAX = 1024
+ANSWER_WAIT_MS = 1000  # an answer waits this long for room in the front door's mailbox
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,16 +49,6 @@ class Topic:
     topic_id: int
     name: str
     partitions: int
-
-
-@dataclass(slots=True)
-class Pending:
-    """A record to write, and the answer to send when it is on disk."""
-
-    record: bytes
-    reply: Any  # a message for the front door, or None
-    lsn: int
-    catalog_changed: bool = False
 
 
 @dataclass(slots=True)
@@ -90,10 +84,20 @@ class LogState:
 
     # ---- requests -------------------------------------------------------------------
 
-    def admit(self, msg: Any, now_ms: int) -> Pending | Any:
-        """A ``Pending`` to log, or a message to answer with at once."""
+    def admit(self, msg: Any, now_ms: int) -> Log | Send:
+        """A record to log (and the answer once it is durable), or an answer to send now."""
+        out = self._admit(msg, now_ms)
+        return out if isinstance(out, Log) else Send(FRONT_DOOR, out, ANSWER_WAIT_MS)
+
+    def append(self, corr: int, producer_id: int, seq: int, parts: list[list[Any]],
+               now_ms: int) -> Log | Send:
+        """A produce request (the fields of an ``Append``, which ``Writes`` carries bare)."""
+        out = self._append(corr, producer_id, seq, parts, now_ms)
+        return out if isinstance(out, Log) else Send(FRONT_DOOR, out, ANSWER_WAIT_MS)
+
+    def _admit(self, msg: Any, now_ms: int) -> Log | Message:
         if isinstance(msg, Append):
-            return self.append(msg.corr, msg.producer_id, msg.seq, msg.parts, now_ms)
+            return self._append(msg.corr, msg.producer_id, msg.seq, msg.parts, now_ms)
         if isinstance(msg, CreateTopic):
             return self._create(msg)
         if isinstance(msg, DeleteTopic):
@@ -151,16 +155,15 @@ class LogState:
         if self.entries > self.entries_max:
             self._bound_entries()
 
-    def append(self, corr: int, producer_id: int, seq: int, parts: list[list[Any]],
-               now_ms: int) -> Pending | Any:
-        """A produce request (the fields of an ``Append``, which ``Writes`` carries bare)."""
+    def _append(self, corr: int, producer_id: int, seq: int, parts: list[list[Any]],
+                now_ms: int) -> Log | Message:
         known = self.producers.get(producer_id)
         if known is not None:
             self.producers.move_to_end(producer_id)  # a retry is use, too
             seen = known.results.get(seq)
             if seen is not None:
                 lsn, acked = msgpack.unpackb(seen)
-                return Pending(b"", Ack(corr, lsn, acked), lsn)  # answered with its group
+                return Log(b"", Ack(corr, lsn, acked), lsn)  # answered with its group
             if seq <= known.max_seq - self.window:
                 return ErrorReply(corr, ErrorCode.STALE_SEQUENCE,
                                   f"sequence {seq} of producer {producer_id} is older "
@@ -187,9 +190,9 @@ class LogState:
         lsn = self.last_lsn
         record = logrecord.encode(lsn, Kind.PRODUCE, [producer_id, seq, now_ms, logged])
         self._remember(win, seq, lsn, acked)
-        return Pending(record, Ack(corr, lsn, acked), lsn)
+        return Log(record, Ack(corr, lsn, acked), lsn)
 
-    def _create(self, msg: CreateTopic) -> Pending | Any:
+    def _create(self, msg: CreateTopic) -> Log | Message:
         if not NAME_RE.match(msg.name):
             return ErrorReply(msg.corr, ErrorCode.INVALID_NAME,
                               f"topic name {msg.name!r} must be 1-200 letters, digits, '.', '_' "
@@ -209,18 +212,18 @@ class LogState:
         self._apply_create(topic, self.last_lsn)
         record = logrecord.encode(self.last_lsn, Kind.TOPIC_CREATE,
                                   [topic.topic_id, topic.name, topic.partitions])
-        return Pending(record, Done(msg.corr, self.last_lsn), self.last_lsn, catalog_changed=True)
+        return Log(record, Done(msg.corr, self.last_lsn), self.last_lsn, catalog_changed=True)
 
-    def _delete(self, msg: DeleteTopic) -> Pending | Any:
+    def _delete(self, msg: DeleteTopic) -> Log | Message:
         topic = self.topics.get(msg.name)
         if topic is None:
             return ErrorReply(msg.corr, ErrorCode.UNKNOWN_TOPIC, f"topic {msg.name!r} does not exist")
         self.last_lsn += 1
         self._apply_delete(topic.topic_id, self.last_lsn)
         record = logrecord.encode(self.last_lsn, Kind.TOPIC_DELETE, [topic.topic_id, topic.name])
-        return Pending(record, Done(msg.corr, self.last_lsn), self.last_lsn, catalog_changed=True)
+        return Log(record, Done(msg.corr, self.last_lsn), self.last_lsn, catalog_changed=True)
 
-    def _commit_offset(self, msg: CommitOffset) -> Pending | Any:
+    def _commit_offset(self, msg: CommitOffset) -> Log | Message:
         topic = self.by_id.get(msg.topic_id)
         if topic is None:
             return ErrorReply(msg.corr, ErrorCode.UNKNOWN_TOPIC, f"topic id {msg.topic_id} does not exist")
@@ -233,7 +236,7 @@ class LogState:
         self.last_lsn += 1
         record = logrecord.encode(self.last_lsn, Kind.OFFSET_COMMIT,
                                   [msg.group, msg.topic_id, msg.partition, msg.offset])
-        return Pending(record, Done(msg.corr, self.last_lsn), self.last_lsn)
+        return Log(record, Done(msg.corr, self.last_lsn), self.last_lsn)
 
     # ---- catalog --------------------------------------------------------------------
 

@@ -15,21 +15,19 @@ from __future__ import annotations
 import io
 import logging
 import time
-from typing import Any
+from typing import Any, assert_never
 
 import msgpack
 
 from actors.base import Actor, ActorContext
-from actors.roles import FRONT_DOOR, LOG_MANAGER
-from actors.txn_state import Forward, Instruction, Ready, Reject, TxnState
+from actors.instructions import Forward, Send
+from actors.roles import LOG_MANAGER
+from actors.txn_state import TxnState, busy
 from wire.codec import Message
-from wire.errors import ErrorCode
 from wire.messages import (
     CheckpointFinished,
-    CheckpointReady,
     CheckpointRequest,
     Ended,
-    ErrorReply,
     Writes,
 )
 
@@ -97,7 +95,7 @@ class TransactionManager(Actor):
                     # The log manager is behind or restarting: these never began.
                     unsent = [c for cs, _f in passing[i:] for c in cs]
                     self.state.end(unsent)
-                    self.perform([Reject(corr) for corr in unsent])
+                    self.perform([busy(corr) for corr in unsent])
                     break
         if self.incoming:
             items, self.incoming = self.incoming, []
@@ -106,21 +104,19 @@ class TransactionManager(Actor):
     def on_tick(self, now: float) -> None:
         self.perform(self.state.tick(now))
 
-    def perform(self, instructions: list[Instruction]) -> None:
+    def perform(self, instructions: list[Forward | Send]) -> None:
         for ins in instructions:
-            if isinstance(ins, Forward):
-                unsent = self.send_writes(LOG_MANAGER, ins.corrs, ins.requests, wait_ms=1000)
-                if unsent:
-                    # The log manager is behind or restarting: the rest never began.
-                    self.state.end(unsent)
-                    self.perform([Reject(corr) for corr in unsent])
-            elif isinstance(ins, Ready):
-                self.send(LOG_MANAGER, CheckpointReady(ins.ckpt_id, ins.oldest_lsn), wait_ms=1000)
-            elif isinstance(ins, Reject):
-                self.send(FRONT_DOOR, ErrorReply(ins.corr, ErrorCode.BUSY,
-                                                 "the log manager cannot take more now "
-                                                 "(a full queue or a checkpoint); retry later"),
-                          wait_ms=100)
+            match ins:
+                case Forward(role, corrs, requests):
+                    unsent = self.send_writes(role, corrs, requests, wait_ms=1000)
+                    if unsent:
+                        # The log manager is behind or restarting: the rest never began.
+                        self.state.end(unsent)
+                        self.perform([busy(corr) for corr in unsent])
+                case Send(role, msg, wait_ms):
+                    self.send(role, msg, wait_ms)
+                case _:
+                    assert_never(ins)
 
     def figures(self) -> dict[str, Any]:
         s = self.state

@@ -15,34 +15,20 @@ transaction's records reach the log only when it ends).
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
 from typing import Any
 
+from actors.instructions import Forward, Send
+from actors.roles import FRONT_DOOR, LOG_MANAGER
+from wire.errors import ErrorCode
+from wire.messages import CheckpointReady, ErrorReply
 
-@dataclass(frozen=True, slots=True)
-class Forward:
-    """Pass these requests on to the log manager (as ``Writes`` carries them)."""
-
-    corrs: list[int]
-    requests: list[Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Ready:
-    """Tell the log manager the checkpoint may go on."""
-
-    ckpt_id: int
-    oldest_lsn: int
+HELD_FULL_TEXT = "the log manager cannot take more now (a full queue or a checkpoint); retry later"
 
 
-@dataclass(frozen=True, slots=True)
-class Reject:
-    """Answer this request BUSY (the held queue is full)."""
-
-    corr: int
-
-
-Instruction = Forward | Ready | Reject
+def busy(corr: int) -> Send:
+    """Answer a write request BUSY: it never began (the held queue is full, or the log
+    manager's mailbox was)."""
+    return Send(FRONT_DOOR, ErrorReply(corr, ErrorCode.BUSY, HELD_FULL_TEXT), wait_ms=100)
 
 
 class TxnState:
@@ -67,14 +53,14 @@ class TxnState:
         """The oldest LSN an active transaction still needs; 0 when none needs any."""
         return 0
 
-    def requests(self, items: list[tuple[int, Any]], now: float) -> list[Instruction]:
+    def requests(self, items: list[tuple[int, Any]], now: float) -> list[Forward | Send]:
         """New write requests (corr, request as in ``Writes``) from the front door."""
         if self.gate is None:
             return [self._begin(items, now)]
-        out: list[Instruction] = []
+        out: list[Forward | Send] = []
         for corr, request in items:
             if len(self.held) >= self.held_max:
-                out.append(Reject(corr))
+                out.append(busy(corr))
             else:
                 self.held.append((corr, request))
                 self.held_total += 1
@@ -95,23 +81,24 @@ class TxnState:
         for corr, _request in items:
             self.active[corr] = now
         self.began += len(items)
-        return Forward([corr for corr, _r in items], [request for _corr, request in items])
+        return Forward(LOG_MANAGER, [corr for corr, _r in items],
+                       [request for _corr, request in items])
 
-    def end(self, corrs: list[int]) -> list[Instruction]:
+    def end(self, corrs: list[int]) -> list[Forward | Send]:
         for corr in corrs:
             if self.active.pop(corr, None) is not None:
                 self.ended += 1
         return self._maybe_ready()
 
-    def checkpoint_requested(self, ckpt_id: int, now: float = 0.0) -> list[Instruction]:
+    def checkpoint_requested(self, ckpt_id: int, now: float = 0.0) -> list[Forward | Send]:
         if self.mode == "fuzzy":
-            return [Ready(ckpt_id, self.oldest_lsn())]
+            return [self._ready(ckpt_id)]
         self.gate = ckpt_id
         self.gate_since = now
         self.ready_sent = False
         return self._maybe_ready()
 
-    def checkpoint_finished(self, ckpt_id: int, now: float) -> list[Instruction]:
+    def checkpoint_finished(self, ckpt_id: int, now: float) -> list[Forward | Send]:
         if self.gate != ckpt_id:
             return []
         self.gate = None
@@ -120,7 +107,7 @@ class TxnState:
         held, self.held = self.held, collections.deque()
         return [self._begin(held, now)]
 
-    def tick(self, now: float) -> list[Instruction]:
+    def tick(self, now: float) -> list[Forward | Send]:
         """Forget transactions whose request was lost (a restarted log manager, say)."""
         stale = [corr for corr, began in self.active.items() if now - began > self.stale_s]
         for corr in stale:
@@ -130,9 +117,12 @@ class TxnState:
             return self.checkpoint_finished(self.gate, now)  # its "finished" never came
         return self._maybe_ready()
 
-    def _maybe_ready(self) -> list[Instruction]:
+    def _ready(self, ckpt_id: int) -> Send:
+        return Send(LOG_MANAGER, CheckpointReady(ckpt_id, self.oldest_lsn()), wait_ms=1000)
+
+    def _maybe_ready(self) -> list[Forward | Send]:
         # The gate stays closed until the checkpoint finishes; ready is said once.
         if self.gate is not None and not self.active and not self.ready_sent:
             self.ready_sent = True
-            return [Ready(self.gate, self.oldest_lsn())]
+            return [self._ready(self.gate)]
         return []

@@ -7,8 +7,9 @@ from typing import Any
 import msgpack
 import pytest
 
+from actors import instructions
 from actors.cache_state import ENTRY_OVERHEAD_BYTES, CacheState
-from actors.log_state import LogState, Pending
+from actors.log_state import LogState
 from wire import logrecord
 from wire.logrecord import Kind
 from wire.messages import Append, CreateTopic, DeleteTopic
@@ -33,9 +34,9 @@ class Log:
         self.seq = 0
         self.model: dict[tuple[int, int], list[list[Any]]] = {}  # expected rows per shard
 
-    def admit(self, msg: Any, now_ms: int = NOW) -> Pending:
+    def admit(self, msg: Any, now_ms: int = NOW) -> instructions.Log:
         out = self.state.admit(msg, now_ms)
-        assert isinstance(out, Pending), out
+        assert isinstance(out, instructions.Log), out
         self.group += out.record
         return out
 

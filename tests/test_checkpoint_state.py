@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from actors.checkpoint import AskFlush, AskTxn, Coordinator, Finish, Phase, Roll, Truncate
+from actors.checkpoint import Coordinator, Phase
+from actors.instructions import AskFlush, AskTxn, Finish, Roll, Truncate
 
 WAITER = ("front", 7)
 

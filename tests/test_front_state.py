@@ -8,7 +8,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from actors.front_state import FrontDoorState, Produce, ToActor, ToClient
+from actors.front_state import FrontDoorState
+from actors.instructions import Produce, Reply, Request
 from config import load_config
 from wire.errors import ErrorCode
 from wire.messages import (
@@ -54,7 +55,7 @@ def parts_of(out: Any) -> list[Any]:
 
 
 def reply_of(out: Any) -> dict[str, Any]:
-    assert isinstance(out, ToClient) and out.identity == ID
+    assert isinstance(out, Reply) and out.identity == ID
     decoded: dict[str, Any] = msgpack.unpackb(out.frame, raw=False)
     return decoded
 
@@ -103,7 +104,7 @@ def test_ack_becomes_the_clients_reply_and_raises_lsn_seen() -> None:
     assert s.lsn_seen == 42 and not s.pending
     assert s.answer(Ack(out.corr, 42, [[1, 10, 1]])) == [], "answered once only"
     (read,) = s.request(ID, req("read", topic="t", partition=1, offset=0, max_records=5), 0.0)
-    assert isinstance(read, ToActor) and read.role == "cache"
+    assert isinstance(read, Request) and read.role == "cache"
     assert read.msg == Read(read.corr, 1, 1, 0, 5, 42)
 
 
@@ -128,19 +129,19 @@ def test_writes_pass_the_transaction_managers_gate_only_when_checkpoints_block(
     s = state(mode)
     assert s.writes_to == role  # where the shell sends produce requests (Produce)
     (out,) = s.request(ID, req("create_topic", name="new", partitions=2), now=0.0)
-    assert isinstance(out, ToActor) and isinstance(out.msg, CreateTopic) and out.role == role
+    assert isinstance(out, Request) and isinstance(out.msg, CreateTopic) and out.role == role
     (out,) = s.request(ID, req("commit_offset", group="g", topic="t", partition=1, offset=5),
                        now=0.0)
-    assert isinstance(out, ToActor) and isinstance(out.msg, CommitOffset) and out.role == role
+    assert isinstance(out, Request) and isinstance(out.msg, CommitOffset) and out.role == role
 
 
 def test_reads_other_than_by_offset_go_to_the_owning_writer() -> None:
     s = state()
     (out,) = s.request(ID, req("read_by_key", topic="t", partition=3, key=b"k"), now=0.0)
-    assert isinstance(out, ToActor) and isinstance(out.msg, ReadByKey)
+    assert isinstance(out, Request) and isinstance(out.msg, ReadByKey)
     assert out.role == f"writer-{(1 * 7919 + 3) % 2}"
     (out,) = s.request(ID, req("committed_offset", group="g", topic="t", partition=0), now=0.0)
-    assert isinstance(out, ToActor) and isinstance(out.msg, CommittedOffset)
+    assert isinstance(out, Request) and isinstance(out.msg, CommittedOffset)
 
 
 @pytest.mark.parametrize("frames, code", [
@@ -167,14 +168,14 @@ def test_before_the_catalog_arrives_requests_are_unavailable() -> None:
 def test_pending_limit_answers_busy() -> None:
     s = state(pending_requests_max=2)
     outs = [s.request(ID, produce([b"a"], partition=0, seq=i), now=0.0)[0] for i in range(3)]
-    assert [type(o) for o in outs] == [Produce, Produce, ToClient]
+    assert [type(o) for o in outs] == [Produce, Produce, Reply]
     assert reply_of(outs[2])["code"] == ErrorCode.BUSY
 
 
 def test_requests_nobody_answered_time_out() -> None:
     s = state(request_timeout_ms=1000)
     (out,) = s.request(ID, req("create_topic", name="x", partitions=1), now=10.0)
-    assert isinstance(out, ToActor) and isinstance(out.msg, CreateTopic)
+    assert isinstance(out, Request) and isinstance(out.msg, CreateTopic)
     assert s.expire(10.5) == []
     (late,) = s.expire(11.0)
     assert reply_of(late)["code"] == ErrorCode.TIMEOUT
@@ -196,7 +197,7 @@ def test_fail_and_stop_answer_every_waiting_request() -> None:
 def test_records_reply_passes_bytes_through() -> None:
     s = state()
     (out,) = s.request(ID, req("read", topic="t", partition=0, offset=0, max_records=1), 0.0)
-    assert isinstance(out, ToActor)
+    assert isinstance(out, Request)
     (rep,) = s.answer(RecordsReply(out.corr, b"\x90", 3))
     assert reply_of(rep) == {"id": 1, "ok": True, "records": b"\x90"}
 
@@ -211,4 +212,4 @@ def test_a_restarted_front_door_makes_reads_wait_for_the_durable_lsn() -> None:
     s = FrontDoorState(load_config())
     s.catalog(Catalog(3, [[1, "t", 1]], 90))  # the log is durable to 90; topics changed at 3
     (read,) = s.request(ID, req("read", topic="t", partition=0, offset=0, max_records=1), 0.0)
-    assert isinstance(read, ToActor) and isinstance(read.msg, Read) and read.msg.lsn_min == 90
+    assert isinstance(read, Request) and isinstance(read.msg, Read) and read.msg.lsn_min == 90

@@ -15,7 +15,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from actors.log_state import PARTITIONS_MAX, LogState, Pending
+from actors.instructions import Log, Send
+from actors.log_state import PARTITIONS_MAX, LogState
 from wire.errors import ErrorCode
 from wire.logrecord import Kind, iter_buffer
 from wire.messages import (
@@ -38,11 +39,19 @@ def blob(n: int, tag: str = "v") -> bytes:
     return msgpack.packb([f"{tag}{i}".encode() for i in range(n)], use_bin_type=True)
 
 
-def only_entry(p: Pending) -> Any:
+def only_entry(p: Log) -> Any:
     entries = list(iter_buffer(p.record, verify=True))
     assert len(entries) == 1
     assert entries[0].lsn == p.lsn
     return entries[0]
+
+
+def answer(out: Log | Send) -> Any:
+    """A ``Log`` as it is; an answer sent at once (always to the front door) as its message."""
+    if isinstance(out, Send):
+        assert out.role == "front"
+        return out.msg
+    return out
 
 
 class Driver:
@@ -56,8 +65,9 @@ class Driver:
         self.corr = 0
 
     def admit(self, msg: Any, now_ms: int = NOW) -> Any:
-        out = self.state.admit(msg, now_ms)
-        if isinstance(out, Pending) and out.record:
+        """What the state logs (a ``Log``), or the message it answers with at once."""
+        out = answer(self.state.admit(msg, now_ms))
+        if isinstance(out, Log) and out.record:
             self.log += out.record
         return out
 
@@ -67,7 +77,7 @@ class Driver:
 
     def create(self, name: str, partitions: int) -> int:
         out = self.admit(CreateTopic(self.next_corr(), name, partitions))
-        assert isinstance(out, Pending), out
+        assert isinstance(out, Log), out
         return self.state.topics[name].topic_id
 
     def append(self, pid: int, seq: int, parts: list[list[Any]], now_ms: int = NOW) -> Any:
@@ -87,7 +97,7 @@ def snapshot(st: LogState) -> Any:
 def test_create_topic_logs_a_record_and_answers_done() -> None:
     d = Driver()
     out = d.admit(CreateTopic(5, "orders", 3))
-    assert isinstance(out, Pending)
+    assert isinstance(out, Log)
     assert out.lsn == 1 and out.catalog_changed
     assert out.reply == Done(5, 1)
     e = only_entry(out)
@@ -104,7 +114,7 @@ def test_topic_ids_are_distinct_and_never_reused() -> None:
     d = Driver()
     a = d.create("a", 1)
     b = d.create("b", 1)
-    assert isinstance(d.admit(DeleteTopic(1, "b")), Pending)
+    assert isinstance(d.admit(DeleteTopic(1, "b")), Log)
     b2 = d.create("b", 1)
     assert len({a, b, b2}) == 3
 
@@ -148,7 +158,7 @@ def test_delete_topic_forgets_it_and_its_offsets() -> None:
     gone = d.create("gone", 2)
     d.append(1, 0, [[gone, 0, 3, blob(3)]])
     out = d.admit(DeleteTopic(9, "gone"))
-    assert isinstance(out, Pending) and out.catalog_changed
+    assert isinstance(out, Log) and out.catalog_changed
     assert out.reply == Done(9, out.lsn)
     e = only_entry(out)
     assert e.kind == Kind.TOPIC_DELETE and e.body() == [gone, "gone"]
@@ -192,7 +202,7 @@ def test_lsns_increase_by_one_across_every_kind_of_record() -> None:
                 Append(4, 1, 1, [[tid, 1, 2, blob(2)]]),
                 DeleteTopic(5, "u")]:
         out = d.admit(msg)
-        assert isinstance(out, Pending)
+        assert isinstance(out, Log)
         assert only_entry(out).lsn == out.lsn == out.reply.lsn
         lsns.append(out.lsn)
     assert lsns == list(range(1, 7))
@@ -214,7 +224,7 @@ def test_offsets_are_contiguous_per_partition() -> None:
         parts = [[tid, p, rng.randint(1, 5), b"\x90"] for tid, p in shards]
         ts = NOW + seq
         out = d.append(pid=seq % 3, seq=seq // 3, parts=parts, now_ms=ts)
-        assert isinstance(out, Pending), out
+        assert isinstance(out, Log), out
         want_acks = []
         want_logged = []
         for tid, p, count, b in parts:
@@ -267,7 +277,7 @@ def test_an_append_to_an_unknown_shard_is_refused_and_changes_nothing(
     assert bytes(d.log) == logged
     # The same sequence number, corrected, is a new request, not a duplicate.
     ok = d.append(pid, 1, [[tid, 0, 2, blob(2)]])
-    assert isinstance(ok, Pending) and ok.record
+    assert isinstance(ok, Log) and ok.record
     assert ok.reply.parts == [[0, 3, 2]]
 
 
@@ -290,7 +300,7 @@ def test_a_duplicate_gets_the_original_ack_and_logs_nothing() -> None:
     before = snapshot(d.state)
     logged = bytes(d.log)
     dup = d.append(7, 0, [[tid, 0, 2, blob(2)], [tid, 1, 1, blob(1)]])
-    assert isinstance(dup, Pending)
+    assert isinstance(dup, Log)
     assert dup.record == b""
     assert dup.lsn == orig.lsn
     assert dup.reply == Ack(d.corr, orig.lsn, [[0, 0, 2], [1, 0, 1]])  # the new corr
@@ -321,7 +331,7 @@ def test_a_seq_older_than_the_window_is_stale(window: int) -> None:
     # The `window` most recent sequence numbers are remembered; older ones are stale.
     for seq in range(last - window + 1, last + 1):
         dup = d.append(5, seq, [[tid, 0, 1, blob(1)]])
-        assert isinstance(dup, Pending) and dup.record == b"", seq
+        assert isinstance(dup, Log) and dup.record == b"", seq
         assert dup.lsn == acks[seq].lsn
     for seq in (0, last - window):
         out = d.append(5, seq, [[tid, 0, 1, blob(1)]])
@@ -336,7 +346,7 @@ def test_a_never_seen_seq_older_than_the_window_is_stale() -> None:
     d.append(5, 100, [[tid, 0, 1, blob(1)]])
     out = d.append(5, 96, [[tid, 0, 1, blob(1)]])
     assert isinstance(out, ErrorReply) and out.code == ErrorCode.STALE_SEQUENCE
-    assert isinstance(d.append(5, 97, [[tid, 0, 1, blob(1)]]), Pending)
+    assert isinstance(d.append(5, 97, [[tid, 0, 1, blob(1)]]), Log)
 
 
 def test_a_window_holds_at_most_window_entries_through_jumps_and_gaps() -> None:
@@ -344,7 +354,7 @@ def test_a_window_holds_at_most_window_entries_through_jumps_and_gaps() -> None:
     tid = d.create("t", 1)
     seqs = [*range(0, 20), 25, 23, 1_000_000, 999_995, *range(1_000_001, 1_000_030, 3)]
     for seq in seqs:
-        assert isinstance(d.append(6, seq, [[tid, 0, 1, blob(1)]]), Pending), seq
+        assert isinstance(d.append(6, seq, [[tid, 0, 1, blob(1)]]), Log), seq
         win = d.state.producers[6]
         assert sorted(win.results) == sorted(s for s in set(seqs[:seqs.index(seq) + 1])
                                              if s > win.max_seq - 8), seq
@@ -358,7 +368,7 @@ def test_out_of_order_seqs_inside_the_window_are_accepted_once() -> None:
     d.append(3, 0, [[tid, 0, 1, blob(1)]])
     d.append(3, 4, [[tid, 0, 1, blob(1)]])
     late = d.append(3, 2, [[tid, 0, 3, blob(3)]])
-    assert isinstance(late, Pending) and late.record
+    assert isinstance(late, Log) and late.record
     assert late.reply.parts == [[0, 2, 3]]
     again = d.append(3, 2, [[tid, 0, 3, blob(3)]])
     assert again.record == b"" and again.reply.lsn == late.lsn
@@ -432,7 +442,7 @@ def test_commit_offset_logs_and_checks_its_shard() -> None:
     tid = d.create("t", 2)
     d.append(1, 0, [[tid, 0, 4, blob(4)]])
     out = d.admit(CommitOffset(40, "grp", tid, 0, 4))  # == end: allowed
-    assert isinstance(out, Pending) and out.reply == Done(40, out.lsn)
+    assert isinstance(out, Log) and out.reply == Done(40, out.lsn)
     e = only_entry(out)
     assert e.kind == Kind.OFFSET_COMMIT and e.body() == ["grp", tid, 0, 4]
     before = snapshot(d.state)
@@ -473,12 +483,12 @@ def _history(d: Driver, rng: random.Random) -> dict[tuple[int, int], Any]:
             seq = seqs[pid]
             seqs[pid] += 1
         out = d.append(pid, seq, parts, now_ms=NOW + step)
-        if isinstance(out, Pending) and out.record:
+        if isinstance(out, Log) and out.record:
             acks[(pid, seq)] = out.reply
         if step == 30:
-            assert isinstance(d.admit(CommitOffset(d.next_corr(), "g", keep, 0, 1)), Pending)
+            assert isinstance(d.admit(CommitOffset(d.next_corr(), "g", keep, 0, 1)), Log)
         if step == 100:
-            assert isinstance(d.admit(DeleteTopic(d.next_corr(), "gone")), Pending)
+            assert isinstance(d.admit(DeleteTopic(d.next_corr(), "gone")), Log)
         if step == 110:
             d.create("gone", 1)
     return acks
@@ -521,15 +531,15 @@ def test_after_replay_retries_are_still_recognised_and_new_work_continues() -> N
         if seq not in win.results:
             continue  # fell out of the window before the "restart"
         remembered += 1
-        out = fresh.admit(Append(999, pid, seq, [[1, 0, 1, blob(1)]]), NOW)
-        assert isinstance(out, Pending) and out.record == b"", (pid, seq)
+        out = answer(fresh.admit(Append(999, pid, seq, [[1, 0, 1, blob(1)]]), NOW))
+        assert isinstance(out, Log) and out.record == b"", (pid, seq)
         assert out.reply == Ack(999, ack.lsn, ack.parts)
     assert remembered >= 5
     # The next request gets the same LSN and offsets from both states.
     keep = d.state.topics["keep"].topic_id
     msg = Append(1000, 77, 0, [[keep, 0, 2, blob(2)], [keep, 2, 1, blob(1)]])
     a, b = d.state.admit(msg, NOW), fresh.admit(msg, NOW)
-    assert isinstance(a, Pending) and isinstance(b, Pending)
+    assert isinstance(a, Log) and isinstance(b, Log)
     assert (a.record, a.reply, a.lsn) == (b.record, b.reply, b.lsn)
 
 
@@ -549,11 +559,11 @@ def test_replay_refuses_lsns_out_of_order() -> None:
 
 def test_partitions_of_all_topics_are_bounded() -> None:
     state = LogState(producers_max=10, producer_window_max=8, shards_max=5)
-    assert isinstance(state.admit(CreateTopic(1, "a", 3), 0), Pending)
-    refused = state.admit(CreateTopic(2, "b", 3), 0)
+    assert isinstance(state.admit(CreateTopic(1, "a", 3), 0), Log)
+    refused = answer(state.admit(CreateTopic(2, "b", 3), 0))
     assert isinstance(refused, ErrorReply) and "shards_max" in refused.text
     assert "b" not in state.topics
-    assert isinstance(state.admit(CreateTopic(3, "b", 2), 0), Pending)
+    assert isinstance(state.admit(CreateTopic(3, "b", 2), 0), Log)
 
 
 def test_a_snapshot_restores_the_same_state_through_its_file_encoding() -> None:
@@ -579,7 +589,7 @@ def test_a_snapshot_restores_the_same_state_through_its_file_encoding() -> None:
     # Same answers as the original had at the snapshot: duplicates are known, in order.
     assert list(restored.producers[12].results) == [3, 4, 5, 6]
     again = fresh.append(12, 6, [[tid, 0, 1, blob(1)]])
-    assert isinstance(again, Pending) and not again.record  # a duplicate: nothing to log
+    assert isinstance(again, Log) and not again.record  # a duplicate: nothing to log
     assert isinstance(again.reply, Ack)
     assert again.reply.parts == msgpack.unpackb(d.state.producers[12].results[6])[1]
     assert restored.next_offset == offsets_then != d.state.next_offset

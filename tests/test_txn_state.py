@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from actors.txn_state import Forward, Ready, Reject, TxnState
+from actors.instructions import Forward, Send
+from actors.roles import LOG_MANAGER
+from actors.txn_state import TxnState, busy
+from wire.messages import CheckpointReady
+
+
+def ready(ckpt_id: int, oldest_lsn: int) -> Send:
+    return Send(LOG_MANAGER, CheckpointReady(ckpt_id, oldest_lsn), wait_ms=1000)
+
+
+def forward(corrs: list[int], requests: list[bytes]) -> Forward:
+    return Forward(LOG_MANAGER, corrs, list(requests))
 
 
 def items(*corrs: int) -> list[tuple[int, bytes]]:
@@ -12,9 +23,9 @@ def items(*corrs: int) -> list[tuple[int, bytes]]:
 def test_fuzzy_mode_forwards_and_is_ready_at_once() -> None:
     s = TxnState("fuzzy", held_max=10, stale_s=5)
     (fwd,) = s.requests(items(1, 2), now=0)
-    assert fwd == Forward([1, 2], [b"frame-1", b"frame-2"])
-    assert s.checkpoint_requested(7) == [Ready(7, 0)]
-    assert s.requests(items(3), now=0) == [Forward([3], [b"frame-3"])]  # writes never stop
+    assert fwd == forward([1, 2], [b"frame-1", b"frame-2"])
+    assert s.checkpoint_requested(7) == [ready(7, 0)]
+    assert s.requests(items(3), now=0) == [forward([3], [b"frame-3"])]  # writes never stop
 
 
 def test_blocking_gate_waits_for_active_and_holds_new() -> None:
@@ -24,22 +35,22 @@ def test_blocking_gate_waits_for_active_and_holds_new() -> None:
     assert s.requests(items(4, 5), now=0) == []  # held back
     assert s.held_total == 2
     assert s.end([1]) == []
-    assert s.end([2]) == [Ready(3, 0)]
+    assert s.end([2]) == [ready(3, 0)]
     assert s.end([2]) == []  # ready is said once
     assert s.checkpoint_finished(99, now=1) == []  # not ours
-    assert s.checkpoint_finished(3, now=1) == [Forward([4, 5], [b"frame-4", b"frame-5"])]
+    assert s.checkpoint_finished(3, now=1) == [forward([4, 5], [b"frame-4", b"frame-5"])]
     assert set(s.active) == {4, 5}
 
 
 def test_gate_with_nothing_active_is_ready_immediately() -> None:
     s = TxnState("blocking", held_max=10, stale_s=5)
-    assert s.checkpoint_requested(1) == [Ready(1, 0)]
+    assert s.checkpoint_requested(1) == [ready(1, 0)]
 
 
 def test_held_queue_is_bounded() -> None:
     s = TxnState("blocking", held_max=2, stale_s=5)
     s.checkpoint_requested(1)
-    assert s.requests(items(1, 2, 3), now=0) == [Reject(3)]
+    assert s.requests(items(1, 2, 3), now=0) == [busy(3)]
     assert len(s.held) == 2 and s.held_total == 2
 
 
@@ -48,16 +59,16 @@ def test_lost_transactions_expire_and_release_the_gate() -> None:
     s.requests(items(1), now=0)
     assert s.checkpoint_requested(2) == []
     assert s.tick(now=4) == []
-    assert s.tick(now=6) == [Ready(2, 0)]
+    assert s.tick(now=6) == [ready(2, 0)]
     assert s.expired == 1 and not s.active
 
 
 def test_a_gate_whose_finish_was_lost_opens_by_itself() -> None:
     s = TxnState("blocking", held_max=10, stale_s=5, gate_s_max=30)
-    assert s.checkpoint_requested(1, now=0) == [Ready(1, 0)]
+    assert s.checkpoint_requested(1, now=0) == [ready(1, 0)]
     s.requests(items(7), now=1)
     assert s.tick(now=20) == []
-    assert s.tick(now=31) == [Forward([7], [b"frame-7"])]
+    assert s.tick(now=31) == [forward([7], [b"frame-7"])]
     assert s.gate is None
 
 
