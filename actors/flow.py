@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import collections
 
-BUNDLE_BYTES_MAX = 16 * 1024 * 1024  # one frame between actors, well under the codec's limit
+from wire.codec import FRAME_BYTES_MAX_DEFAULT
+
+BUNDLE_BYTES_MAX = 16 * 1024 * 1024  # one frame of bundled messages between actors
+# A bundle's frame carries its messages and their framing: room to spare under the codec's bound.
+assert BUNDLE_BYTES_MAX * 2 <= FRAME_BYTES_MAX_DEFAULT
 PROGRESS_BYTES_DIVISOR = 8  # a receiver reports once it applied this fraction of the sender's bound
 PROGRESS_INTERVAL_S = 0.025  # ... or at least this often while it applies
 

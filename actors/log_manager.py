@@ -348,8 +348,7 @@ class LogManager(Actor):
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
         lcfg = self.cfg.log
-        self.state = LogState(lcfg.producers_max, lcfg.producer_window_max,
-                              self.cfg.limits.shards_max, lcfg.producer_entries_max)
+        self.state = LogState(self.cfg)
         self.log_dir = self.cfg.data_path / "log"
         self.writer = SegmentWriter(self.log_dir, lcfg.segment_bytes_max)
         self.ckpt = Coordinator(lcfg.checkpoint_mode, lcfg.checkpoint_timeout_ms / 1000)

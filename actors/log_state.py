@@ -22,6 +22,7 @@ import msgpack
 
 from actors.instructions import Log, Send
 from actors.roles import FRONT_DOOR
+from config import NodeConfig
 from wire import logrecord
 from wire.codec import Message
 from wire.errors import ErrorCode
@@ -40,7 +41,6 @@ from wire.messages import (
 )
 from wire.protocol import NAME_RE
 
-PARTITIONS_MAX = 1024
 ANSWER_WAIT_MS = 1000  # an answer waits this long for room in the front door's mailbox
 
 
@@ -63,24 +63,25 @@ class ProducerWindow:
 
 
 class LogState:
-    def __init__(self, producers_max: int, producer_window_max: int,
-                 shards_max: int = 1 << 30, producer_entries_max: int = 1 << 62) -> None:
-        assert producer_entries_max >= producer_window_max, "one full window must fit"
+    def __init__(self, cfg: NodeConfig) -> None:
+        lcfg = cfg.log
+        assert lcfg.producer_entries_max >= lcfg.producer_window_max, "one full window must fit"
         self.last_lsn = 0
         self.topics: dict[str, Topic] = {}
         self.by_id: dict[int, Topic] = {}
         self.next_topic_id = 1
         self.next_offset: dict[tuple[int, int], int] = {}
         self.producers: collections.OrderedDict[int, ProducerWindow] = collections.OrderedDict()
-        self.producers_max = producers_max
-        self.window = producer_window_max
+        self.producers_max = lcfg.producers_max
+        self.window = lcfg.producer_window_max
         # Sequence numbers remembered across all windows: the least recently used producers
         # are forgotten beyond this, so memory (and each checkpoint's copy) stays bounded
         # however many producers keep how full a window.
-        self.entries_max = producer_entries_max
+        self.entries_max = lcfg.producer_entries_max
         self.entries = 0
         self.catalog_lsn = 0
-        self.shards_max = shards_max
+        self.shards_max = cfg.limits.shards_max
+        self.partitions_max = cfg.limits.partitions_max
 
     # ---- requests -------------------------------------------------------------------
 
@@ -197,9 +198,10 @@ class LogState:
             return ErrorReply(msg.corr, ErrorCode.INVALID_NAME,
                               f"topic name {msg.name!r} must be 1-200 letters, digits, '.', '_' "
                               f"or '-', starting with a letter or digit")
-        if not 1 <= msg.partitions <= PARTITIONS_MAX:
+        if not 1 <= msg.partitions <= self.partitions_max:
             return ErrorReply(msg.corr, ErrorCode.BAD_REQUEST,
-                              f"partitions must be 1-{PARTITIONS_MAX}, got {msg.partitions}")
+                              f"partitions must be 1-{self.partitions_max} "
+                              f"(limits.partitions_max), got {msg.partitions}")
         if msg.name in self.topics:
             return ErrorReply(msg.corr, ErrorCode.TOPIC_EXISTS, f"topic {msg.name!r} exists")
         shards = sum(t.partitions for t in self.topics.values())

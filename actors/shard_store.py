@@ -28,6 +28,7 @@ import msgpack
 import rocksdict
 
 from actors.durable import rename_durably
+from config import ShardsConfig
 
 U64 = struct.Struct(">Q")
 TAG_LEN = struct.Struct(">H")
@@ -52,6 +53,11 @@ class StoreMemory:
         self.block_cache = rocksdict.Cache(block_cache_bytes)
         self.write_buffer_bytes = write_buffer_bytes
 
+    @classmethod
+    def of(cls, shards: ShardsConfig) -> StoreMemory:
+        """The budget ``[shards]`` of the configuration gives one writer process."""
+        return cls(shards.memtable_bytes_max, shards.block_cache_bytes, shards.write_buffer_bytes)
+
     def options(self, write_buffer_bytes: int) -> rocksdict.Options:
         o = rocksdict.Options(raw_mode=True)
         o.create_if_missing(True)
@@ -67,9 +73,6 @@ class StoreMemory:
         table.set_pin_l0_filter_and_index_blocks_in_cache(True)
         o.set_block_based_table_factory(table)
         return o
-
-
-DEFAULT_MEMORY_ARGS = (64 * 1024 * 1024, 32 * 1024 * 1024, 8 * 1024 * 1024)
 
 
 TOMBSTONE_SUFFIX = ".deleted"
@@ -88,10 +91,10 @@ def parse_shard_dir(name: str) -> tuple[int, int] | None:
 
 class ShardStore:
     def __init__(self, path: Path, topic_id: int, partition: int,
-                 memory: StoreMemory | None = None) -> None:
+                 memory: StoreMemory) -> None:
         self.path = path
         self.shard = (topic_id, partition)
-        mem = memory or StoreMemory(*DEFAULT_MEMORY_ARGS)
+        mem = memory
         small = max(mem.write_buffer_bytes // 8, 256 * 1024)
         opts = mem.options(mem.write_buffer_bytes)
         cfs = {name: mem.options(mem.write_buffer_bytes if name == "records" else small)

@@ -73,7 +73,7 @@ class ShardWriter(Actor):
         self.state_file = data / "writers" / f"{self.role}.lsn"
         self.stores: dict[Shard, ShardStore] = {}
         sc = self.cfg.shards
-        self.memory = StoreMemory(sc.memtable_bytes_max, sc.block_cache_bytes, sc.write_buffer_bytes)
+        self.memory = StoreMemory.of(sc)
         self.processed_lsn = 0
         self.catalog_lsn = 0  # every catalog change at or below this LSN is applied
         self.parked: collections.deque[tuple[float, Any]] = collections.deque()

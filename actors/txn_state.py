@@ -33,7 +33,7 @@ def busy(corr: int) -> Send:
 
 class TxnState:
     def __init__(self, mode: str, held_max: int, stale_s: float,
-                 gate_s_max: float = 120.0) -> None:
+                 gate_s_max: float) -> None:
         assert mode in ("fuzzy", "blocking")
         self.mode = mode
         self.held_max = held_max

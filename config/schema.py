@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 CHECKPOINT_MODES = ("fuzzy", "blocking")
-GROUP_BYTES_LIMIT = 48 * 1024 * 1024  # under the 64 MiB internal frame limit (wire.codec)
+GROUP_BYTES_LIMIT = 48 * 1024 * 1024  # a group travels between actors as one frame (wire.codec)
 
 
 class ConfigError(ValueError):
@@ -39,6 +39,7 @@ class LimitsConfig:
     read_records_max: int
     read_bytes_max: int
     shards_max: int
+    partitions_max: int
     pending_requests_max: int
     request_timeout_ms: int
     mailbox_messages_max: int
@@ -107,7 +108,6 @@ class NodeConfig:
         return dataclasses.asdict(self)
 
 
-SECTIONS: dict[str, type] = {f.name: f.type for f in dataclasses.fields(NodeConfig)}  # type: ignore[misc]
 _SECTION_TYPES: dict[str, type] = {
     "node": NodeSection,
     "limits": LimitsConfig,

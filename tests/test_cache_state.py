@@ -10,6 +10,7 @@ import pytest
 from actors import instructions
 from actors.cache_state import ENTRY_OVERHEAD_BYTES, CacheState
 from actors.log_state import LogState
+from config import load_config
 from wire import logrecord
 from wire.logrecord import Kind
 from wire.messages import Append, CreateTopic, DeleteTopic
@@ -29,7 +30,7 @@ class Log:
     """A LogState that hands out the bytes of each group it logged, like the log manager."""
 
     def __init__(self) -> None:
-        self.state = LogState(producers_max=100, producer_window_max=100)
+        self.state = LogState(load_config(overrides={"log": {"producers_max": 100, "producer_window_max": 100}}))
         self.group = bytearray()
         self.seq = 0
         self.model: dict[tuple[int, int], list[list[Any]]] = {}  # expected rows per shard

@@ -16,7 +16,8 @@ import msgpack
 import pytest
 
 from actors.instructions import Log, Send
-from actors.log_state import PARTITIONS_MAX, LogState
+from actors.log_state import LogState
+from config import load_config
 from wire.errors import ErrorCode
 from wire.logrecord import Kind, iter_buffer
 from wire.messages import (
@@ -46,6 +47,18 @@ def only_entry(p: Log) -> Any:
     return entries[0]
 
 
+PARTITIONS_MAX = load_config().limits.partitions_max
+
+
+def log_state(producers_max: int = 1000, producer_window_max: int = 8,
+              producer_entries_max: int | None = None, shards_max: int = 4096) -> LogState:
+    """A LogState on the defaults, with these bounds."""
+    log = {"producers_max": producers_max, "producer_window_max": producer_window_max}
+    if producer_entries_max is not None:
+        log["producer_entries_max"] = producer_entries_max
+    return LogState(load_config(overrides={"log": log, "limits": {"shards_max": shards_max}}))
+
+
 def answer(out: Log | Send) -> Any:
     """A ``Log`` as it is; an answer sent at once (always to the front door) as its message."""
     if isinstance(out, Send):
@@ -58,9 +71,8 @@ class Driver:
     """A LogState plus the records it asked to log, in order."""
 
     def __init__(self, producers_max: int = 1000, window: int = 8,
-                 entries_max: int = 1 << 62) -> None:
-        self.state = LogState(producers_max=producers_max, producer_window_max=window,
-                              producer_entries_max=entries_max)
+                 entries_max: int | None = None) -> None:
+        self.state = log_state(producers_max, window, entries_max)
         self.log = bytearray()
         self.corr = 0
 
@@ -185,7 +197,7 @@ def test_list_topics_is_sorted_by_name_and_logs_nothing() -> None:
 
 def test_other_messages_are_refused() -> None:
     with pytest.raises(TypeError):
-        LogState(10, 10).admit(Done(1, 1), NOW)
+        log_state(10, 10).admit(Done(1, 1), NOW)
 
 
 # ---- appends --------------------------------------------------------------------------------
@@ -427,7 +439,7 @@ def test_producer_entries_are_counted_through_gaps_jumps_and_evictions() -> None
         d.append(pid, seq, [[tid, rng.randrange(2), 1, blob(1)]])
         assert d.state.entries == entries_in_windows(d.state) <= 17
         assert len(d.state.producers) <= 6
-    restored = LogState(producers_max=3, producer_window_max=5, producer_entries_max=8)
+    restored = log_state(producers_max=3, producer_window_max=5, producer_entries_max=8)
     restored.restore(d.state.snapshot())
     assert restored.entries == entries_in_windows(restored) <= 8
     assert len(restored.producers) <= 3
@@ -495,8 +507,8 @@ def _history(d: Driver, rng: random.Random) -> dict[tuple[int, int], Any]:
 
 
 def _replayed(d: Driver) -> LogState:
-    fresh = LogState(producers_max=d.state.producers_max,
-                     producer_window_max=d.state.window)
+    fresh = log_state(producers_max=d.state.producers_max,
+                      producer_window_max=d.state.window)
     for entry in iter_buffer(bytes(d.log), verify=True):
         fresh.replay(entry)
     return fresh
@@ -548,7 +560,7 @@ def test_replay_refuses_lsns_out_of_order() -> None:
     d.create("a", 1)
     d.create("b", 1)
     e1, e2 = list(iter_buffer(bytes(d.log)))
-    fresh = LogState(10, 10)
+    fresh = log_state(10, 10)
     fresh.replay(e1)
     fresh.replay(e2)
     with pytest.raises(ValueError):
@@ -558,7 +570,7 @@ def test_replay_refuses_lsns_out_of_order() -> None:
 
 
 def test_partitions_of_all_topics_are_bounded() -> None:
-    state = LogState(producers_max=10, producer_window_max=8, shards_max=5)
+    state = log_state(producers_max=10, producer_window_max=8, shards_max=5)
     assert isinstance(state.admit(CreateTopic(1, "a", 3), 0), Log)
     refused = answer(state.admit(CreateTopic(2, "b", 3), 0))
     assert isinstance(refused, ErrorReply) and "shards_max" in refused.text
@@ -581,7 +593,7 @@ def test_a_snapshot_restores_the_same_state_through_its_file_encoding() -> None:
     d.append(11, 7, [[tid, 0, 1, blob(1)]])  # changes after the snapshot stay out of it
     assert logrecord.encode_snapshot(snap) == data
 
-    restored = LogState(producers_max=1000, producer_window_max=4)
+    restored = log_state(producers_max=1000, producer_window_max=4)
     restored.restore(logrecord.decode_snapshot(Path("checkpoint.snap"), data))
     assert restored.last_lsn == snap["last_lsn"]
     fresh = Driver(window=4)
@@ -600,7 +612,7 @@ def test_a_format_1_snapshot_still_restores() -> None:
     old = {"format": 1, "last_lsn": 9, "catalog_lsn": 1, "next_topic_id": 2,
            "topics": [[1, "t", 2]], "next_offset": [[1, 0, 4], [1, 1, 0]],
            "producers": [[5, 3, [[2, 8, [[1, 0, 3, 1]]], [3, 9, [[1, 0, 4, 1]]]]]]}
-    st = LogState(producers_max=10, producer_window_max=4)
+    st = log_state(producers_max=10, producer_window_max=4)
     st.restore(old)
     assert st.last_lsn == 9 and st.topics["t"].partitions == 2
     assert st.next_offset == {(1, 0): 4, (1, 1): 0}

@@ -5,6 +5,7 @@ Randomised tests print their seed; ``SHARDNODE_SEED=<seed>`` replays one.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 from collections.abc import Iterator
@@ -13,7 +14,15 @@ from typing import Any
 
 import pytest
 
-from actors.shard_store import FORMAT_VERSION, U64, ShardStore, StoreFormatError, shard_dir
+from actors.shard_store import (
+    FORMAT_VERSION,
+    U64,
+    ShardStore,
+    StoreFormatError,
+    StoreMemory,
+    shard_dir,
+)
+from config import load_config
 from wire.records import Record, pack_batch
 
 TS = 1_700_000_000_000
@@ -45,12 +54,18 @@ class Model:
         return next((row[0] for row in self.rows if row[1] >= ts), None)
 
 
+@functools.cache
+def memory() -> StoreMemory:
+    """One budget for every store of this module, as one writer process has: the defaults'."""
+    return StoreMemory.of(load_config().shards)
+
+
 class Shard:
     """A store plus its model, fed batch by batch with increasing LSNs."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.store = ShardStore(path, 1, 0)
+        self.store = ShardStore(path, 1, 0, memory())
         self.model = Model()
         self.lsn = 0
 
@@ -68,7 +83,7 @@ class Shard:
     def reopen(self) -> None:
         self.store.flush()
         self.store.close()
-        self.store = ShardStore(self.path, 1, 0)
+        self.store = ShardStore(self.path, 1, 0, memory())
 
 
 @pytest.fixture
@@ -272,7 +287,7 @@ def test_an_unfinished_batch_is_not_applied(shard: Shard) -> None:
 
 def test_a_store_of_a_newer_format_is_refused(tmp_path: Path) -> None:
     path = shard_dir(tmp_path, 3, 1)
-    st = ShardStore(path, 3, 1)
+    st = ShardStore(path, 3, 1, memory())
     st.apply_produce(1, 0, 1, TS, pack_batch([b"a"]))
     st.finish(1)
     st.cf["meta"][b"format"] = U64.pack(FORMAT_VERSION + 1)
@@ -280,20 +295,20 @@ def test_a_store_of_a_newer_format_is_refused(tmp_path: Path) -> None:
     st.close()
     for _ in range(2):  # the refused open closes the database: a second try says the same
         with pytest.raises(StoreFormatError) as info:
-            ShardStore(path, 3, 1)
+            ShardStore(path, 3, 1, memory())
         assert str(path) in str(info.value)
         assert str(FORMAT_VERSION + 1) in str(info.value)
 
 
 def test_a_store_of_the_current_format_opens(tmp_path: Path) -> None:
     path = shard_dir(tmp_path, 3, 1)
-    st = ShardStore(path, 3, 1)
+    st = ShardStore(path, 3, 1, memory())
     st.apply_produce(1, 0, 1, TS, pack_batch([b"a"]))
     st.finish(1)
     assert U64.unpack(st.cf["meta"][b"format"])[0] == FORMAT_VERSION
     st.flush()
     st.close()
-    st = ShardStore(path, 3, 1)
+    st = ShardStore(path, 3, 1, memory())
     assert st.applied_lsn == 1
     st.destroy()
     assert not path.exists()
@@ -308,7 +323,7 @@ def test_parse_shard_dir_accepts_only_shard_names() -> None:
 
 def test_destroy_leaves_nothing_behind(tmp_path: Path) -> None:
     from actors.shard_store import ShardStore
-    store = ShardStore(tmp_path / "t1-p0", 1, 0)
+    store = ShardStore(tmp_path / "t1-p0", 1, 0, memory())
     store.finish(1)
     store.destroy()
     assert list(tmp_path.iterdir()) == []

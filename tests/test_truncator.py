@@ -11,6 +11,7 @@ import zmq
 
 from actors.log_manager import TruncateResult, Truncator
 from actors.log_state import LogState
+from config import load_config
 from wire import logrecord
 
 
@@ -28,7 +29,7 @@ def segments(log_dir: Path, firsts: list[int]) -> None:
 
 
 def state_at(lsn: int) -> dict[str, object]:
-    st = LogState(producers_max=10, producer_window_max=4)
+    st = LogState(load_config(overrides={"log": {"producers_max": 10, "producer_window_max": 4}}))
     st.last_lsn = lsn
     return st.snapshot()
 

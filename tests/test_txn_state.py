@@ -21,7 +21,7 @@ def items(*corrs: int) -> list[tuple[int, bytes]]:
 
 
 def test_fuzzy_mode_forwards_and_is_ready_at_once() -> None:
-    s = TxnState("fuzzy", held_max=10, stale_s=5)
+    s = TxnState("fuzzy", held_max=10, stale_s=5, gate_s_max=60)
     (fwd,) = s.requests(items(1, 2), now=0)
     assert fwd == forward([1, 2], [b"frame-1", b"frame-2"])
     assert s.checkpoint_requested(7) == [ready(7, 0)]
@@ -29,7 +29,7 @@ def test_fuzzy_mode_forwards_and_is_ready_at_once() -> None:
 
 
 def test_blocking_gate_waits_for_active_and_holds_new() -> None:
-    s = TxnState("blocking", held_max=10, stale_s=5)
+    s = TxnState("blocking", held_max=10, stale_s=5, gate_s_max=60)
     s.requests(items(1, 2), now=0)
     assert s.checkpoint_requested(3) == []  # two still active
     assert s.requests(items(4, 5), now=0) == []  # held back
@@ -43,19 +43,19 @@ def test_blocking_gate_waits_for_active_and_holds_new() -> None:
 
 
 def test_gate_with_nothing_active_is_ready_immediately() -> None:
-    s = TxnState("blocking", held_max=10, stale_s=5)
+    s = TxnState("blocking", held_max=10, stale_s=5, gate_s_max=60)
     assert s.checkpoint_requested(1) == [ready(1, 0)]
 
 
 def test_held_queue_is_bounded() -> None:
-    s = TxnState("blocking", held_max=2, stale_s=5)
+    s = TxnState("blocking", held_max=2, stale_s=5, gate_s_max=60)
     s.checkpoint_requested(1)
     assert s.requests(items(1, 2, 3), now=0) == [busy(3)]
     assert len(s.held) == 2 and s.held_total == 2
 
 
 def test_lost_transactions_expire_and_release_the_gate() -> None:
-    s = TxnState("blocking", held_max=10, stale_s=5)
+    s = TxnState("blocking", held_max=10, stale_s=5, gate_s_max=60)
     s.requests(items(1), now=0)
     assert s.checkpoint_requested(2) == []
     assert s.tick(now=4) == []
@@ -73,7 +73,7 @@ def test_a_gate_whose_finish_was_lost_opens_by_itself() -> None:
 
 
 def test_a_burst_begins_whole_while_the_gate_is_open_and_not_while_it_is_closed() -> None:
-    st = TxnState("blocking", held_max=10, stale_s=60.0)
+    st = TxnState("blocking", held_max=10, stale_s=60.0, gate_s_max=60)
     assert st.begin([1, 2, 3], now=0.0)
     assert set(st.active) == {1, 2, 3} and st.began == 3
     st.checkpoint_requested(7, now=1.0)

@@ -14,9 +14,12 @@ from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 import msgpack
 
+from config.schema import GROUP_BYTES_LIMIT
 from wire.errors import ErrorCode, NodeError
 
 FRAME_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # internal hop; client frames are capped in config
+# A log group (and a read's answer) travels as one message: it must fit, with its framing.
+assert GROUP_BYTES_LIMIT + 1024 * 1024 <= FRAME_BYTES_MAX_DEFAULT
 
 
 class CodecError(NodeError):
