@@ -4,10 +4,13 @@ workloads against peers in the same run, on the same machine.
     scripts/bench                                   # every scenario, every peer
     scripts/bench ingest-batched read-tail --seconds 10 --repeat 3
     scripts/bench --quick --json out.json --plot docs/bench.png
+    scripts/bench ingest-batched ingest-single read-tail --peers rabbitmq
 
 Scenarios: ingest-batched, ingest-single, read-tail, read-key, recovery, checkpoint.
 Systems: shardnode (the node, started here on a fresh data dir); redis (Redis Streams,
-``appendfsync always``, started here on a free loopback port); floor (rocksdict, one
+``appendfsync always``, started here on a free loopback port); rabbitmq (quorum queues,
+publisher confirms, started here on free loopback ports: ingest-batched, ingest-single and
+read-tail; left out of --quick unless named in --peers); floor (rocksdict, one
 ``sync=True`` put per record: ingest only); disk (raw fdatasync and synced 1 MiB writes under
 the data dir: the ceiling, ingest only). ``checkpoint`` is shardnode's alone: acknowledgement
 latency inside checkpoints against outside them, in both checkpoint modes, at half load.
@@ -38,17 +41,19 @@ from .measure import Row
 from .peers import NAMES as PEERS
 from .report import console, plot, print_table, print_targets
 from .scenarios import SCENARIOS, run_scenario
-from .settings import DISK, FLOOR, QUICK, REDIS, Settings
+from .settings import DISK, FLOOR, QUICK, RABBITMQ, REDIS, Settings
 
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_PEERS = (REDIS, FLOOR, DISK)
-QUICK_PEERS = DEFAULT_PEERS
+DEFAULT_PEERS = (REDIS, RABBITMQ, FLOOR, DISK)
+QUICK_PEERS = (REDIS, FLOOR, DISK)  # RabbitMQ takes seconds to boot: --quick runs it if named
 
 
 def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
-    p = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n\n")[0],
+    paragraphs = (__doc__ or "").split("\n\n")
+    p = argparse.ArgumentParser(prog="scripts/bench", description=paragraphs[0],
+                                epilog=paragraphs[2],  # the scenarios and the systems
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenarios", nargs="*", metavar="SCENARIO",
                    help=f"any of {', '.join(SCENARIOS)} (default: all)")
@@ -66,7 +71,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
                    help=f"comma-separated peers to run: {', '.join(PEERS)}, or none (default: "
                         f"{','.join(DEFAULT_PEERS)}; with --quick {','.join(QUICK_PEERS)})")
     p.add_argument("--no-install", action="store_true",
-                   help="do not apt-get install a peer's server (redis-server) "
+                   help="do not apt-get install a peer's server (redis-server, rabbitmq-server) "
                         "when it is missing")
     p.add_argument("--quick", action="store_true", help="every scenario small (smoke run)")
     p.add_argument("--json", type=Path, help="write the rows as a JSON list to this file")

@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING
 
 from ..measure import Row
 from ..settings import DISK, FLOOR
-from . import disk, floor, redis
+from . import disk, floor, rabbitmq, redis
 from .base import ServerPeer
 
 if TYPE_CHECKING:
     from ..bench import Bench
 
 # Servers, in the order their rows follow the node's.
-SERVER_PEERS: dict[str, ServerPeer] = {p.system: p for p in (redis.PEER,)}
+SERVER_PEERS: dict[str, ServerPeer] = {p.system: p for p in (redis.PEER, rabbitmq.PEER)}
 # References: measured once per bench run, shown in every ingest scenario.
 REFERENCES: dict[str, Callable[[Bench], Row]] = {FLOOR: floor.measure, DISK: disk.measure}
 NAMES = (*SERVER_PEERS, *REFERENCES)
