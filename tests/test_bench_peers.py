@@ -1,5 +1,5 @@
-"""The bench's peers: which run by default and with --quick, and a missing one is skipped
-with its reason, never installed when --no-install says so."""
+"""The bench's peers: which run by default and which only when named, and a missing one is
+skipped with its reason, never installed when --no-install says so."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from scripts.benchmark.peers import NAMES, SERVER_PEERS
 from scripts.benchmark.peers.base import Unavailable, find_or_install
 
 
-def test_every_peer_runs_by_default_and_quick_leaves_rabbitmq_out_unless_named() -> None:
+def test_rabbitmq_runs_only_when_named() -> None:
     assert set(NAMES) == {"redis", "rabbitmq", "floor", "disk"}
-    assert parse_args([])[0].peers == frozenset(NAMES)
+    assert parse_args([])[0].peers == {"redis", "floor", "disk"}
     assert parse_args(["--quick"])[0].peers == {"redis", "floor", "disk"}
     assert parse_args(["--quick", "--peers", "rabbitmq"])[0].peers == {"rabbitmq"}
+    assert parse_args(["--peers", "redis,rabbitmq"])[0].peers == {"redis", "rabbitmq"}
     assert parse_args(["--peers", "none"])[0].peers == frozenset()
 
 

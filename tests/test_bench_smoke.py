@@ -5,9 +5,9 @@ rate, the floor and disk peers ran, and the checkpoint scenario has inside and o
 rows for both modes after at least one checkpoint — not how fast anything is. The redis
 peer may be skipped when ``redis-server`` is missing and cannot be installed.
 
-``--quick`` leaves the rabbitmq peer out unless it is named (its server boots in a few
-seconds, after installing Erlang on first use); a second run names it for its three
-scenarios and checks that its server and epmd are gone afterwards.
+The rabbitmq peer runs only when named (its server boots in a few seconds, after
+installing Erlang on first use): a second quick run names it for its three scenarios and
+checks that its server and epmd are gone afterwards.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class Settings:
     read_records: int = 1_000_000
     keys: int = 200_000
     recovery_mb: int = 256
-    peers: frozenset[str] = frozenset({REDIS, RABBITMQ, FLOOR, DISK})
+    peers: frozenset[str] = frozenset({REDIS, FLOOR, DISK})
     install: bool = True
     quick: bool = False
 
