@@ -4,19 +4,26 @@ It checks that the bench works — every scenario yields a shardnode row with a 
 rate, the floor and disk peers ran, and the checkpoint scenario has inside and outside
 rows for both modes after at least one checkpoint — not how fast anything is. The redis
 peer may be skipped when ``redis-server`` is missing and cannot be installed.
+
+The rabbitmq peer runs only when named (its server boots in a few seconds, after
+installing Erlang on first use): a second quick run names it for its three scenarios and
+checks that its server and epmd are gone afterwards.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("ingest-batched", "ingest-single", "read-tail", "read-key", "recovery")
 INGEST = ("ingest-batched", "ingest-single")
+RABBITMQ_SCENARIOS = ("ingest-batched", "ingest-single", "read-tail")
 CHECKPOINT_MODES = ("fuzzy", "blocking")
 PHASES = ("inside", "outside")
 
@@ -60,3 +67,35 @@ def test_bench_quick_writes_a_row_per_scenario(tmp_path: Path) -> None:
     assert "goal: fuzzy p99 inside" in proc.stdout
     assert "targets (the issues' goals" in proc.stdout and "so its verdicts only indicate" \
         in proc.stdout, "a quick run prints the targets table, saying it is not comparable"
+
+
+@pytest.mark.timeout(150)
+def test_bench_quick_runs_rabbitmq_when_named_and_leaves_nothing_running(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    started = time.time()
+    proc = subprocess.Popen([str(ROOT / "scripts" / "bench"), *RABBITMQ_SCENARIOS, "--quick",
+                             "--peers", "rabbitmq", "--json", str(out)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=140)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, f"bench failed:\n{stdout[-4000:]}\n{stderr[-4000:]}"
+    rows = [row for row in json.loads(out.read_text()) if row["system"] == "rabbitmq"]
+    if not rows:  # rabbitmq-server was not there and could not be installed
+        assert "rabbitmq peer skipped: rabbitmq-server not available" in stdout
+        return
+    assert sorted(row["scenario"] for row in rows) == sorted(RABBITMQ_SCENARIOS)
+    assert all(row["msgs_per_s"] > 0 and row["rss_mb"] > 0 for row in rows), rows
+    # scripts/bench execs python, so the server's node name (in the environment of every
+    # process it starts) carries this pid; the bench's own epmd started after `started`.
+    node = f"shardnode-bench-{proc.pid}-"
+    left = []
+    for p in psutil.process_iter(["name", "create_time"]):
+        try:
+            ours = p.environ().get("RABBITMQ_NODENAME", "").startswith(node)
+        except psutil.Error:  # gone, or not ours to read
+            continue
+        if ours or (p.info["name"] == "epmd" and p.info["create_time"] >= started):
+            left.append((p.pid, p.info["name"]))
+    assert not left, f"left running after the bench: {left}"

@@ -2,37 +2,25 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from dataclasses import fields
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+
+from scripts.benchmark.measure import Row
+from scripts.benchmark.targets import TARGETS
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("shardnode_bench", ROOT / "scripts" / "bench.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
-
-
-def row(scenario: str, system: str, **kw: Any) -> Any:
+def row(scenario: str, system: str, **kw: Any) -> Row:
     base = {"msgs_per_s": 1.0, "mb_per_s": 1.0, "p50_ms": 1.0, "p99_ms": 1.0, "rss_mb": 100.0,
             "records": 1, "seconds": 1.0}
-    return bench.Row(scenario, system, **{**base, **kw})
+    return Row(scenario, system, **{**base, **kw})
 
 
-def verdicts(rows: list[Any]) -> dict[str, tuple[float | None, bool | None]]:
-    return {t.text: t.verdict(rows) for t in bench.TARGETS}
+def verdicts(rows: list[Row]) -> dict[str, tuple[float | None, bool | None]]:
+    return {t.text: t.verdict(rows) for t in TARGETS}
 
 
 def test_each_target_is_met_missed_or_not_run_from_the_rows() -> None:
@@ -57,8 +45,8 @@ def test_each_target_is_met_missed_or_not_run_from_the_rows() -> None:
 
 def test_a_recorded_run_is_judged_as_its_notes_say() -> None:
     """Run 13 (docs/BENCHMARKS.md): every target met but the fuzzy checkpoint's."""
-    names = {f.name for f in fields(bench.Row)}
-    rows = [bench.Row(**{k: v for k, v in r.items() if k in names})
+    names = {f.name for f in fields(Row)}
+    rows = [Row(**{k: v for k, v in r.items() if k in names})
             for r in json.loads((ROOT / "docs" / "bench-run13.json").read_text())]
     missed = [text for text, (_value, met) in verdicts(rows).items() if met is not True]
     assert missed == ["fuzzy checkpoint p99 inside <= 2x outside"]

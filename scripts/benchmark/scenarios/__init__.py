@@ -1,0 +1,86 @@
+"""The scenarios, one module each, and the runner that takes every system through one.
+
+A new scenario is a module here: a function ``(Bench, Server) -> Runs | Row | list[Row]``
+registered in ``SCENARIOS`` (a server says which scenarios it runs: ``Server.runs``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ..bench import Bench, Runs
+from ..measure import Row, median_row
+from ..peers.base import Server
+from ..settings import DISK, SHARDNODE
+from .checkpoint import checkpoint
+from .ingest_batched import ingest_batched
+from .ingest_single import ingest_single
+from .read_key import read_key
+from .read_tail import read_tail
+from .recovery import recovery
+
+log = logging.getLogger(__name__)
+
+SCENARIOS: dict[str, Callable[[Bench, Server], Runs | Row | list[Row]]] = {
+    "ingest-batched": ingest_batched,
+    "ingest-single": ingest_single,
+    "read-tail": read_tail,
+    "read-key": read_key,
+    "recovery": recovery,
+    "checkpoint": checkpoint,
+}
+INGEST = ("ingest-batched", "ingest-single")  # the scenarios that show the references
+
+
+def run_scenario(b: Bench, scenario: str) -> tuple[list[Row], list[str]]:
+    """Every system's row of one scenario, with the ratios; and what failed."""
+    rows: list[Row] = []
+    failures: list[str] = []
+    prepared: list[tuple[Server, Runs, list[Row]]] = []
+    for server in b.servers:
+        if not server.runs(scenario):
+            continue
+        log.info("%s: %s", scenario, server.system)
+        try:
+            got = SCENARIOS[scenario](b, server)
+            if isinstance(got, Runs):
+                prepared.append((server, got, []))
+            else:
+                rows += got if isinstance(got, list) else [got]
+        except Exception as exc:
+            log.error("%s on %s failed: %s", scenario, server.system, exc)
+            failures.append(f"{scenario} on {server.system}: {exc}")
+    for k in range(b.s.repeat):  # the systems take turns, run by run
+        for server, runs, measured in list(prepared):
+            log.info("%s: %s, run %d of %d", scenario, server.system, k + 1, b.s.repeat)
+            try:
+                measured.append(runs.run())
+            except Exception as exc:
+                log.error("%s on %s failed: %s", scenario, server.system, exc)
+                failures.append(f"{scenario} on {server.system}: {exc}")
+                prepared.remove((server, runs, measured))
+    for _server, runs, measured in prepared:
+        row = median_row(measured)
+        if runs.done is not None:
+            runs.done(row)
+        rows.append(row)
+    if scenario in INGEST:
+        try:
+            rows += b.peer_rows(scenario)
+        except Exception as exc:
+            log.error("%s: floor/disk failed: %s", scenario, exc)
+            failures.append(f"{scenario} floor/disk: {exc}")
+    add_ratios(rows)
+    return rows, failures
+
+
+def add_ratios(rows: list[Row]) -> None:
+    sn = next((r for r in rows if r.system == SHARDNODE), None)
+    if sn is None:
+        return
+    for r in rows:
+        if r.system == DISK:
+            r.shardnode_ratio = sn.mb_per_s / r.mb_per_s if r.mb_per_s else None
+        elif r.system != SHARDNODE:
+            r.shardnode_ratio = sn.msgs_per_s / r.msgs_per_s if r.msgs_per_s else None

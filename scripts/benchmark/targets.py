@@ -1,0 +1,81 @@
+"""The goals the issues set for this machine, at the bench's default settings, judged on the
+rows of a run: met, missed or not run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .measure import Row
+from .settings import CKPT_GOAL, REDIS, SHARDNODE, Settings
+
+
+def _shardnode_row(rows: Sequence[Row], scenario: str, phase: str | None = None) -> Row | None:
+    return next((r for r in rows if r.scenario == scenario and r.system == SHARDNODE
+                 and (phase is None or (r.mode, r.phase) == ("fuzzy", phase))), None)
+
+
+def _figure(scenario: str, name: str, phase: str | None = None
+            ) -> Callable[[Sequence[Row]], float | None]:
+    def measure(rows: Sequence[Row]) -> float | None:
+        row = _shardnode_row(rows, scenario, phase)
+        return None if row is None else getattr(row, name)
+    return measure
+
+
+def _over_redis(scenario: str) -> Callable[[Sequence[Row]], float | None]:
+    def measure(rows: Sequence[Row]) -> float | None:
+        row = next((r for r in rows if r.scenario == scenario and r.system == REDIS), None)
+        return None if row is None else row.shardnode_ratio
+    return measure
+
+
+def _rss_peak(rows: Sequence[Row]) -> float | None:
+    peaks = [r.rss_mb for r in rows if r.system == SHARDNODE and r.rss_mb is not None]
+    return max(peaks) if peaks else None
+
+
+@dataclass(frozen=True)
+class Target:
+    """A goal an issue set for this machine, at the bench's default settings."""
+
+    issue: int
+    text: str
+    measure: Callable[[Sequence[Row]], float | None]  # None: not measured in this run
+    at_least: float | None = None
+    at_most: float | None = None
+    unit: str = ""
+
+    def verdict(self, rows: Sequence[Row]) -> tuple[float | None, bool | None]:
+        value = self.measure(rows)
+        if value is None:
+            return None, None
+        return value, ((self.at_least is None or value >= self.at_least)
+                       and (self.at_most is None or value <= self.at_most))
+
+
+TARGETS = (
+    Target(2, "ingest-batched >= 200 000 records/s", _figure("ingest-batched", "msgs_per_s"),
+           at_least=200_000, unit="/s"),
+    Target(2, "ingest-single >= 20 000 records/s", _figure("ingest-single", "msgs_per_s"),
+           at_least=20_000, unit="/s"),
+    Target(3, "ingest-batched >= 3x Redis Streams", _over_redis("ingest-batched"),
+           at_least=3.0, unit="x"),
+    Target(3, "ingest-batched >= 300 000 records/s", _figure("ingest-batched", "msgs_per_s"),
+           at_least=300_000, unit="/s"),
+    Target(3, "ingest-single >= 1x Redis Streams", _over_redis("ingest-single"),
+           at_least=1.0, unit="x"),
+    Target(3, "node RSS <= 400 MB in every scenario", _rss_peak, at_most=400, unit=" MB"),
+    Target(3, "recovery >= 100 MB/s", _figure("recovery", "mb_per_s"), at_least=100,
+           unit=" MB/s"),
+    Target(4, f"fuzzy checkpoint p99 inside <= {CKPT_GOAL:g}x outside",
+           _figure("checkpoint", "p99_ratio", phase="inside"), at_most=CKPT_GOAL, unit="x"),
+)
+
+
+def defaults_differ(s: Settings) -> list[str]:
+    """The settings of this run that differ from those the targets are set for."""
+    base = Settings(s.scenarios)
+    return [name for name in ("producers", "batch", "size", "concurrency", "seconds",
+                              "read_records", "keys", "recovery_mb", "quick")
+            if getattr(s, name) != getattr(base, name)]

@@ -1,0 +1,190 @@
+"""shardnode's client workloads, run inside client processes: produce (batched, single,
+paced), read (tail, by key) and the checkpointer of the checkpoint scenario."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+from node.client import NodeClient, NodeError, Pipeline, Record
+from wire.records import pack_batch
+
+from ..clients import Budget, Gate, Job, Payload, key_of, value_of
+from ..measure import ClientResult
+from ..settings import CKPT_LATE_S, CKPT_TIMEOUT_MS, DRAIN_TIMEOUT_S
+
+
+def sn_produce(job: Job, gate: Gate) -> ClientResult:
+    """Batches of ``job.batch`` records, one produce request at a time, each acknowledged
+    once durable. Unkeyed records go to ``job.partition``; keyed ones by key hash."""
+    payload = Payload(job)
+    res = ClientResult()
+    with NodeClient(job.target, timeout_ms=30_000) as c:
+        c.partitions(job.name)
+        gate.wait()
+        budget = Budget(job)
+        res.started = time.monotonic()
+        while n := budget.next_count(res.records, job.batch):
+            keys, values = payload.batch(res.records, n)
+            records: list[Record] | list[bytes] = values if keys is None else \
+                [Record(v, k) for k, v in zip(keys, values, strict=True)]
+            t0 = time.monotonic()
+            offsets = c.produce_batch(job.name, records, None if job.keyed else job.partition)
+            res.finished = time.monotonic()
+            res.latencies_s.append(res.finished - t0)
+            if len(offsets) != n:
+                raise AssertionError(f"{n} records produced, {len(offsets)} offsets answered")
+            res.records += n
+            res.payload_bytes += n * job.size
+            res.last = str(offsets[-1][1])
+    return res
+
+
+def take_answers(pipe: Pipeline, sent: dict[int, float], res: ClientResult, wait_ms: int,
+                 records: int, size: int, keep_sends: bool = False) -> None:
+    """Collect what ``pipe`` answers within ``wait_ms`` for the requests in ``sent`` (request
+    id → send time), each of ``records`` records of ``size`` bytes: count them and their
+    latency (and send time, with ``keep_sends``), or one error per failed request."""
+    for rid, out in pipe.poll(wait_ms):
+        t = time.monotonic()
+        t0 = sent.pop(rid)
+        if isinstance(out, NodeError):
+            res.errors += 1
+            continue
+        res.records += records
+        res.payload_bytes += records * size
+        if keep_sends:
+            res.sends_s.append(t0)
+        res.latencies_s.append(t - t0)
+        res.finished = t
+
+
+def sn_produce_single(job: Job, gate: Gate) -> ClientResult:
+    """Single-record produce requests, ``job.concurrency`` of them in flight at once."""
+    value = random.Random(job.index).randbytes(job.size)
+    blob = pack_batch([value])
+    res = ClientResult()
+    sent: dict[int, float] = {}
+    with NodeClient(job.target, timeout_ms=30_000) as c:
+        c.partitions(job.name)
+        pipe = c.pipeline()
+        gate.wait()
+        res.started = time.monotonic()
+        deadline = res.started + job.seconds
+        while True:
+            now = time.monotonic()
+            if now < deadline:
+                while len(sent) < job.concurrency:
+                    sent[pipe.submit(job.name, [value], job.partition, blob=blob)] = now
+            elif not sent or now > deadline + DRAIN_TIMEOUT_S:
+                break
+            take_answers(pipe, sent, res, 100, records=1, size=job.size)
+        res.errors += len(sent)  # never answered within the drain time
+    return res
+
+
+def sn_read_tail(job: Job, gate: Gate) -> ClientResult:
+    """Read a partition from offset 0 to ``job.records_max`` in reads of ``job.batch``."""
+    res = ClientResult()
+    with NodeClient(job.target, timeout_ms=30_000) as c:
+        gate.wait()
+        budget = Budget(job)
+        res.started = time.monotonic()
+        while n := budget.next_count(res.records, job.batch):
+            t0 = time.monotonic()
+            records = c.read(job.name, job.partition, res.records, n)
+            res.finished = time.monotonic()
+            res.latencies_s.append(res.finished - t0)
+            if not records or records[0].offset != res.records or \
+                    records[-1].offset != res.records + len(records) - 1:
+                raise AssertionError(f"read at offset {res.records}: got offsets "
+                                     f"{[r.offset for r in records[:1] + records[-1:]]}")
+            res.records += len(records)
+            res.payload_bytes += sum(len(r.value) for r in records)
+    return res
+
+
+def sn_read_key(job: Job, gate: Gate) -> ClientResult:
+    """Random ``read_by_key`` calls, one at a time, each checked against its key."""
+    rng = random.Random(job.seed * 1000 + job.index)
+    res = ClientResult()
+    with NodeClient(job.target, timeout_ms=30_000) as c:
+        c.partitions(job.name)
+        gate.wait()
+        budget = Budget(job)
+        res.started = time.monotonic()
+        while budget.next_count(res.records, 1):
+            i = rng.randrange(job.keys)
+            t0 = time.monotonic()
+            record = c.read_by_key(job.name, key_of(i))
+            res.finished = time.monotonic()
+            res.latencies_s.append(res.finished - t0)
+            if record is None or record.value != value_of(i, job.size):
+                res.errors += 1
+            res.records += 1
+            res.payload_bytes += job.size
+    return res
+
+
+def sn_produce_paced(job: Job, gate: Gate) -> ClientResult:
+    """Open loop: a batch of ``job.batch`` records to ``job.partition`` every
+    ``batch / rate`` seconds on a monotonic schedule (send k is due at start + k·interval),
+    whether or not earlier ones were answered (at most ``job.concurrency`` in flight), so a
+    stalled acknowledgement never postpones the sends behind it. Records (send, ack) per
+    request in ``sends_s`` and ``latencies_s``."""
+    values = Payload(job).values
+    blob = pack_batch(values)
+    interval = job.batch / job.rate
+    res = ClientResult()
+    sent: dict[int, float] = {}
+    with NodeClient(job.target, timeout_ms=30_000) as c:
+        c.partitions(job.name)
+        pipe = c.pipeline()
+        gate.wait()
+        res.started = time.monotonic()
+        end = res.started + job.seconds
+        first = res.started + interval * random.Random(job.index).random()  # stagger clients
+        k = 0
+        while True:
+            now = time.monotonic()
+            due = first + k * interval
+            if due < end:
+                if now >= due and len(sent) < job.concurrency:
+                    sent[pipe.submit(job.name, values, job.partition, blob=blob)] = now
+                    if now - due > CKPT_LATE_S:
+                        res.late += 1
+                    k += 1
+                    continue
+                wait_ms = 1 if now >= due else math.ceil((due - now) * 1000)
+            elif not sent or now > end + DRAIN_TIMEOUT_S:
+                break
+            else:
+                wait_ms = 100
+            take_answers(pipe, sent, res, wait_ms, records=job.batch, size=job.size,
+                         keep_sends=True)
+        res.errors += len(sent)  # never answered within the drain time
+    return res
+
+
+def sn_checkpointer(job: Job, gate: Gate) -> ClientResult:
+    """Checkpoints back to back for ``job.seconds``: one waits ``job.gap_s`` after the start
+    and after each checkpoint ends; records each one's [start, end] in ``intervals``."""
+    res = ClientResult()
+    with NodeClient(job.target, timeout_ms=CKPT_TIMEOUT_MS, retries=0) as c:
+        gate.wait()
+        res.started = time.monotonic()
+        end = res.started + job.seconds
+        next_start = res.started + job.gap_s  # the producers run alone first
+        while next_start < end:
+            time.sleep(max(0.0, next_start - time.monotonic()))  # until a deadline: no drift
+            t0 = time.monotonic()
+            try:
+                c.checkpoint()
+            except NodeError:  # abandoned or timed out: it still ran over this interval
+                res.errors += 1
+            t1 = time.monotonic()
+            res.intervals.append((t0, t1))
+            next_start = t1 + job.gap_s
+        res.finished = time.monotonic()
+    return res

@@ -1,0 +1,155 @@
+"""Redis Streams client workloads (redis-py), run inside client processes: XADD pipelined
+or concurrent, XRANGE, HSET/HGET for keyed records. ``redis`` is imported inside each
+function: it comes with the ``bench`` extra, which the modules that only judge rows do not
+need."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import cast
+
+from ..clients import Budget, Gate, Job, Payload, key_of, value_of
+from ..measure import ClientResult
+from ..settings import DRAIN_TIMEOUT_S
+
+
+def _redis_address(target: str) -> tuple[str, int]:
+    host, port = target.rsplit(":", 1)
+    return host, int(port)
+
+
+def _stream(job: Job) -> str:
+    return f"{job.name}:{job.partition}"
+
+
+def redis_produce(job: Job, gate: Gate) -> ClientResult:
+    """XADD pipelined ``job.batch`` at a time into the job's stream (keyed records: one
+    HSET of the batch into the hash ``job.name``)."""
+    import redis
+
+    host, port = _redis_address(job.target)
+    payload = Payload(job)
+    res = ClientResult()
+    r = redis.Redis(host=host, port=port, socket_timeout=30)
+    try:
+        r.ping()
+        gate.wait()
+        budget = Budget(job)
+        res.started = time.monotonic()
+        stream = _stream(job)
+        while n := budget.next_count(res.records, job.batch):
+            keys, values = payload.batch(res.records, n)
+            t0 = time.monotonic()
+            pipe = r.pipeline(transaction=False)
+            if keys is None:
+                for v in values:
+                    pipe.xadd(stream, {b"v": v})
+            else:
+                pipe.hset(job.name, mapping=dict(zip(keys, values, strict=True)))
+            replies = pipe.execute()
+            res.finished = time.monotonic()
+            res.latencies_s.append(res.finished - t0)
+            res.records += n
+            res.payload_bytes += n * job.size
+            if keys is None:
+                res.last = replies[-1].decode()
+    finally:
+        r.close()
+    return res
+
+
+def redis_produce_single(job: Job, gate: Gate) -> ClientResult:
+    """``job.concurrency`` concurrent XADDs of one record each (redis.asyncio)."""
+    import asyncio
+
+    import redis.asyncio as aredis
+
+    host, port = _redis_address(job.target)
+    value = random.Random(job.index).randbytes(job.size)
+    res = ClientResult()
+    stream = _stream(job)
+
+    async def main() -> None:
+        r = aredis.Redis(host=host, port=port, socket_timeout=30,
+                         max_connections=job.concurrency)
+        try:
+            await r.ping()
+            gate.wait()
+            res.started = time.monotonic()
+            deadline = res.started + job.seconds
+
+            async def writer() -> None:
+                while time.monotonic() < deadline:
+                    t0 = time.monotonic()
+                    await r.xadd(stream, {b"v": value})
+                    t = time.monotonic()
+                    res.latencies_s.append(t - t0)
+                    res.records += 1
+                    res.payload_bytes += job.size
+                    res.finished = max(res.finished, t)
+
+            await asyncio.wait_for(asyncio.gather(*(writer() for _ in range(job.concurrency))),
+                                   timeout=job.seconds + DRAIN_TIMEOUT_S)
+        finally:
+            await r.aclose()
+
+    asyncio.run(main())
+    return res
+
+
+def redis_read_tail(job: Job, gate: Gate) -> ClientResult:
+    """XRANGE ``job.batch`` entries at a time from the start of the stream."""
+    import redis
+
+    host, port = _redis_address(job.target)
+    res = ClientResult()
+    r = redis.Redis(host=host, port=port, socket_timeout=30)
+    try:
+        r.ping()
+        gate.wait()
+        budget = Budget(job)
+        res.started = time.monotonic()
+        start = "-"
+        while n := budget.next_count(res.records, job.batch):
+            t0 = time.monotonic()
+            entries = cast(list[tuple[bytes, dict[bytes, bytes]]],
+                           r.xrange(_stream(job), min=start, max="+", count=n))
+            res.finished = time.monotonic()
+            res.latencies_s.append(res.finished - t0)
+            if not entries:
+                raise AssertionError(f"stream ended after {res.records} entries")
+            res.records += len(entries)
+            res.payload_bytes += sum(len(e[1][b"v"]) for e in entries)
+            start = "(" + entries[-1][0].decode()
+    finally:
+        r.close()
+    return res
+
+
+def redis_read_key(job: Job, gate: Gate) -> ClientResult:
+    """Random HGETs on the hash ``job.name``: Redis' nearest equivalent of read_by_key."""
+    import redis
+
+    host, port = _redis_address(job.target)
+    rng = random.Random(job.seed * 1000 + job.index)
+    res = ClientResult()
+    r = redis.Redis(host=host, port=port, socket_timeout=30)
+    try:
+        r.ping()
+        gate.wait()
+        budget = Budget(job)
+        res.started = time.monotonic()
+        while budget.next_count(res.records, 1):
+            i = rng.randrange(job.keys)
+            t0 = time.monotonic()
+            value = r.hget(job.name, key_of(i))
+            res.finished = time.monotonic()
+            res.latencies_s.append(res.finished - t0)
+            if value != value_of(i, job.size):
+                res.errors += 1
+            res.records += 1
+            res.payload_bytes += job.size
+    finally:
+        r.close()
+    return res
