@@ -174,6 +174,33 @@ class Flush:
     ckpt_id: int
 
 
+# ---- the supervisor's actors (node/supervision.py) -----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Spawn:
+    """Start a process for the actor ``role``; report its pid (``Supervision.spawned``)."""
+
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
+class Terminate:
+    """End the process of ``role``: SIGTERM, and SIGKILL if it has not exited within the
+    stop timeout; with ``kill``, SIGKILL at once (it does not answer)."""
+
+    role: str
+    kill: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StopNode:
+    """The node cannot go on: stop it, and say ``reason`` as it exits failed."""
+
+    reason: str
+
+
 Instruction = (Send | Request | Forward | Produce | Reply | Log
                | Roll | AskTxn | AskFlush | Truncate | Finish
-               | ReadLog | Apply | Serve | Flush)
+               | ReadLog | Apply | Serve | Flush
+               | Spawn | Terminate | StopNode)
