@@ -108,3 +108,8 @@ class ProgressReport:
 
     def sent(self, lsn: int, now: float) -> None:
         self.lsn, self.bytes, self.at = lsn, 0, now
+
+    def refused(self) -> None:
+        """The report just ``sent`` did not get through (the sender's mailbox stayed full):
+        it is due again at once."""
+        self.lsn, self.at = 0, 0.0

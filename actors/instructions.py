@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from wire.codec import Message
-from wire.messages import WriteRequest
+from wire.messages import (
+    CommittedOffset,
+    OffsetForTimestamp,
+    Read,
+    ReadByKey,
+    ReadByTag,
+    WriteRequest,
+)
 
 # ---- between actors ------------------------------------------------------------------
 
@@ -126,5 +133,74 @@ class Finish:
     error: str = ""
 
 
+# ---- a shard writer's shards (actors/writer_state.py) -------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLog:
+    """Read the log files and apply the records after the applied LSN, up to ``until_lsn``
+    (all there are: None); report each stretch applied (``WriterState.applied``)."""
+
+    until_lsn: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Apply:
+    """Apply the records of ``data`` (a durable group, the bytes as written to the log)
+    after the applied LSN, and report them applied. Everything before ``first_lsn`` must be
+    applied by then; if it is not (the log files lacked it), the actor fails, and its
+    restart recovers from the log."""
+
+    first_lsn: int
+    data: bytes
+
+
+# A read a shard writer serves: each carries ``corr`` and ``lsn_min``.
+ReadRequest = Read | ReadByKey | ReadByTag | OffsetForTimestamp | CommittedOffset
+
+
+@dataclass(frozen=True, slots=True)
+class Serve:
+    """Answer a read from what the shards hold now."""
+
+    request: ReadRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Flush:
+    """Make every shard durable to the applied LSN; report it done
+    (``WriterState.flushed``)."""
+
+    ckpt_id: int
+
+
+# ---- the supervisor's actors (node/supervision.py) -----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Spawn:
+    """Start a process for the actor ``role``; report its pid (``Supervision.spawned``)."""
+
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
+class Terminate:
+    """End the process of ``role``: SIGTERM, and SIGKILL if it has not exited within the
+    stop timeout; with ``kill``, SIGKILL at once (it does not answer)."""
+
+    role: str
+    kill: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StopNode:
+    """The node cannot go on: stop it, and say ``reason`` as it exits failed."""
+
+    reason: str
+
+
 Instruction = (Send | Request | Forward | Produce | Reply | Log
-               | Roll | AskTxn | AskFlush | Truncate | Finish)
+               | Roll | AskTxn | AskFlush | Truncate | Finish
+               | ReadLog | Apply | Serve | Flush
+               | Spawn | Terminate | StopNode)

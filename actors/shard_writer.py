@@ -9,23 +9,27 @@ RocketMQ's design, and it is idempotent because each shard skips LSNs it already
 
 Reads carry ``lsn_min``: a read waits (bounded, in a parked list) until the writer has
 applied at least that LSN, so a client always reads what it was told is durable.
+
+This is the shell: RocksDB, the log files and the sockets. What to apply when, which reads
+wait, and what the writer reports are ``actors/writer_state.py``, a state machine with no
+I/O whose instructions ``perform`` carries out.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import shutil
 import time
-from typing import Any
+from typing import Any, assert_never
 
 import msgpack
 
 from actors import faults
 from actors.base import Actor, ActorContext, RefuseToStart, waiting_messages
 from actors.durable import fsync_dir, write_atomic
-from actors.flow import PROGRESS_BYTES_DIVISOR, ProgressReport
-from actors.roles import CACHE_MANAGER, FRONT_DOOR, shard_owner, writer_index
+from actors.flow import PROGRESS_BYTES_DIVISOR
+from actors.instructions import Apply, Flush, ReadLog, ReadRequest, Send, Serve
+from actors.roles import FRONT_DOOR, shard_owner, writer_index
 from actors.shard_store import (
     TOMBSTONE_SUFFIX,
     ShardStore,
@@ -34,6 +38,7 @@ from actors.shard_store import (
     parse_shard_dir,
     shard_dir,
 )
+from actors.writer_state import REPLY_WAIT_MS, WriterInstruction, WriterState, error_reply
 from wire import logrecord
 from wire.codec import Message
 from wire.errors import ErrorCode
@@ -41,12 +46,9 @@ from wire.logrecord import Entry, Kind
 from wire.messages import (
     CatchUp,
     CommittedOffset,
-    ErrorReply,
-    Flushed,
     FlushTo,
     LogGroup,
     OffsetForTimestamp,
-    Progress,
     Read,
     ReadByKey,
     ReadByTag,
@@ -74,15 +76,19 @@ class ShardWriter(Actor):
         self.stores: dict[Shard, ShardStore] = {}
         sc = self.cfg.shards
         self.memory = StoreMemory.of(sc)
+        self.state = WriterState(
+            self.role, PARKED_READS_MAX,
+            read_wait_s=self.cfg.limits.request_timeout_ms / 1000,
+            progress_bytes_min=self.cfg.limits.group_bytes_queued_max // PROGRESS_BYTES_DIVISOR)
+        # The last LSN gone through. The code that applies records keeps it (the log reading
+        # compares every record with it, so it is a plain attribute); the state hears of
+        # every change through ``WriterState.applied``.
         self.processed_lsn = 0
         self.catalog_lsn = 0  # every catalog change at or below this LSN is applied
-        self.parked: collections.deque[tuple[float, Any]] = collections.deque()
         self.applied_records = 0
         self.caught_up_bytes = 0
         self.recovery_ms = 0.0
         self.last_flush_ms = 0.0
-        self.progress = ProgressReport(  # to the cache manager
-            self.cfg.limits.group_bytes_queued_max // PROGRESS_BYTES_DIVISOR)
         self.slow_apply_s = SLOW_APPLY_S if faults.armed("writer.slow_apply") else 0.0
 
     def owns(self, topic_id: int, partition: int) -> bool:
@@ -111,7 +117,7 @@ class ShardWriter(Actor):
         floor = min([self.catalog_lsn] + [s.applied_lsn for s in self.stores.values()])
         self.processed_lsn = floor
         t0 = time.monotonic()
-        self.catch_up(until_lsn=None)
+        self.perform(self.state.recover(floor))
         self.recovery_ms = (time.monotonic() - t0) * 1000
         log.info("%d shards open; replayed the log from LSN %d to %d (%d bytes) in %.0f ms",
                  len(self.stores), floor + 1, self.processed_lsn, self.caught_up_bytes,
@@ -174,17 +180,14 @@ class ShardWriter(Actor):
                     return
 
     def on_group(self, msg: LogGroup) -> None:
-        if msg.last_lsn <= self.processed_lsn:
-            return
-        if msg.first_lsn > self.processed_lsn + 1:
-            log.debug("gap %d..%d: reading the log", self.processed_lsn + 1, msg.first_lsn - 1)
-            self.catch_up(until_lsn=msg.first_lsn - 1)
-            if self.processed_lsn < msg.first_lsn - 1:
-                raise RuntimeError(f"the log has no records {self.processed_lsn + 1}.."
-                                   f"{msg.first_lsn - 1} that a group after them needs")
-        entries = [e for e in logrecord.iter_buffer(msg.data) if e.lsn > self.processed_lsn]
+        self.perform(self.state.group(msg.first_lsn, msg.last_lsn, msg.data))
+
+    def apply_group(self, first_lsn: int, data: bytes) -> None:
+        if first_lsn > self.processed_lsn + 1:  # the ReadLog before it fell short
+            raise RuntimeError(f"the log has no records {self.processed_lsn + 1}.."
+                               f"{first_lsn - 1} that a group after them needs")
+        entries = [e for e in logrecord.iter_buffer(data) if e.lsn > self.processed_lsn]
         self.apply(entries)
-        self.progress.applied(len(msg.data))
 
     def apply(self, entries: list[Entry]) -> None:
         touched: set[ShardStore] = set()
@@ -220,19 +223,13 @@ class ShardWriter(Actor):
         for store in touched:
             store.finish(store.batch_lsn)
         self.processed_lsn = last
-        if self.parked:
-            self.serve_parked()
+        self.perform(self.state.applied(last))
 
     def on_idle(self) -> None:
-        # The cache manager counts the bytes it sent us until we say they are applied.
-        lsn, now = self.processed_lsn, time.monotonic()
-        if self.progress.due(lsn, now) and self.send(CACHE_MANAGER, Progress(self.role, lsn), 100):
-            self.progress.sent(lsn, now)
+        self.perform(self.state.idle(time.monotonic()))
 
-    def on_flush_to(self, msg: FlushTo) -> None:
-        """Make every shard durable to at least ``msg.lsn`` (a checkpoint's flush step)."""
-        if self.processed_lsn < msg.lsn:
-            self.catch_up(until_lsn=msg.lsn)  # durable on disk, so the log has it
+    def flush(self) -> None:
+        """Make every shard durable to the applied LSN (a checkpoint's flush step)."""
         t0 = time.monotonic()
         for store in self.stores.values():
             store.finish(max(store.applied_lsn, self.processed_lsn))
@@ -242,7 +239,6 @@ class ShardWriter(Actor):
             self._save_catalog_lsn(self.processed_lsn)
         faults.crash_point("writer.after_flush", self.cfg.data_path)
         self.last_flush_ms = (time.monotonic() - t0) * 1000
-        self.send(CACHE_MANAGER, Flushed(msg.ckpt_id, self.role, self.processed_lsn), wait_ms=1000)
 
     def apply_catalog(self, e: Entry) -> None:
         if e.lsn <= self.catalog_lsn:
@@ -264,83 +260,84 @@ class ShardWriter(Actor):
         fsync_dir(self.shards_dir)
         self._save_catalog_lsn(e.lsn)
 
-    # ---- reading ----------------------------------------------------------------------
+    # ---- messages, and carrying out the state's instructions -------------------------
 
     def on_message(self, msg: Message) -> None:
-        if isinstance(msg, LogGroup):
-            self.on_group(msg)
-        elif isinstance(msg, FlushTo):
-            self.on_flush_to(msg)
-        elif isinstance(msg, CatchUp):
-            if msg.lsn > self.processed_lsn:
-                log.debug("groups to %d were not sent: reading the log", msg.lsn)
-                self.catch_up(until_lsn=msg.lsn)
-        elif hasattr(msg, "lsn_min"):
-            if msg.lsn_min <= self.processed_lsn:
-                self.serve(msg)
-            elif len(self.parked) >= PARKED_READS_MAX:
-                self.reply_error(msg, ErrorCode.BUSY, "too many reads waiting for this writer")
-            else:
-                deadline = time.monotonic() + self.cfg.limits.request_timeout_ms / 1000
-                self.parked.append((deadline, msg))
-        else:
-            log.error("shard writer got an unexpected %s", type(msg).__name__)
-
-    def serve_parked(self) -> None:
-        keep: collections.deque[tuple[float, Any]] = collections.deque()
-        for deadline, msg in self.parked:
-            if msg.lsn_min <= self.processed_lsn:
-                self.serve(msg)
-            else:
-                keep.append((deadline, msg))
-        self.parked = keep
+        match msg:
+            case LogGroup():
+                self.on_group(msg)
+            case FlushTo(ckpt_id, lsn):
+                self.perform(self.state.flush_to(ckpt_id, lsn))
+            case CatchUp(lsn):
+                self.perform(self.state.catch_up(lsn))
+            case Read() | ReadByKey() | ReadByTag() | OffsetForTimestamp() | CommittedOffset():
+                self.perform(self.state.read(msg, time.monotonic()))
+            case _:
+                self.perform(self.state.unexpected(msg))
 
     def on_tick(self, now: float) -> None:
-        if self.parked:
-            # Reads wait for an LSN that was acknowledged, so it is in the log files: if
-            # its group never reached this writer (a full mailbox), read it from there.
-            need = max(msg.lsn_min for _deadline, msg in self.parked)
-            if need > self.processed_lsn:
-                self.catch_up(until_lsn=need)
-                self.serve_parked()
-        while self.parked and self.parked[0][0] <= now:
-            _deadline, msg = self.parked.popleft()
-            self.reply_error(msg, ErrorCode.TIMEOUT,
-                             f"writer has applied LSN {self.processed_lsn}, the read needs "
-                             f"{msg.lsn_min}")
+        self.perform(self.state.tick(now))  # reads behind: read the log for them first
+        self.perform(self.state.expire(now))
 
-    def reply_error(self, msg: Any, code: ErrorCode, text: str) -> None:
-        self.send(FRONT_DOOR, ErrorReply(msg.corr, code, text), wait_ms=100)
+    def perform(self, instructions: list[WriterInstruction]) -> None:
+        for ins in instructions:
+            match ins:
+                case Apply(first_lsn, data):
+                    self.apply_group(first_lsn, data)
+                case ReadLog(until_lsn):
+                    self.catch_up(until_lsn)
+                    # Where it got to, records applied or not (the log may start past it).
+                    self.perform(self.state.applied(self.processed_lsn))
+                case Serve(request):
+                    self.serve(request)
+                case Flush(ckpt_id):
+                    self.flush()
+                    self.perform(self.state.flushed(ckpt_id))
+                case Send(role, msg, wait_ms):
+                    if not self.send(role, msg, wait_ms):
+                        self.perform(self.state.refused(msg))
+                case _:
+                    assert_never(ins)
 
-    def serve(self, msg: Any) -> None:
+    def serve(self, msg: ReadRequest) -> None:
+        """Answer a read from the shard it names; a read that fails is answered INTERNAL."""
+        try:
+            out = self.read(msg)
+        except Exception as exc:
+            log.exception("%s failed", type(msg).__name__)
+            out = error_reply(msg.corr, ErrorCode.INTERNAL, f"the shard writer failed to read: {exc}")
+        self.perform([out])
+
+    def read(self, msg: ReadRequest) -> Send:
         store = self.stores.get((msg.topic_id, msg.partition))
         if store is None:
-            self.reply_error(msg, ErrorCode.UNKNOWN_TOPIC,
-                             f"no shard t{msg.topic_id}-p{msg.partition} (topic deleted?)")
-            return
-        if isinstance(msg, Read):
-            rows = store.read(msg.offset, msg.max_records, self.cfg.limits.read_bytes_max)
-            out: Any = RecordsReply(msg.corr, pack_read(rows), self.processed_lsn)
-        elif isinstance(msg, ReadByKey):
-            out = RecordsReply(msg.corr, pack_read(store.read_by_key(msg.key)), self.processed_lsn)
-        elif isinstance(msg, ReadByTag):
-            rows = store.read_by_tag(msg.tag, msg.offset, msg.max_records,
-                                     self.cfg.limits.read_bytes_max)
-            out = RecordsReply(msg.corr, pack_read(rows), self.processed_lsn)
-        elif isinstance(msg, OffsetForTimestamp):
-            out = ValueReply(msg.corr, store.offset_for_timestamp(msg.timestamp))
-        elif isinstance(msg, CommittedOffset):
-            out = ValueReply(msg.corr, store.committed_offset(msg.group))
-        else:
-            raise TypeError(type(msg).__name__)
-        self.send(FRONT_DOOR, out, wait_ms=100)
+            return error_reply(msg.corr, ErrorCode.UNKNOWN_TOPIC,
+                               f"no shard t{msg.topic_id}-p{msg.partition} (topic deleted?)")
+        lsn, bytes_max = self.processed_lsn, self.cfg.limits.read_bytes_max
+        reply: Message
+        match msg:
+            case Read():
+                rows = store.read(msg.offset, msg.max_records, bytes_max)
+                reply = RecordsReply(msg.corr, pack_read(rows), lsn)
+            case ReadByKey():
+                reply = RecordsReply(msg.corr, pack_read(store.read_by_key(msg.key)), lsn)
+            case ReadByTag():
+                rows = store.read_by_tag(msg.tag, msg.offset, msg.max_records, bytes_max)
+                reply = RecordsReply(msg.corr, pack_read(rows), lsn)
+            case OffsetForTimestamp():
+                reply = ValueReply(msg.corr, store.offset_for_timestamp(msg.timestamp))
+            case CommittedOffset():
+                reply = ValueReply(msg.corr, store.committed_offset(msg.group))
+            case _:
+                assert_never(msg)
+        return Send(FRONT_DOOR, reply, wait_ms=REPLY_WAIT_MS)
 
     def figures(self) -> dict[str, Any]:
         return {
             "shards": len(self.stores),
             "processed_lsn": self.processed_lsn,
             "applied_records": self.applied_records,
-            "parked_reads": len(self.parked),
+            "parked_reads": len(self.state.parked),
             "recovery_ms": round(self.recovery_ms, 1),
             "replayed_bytes": self.caught_up_bytes,
             "last_flush_ms": round(self.last_flush_ms, 1),

@@ -9,11 +9,13 @@ restarts within ``restart_window_s`` stop the node with the reason; an actor sil
 ``heartbeat_timeout_ms`` is killed and restarted. A clean stop closes the front door, runs a
 checkpoint (so the next start replays nothing), then stops the rest; whatever does not exit
 in time is killed, so no process is left behind.
+
+That policy is ``node/supervision.py``, a state machine with no I/O; this module is its
+shell: the processes, the sockets, psutil, the start and the clean stop.
 """
 
 from __future__ import annotations
 
-import collections
 import fcntl
 import hashlib
 import logging
@@ -25,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 import psutil
 import zmq
@@ -34,8 +36,9 @@ from actors.base import Actor, ActorContext, mailbox_address, waiting_messages
 from actors.cache_manager import CacheManager
 from actors.durable import fsync_dir, write_atomic
 from actors.front_door import FrontDoor
+from actors.instructions import Spawn, StopNode, Terminate
 from actors.log_manager import LogManager
-from actors.process import EXIT_REFUSED, actor_main
+from actors.process import actor_main
 from actors.roles import (
     CACHE_MANAGER,
     FRONT_DOOR,
@@ -48,6 +51,7 @@ from actors.roles import (
 from actors.shard_writer import ShardWriter
 from actors.transaction_manager import TransactionManager
 from config import NodeConfig
+from node.supervision import Supervision, SupervisorInstruction
 from wire import codec
 from wire.messages import Checkpoint, Done, ErrorReply, Stats, StatusReply, StatusRequest, Stop
 
@@ -75,12 +79,11 @@ class NodeStartError(RuntimeError):
 
 @dataclass
 class Child:
+    """An actor's process, as the shell holds it (the policy's view is ``Watched``)."""
+
     role: str
     process: BaseProcess | None = None
     pid: int = 0
-    state: str = "starting"
-    restarts: int = 0
-    last_report: float = 0.0
     figures: dict[str, Any] = field(default_factory=dict)
     ps: psutil.Process | None = None
 
@@ -94,19 +97,6 @@ def run_dir_for(data: Path) -> Path:
     return Path(tempfile.gettempdir()) / f"shardnode-{digest}"
 
 
-def start_stages(roles: list[str]) -> list[list[str]]:
-    """``roles`` in start order, grouped into stages that start together: each actor on
-    its own, except the shard writers, which depend only on the actors before them and
-    not on each other, so they recover (replay the log) side by side."""
-    stages: list[list[str]] = []
-    for role in roles:
-        if is_writer(role) and stages and is_writer(stages[-1][0]):
-            stages[-1].append(role)
-        else:
-            stages.append([role])
-    return stages
-
-
 class Supervisor:
     def __init__(self, cfg: NodeConfig) -> None:
         self.cfg = cfg
@@ -117,10 +107,13 @@ class Supervisor:
         # Every actor but the front door: a checkpoint needs all of them.
         self.behind_front = [role for role in self.order if role != FRONT_DOOR]
         self.children = {role: Child(role) for role in self.order}
+        sc = cfg.supervisor
+        self.policy = Supervision(self.order, sc.restarts_max, sc.restart_window_s,
+                                  heartbeat_s=sc.heartbeat_timeout_ms / 1000,
+                                  restart_start_s=sc.stop_timeout_ms / 1000 * 4)
         self.spawn = multiprocessing.get_context("spawn")
         self.zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.mailbox: zmq.Socket[bytes] | None = None
-        self.restart_times: collections.deque[float] = collections.deque()
         self.stopping = False
         self.stop_reason = ""
         self.failed = False
@@ -172,10 +165,13 @@ class Supervisor:
         if sock_path.exists():
             sock_path.unlink()
         self.mailbox.bind(mailbox_address(self.run_dir, SUPERVISOR))
-        for stage in start_stages(self.order):
-            for role in stage:
-                self._spawn(role)
-            self._wait_ready(stage, ready_timeout_s)
+        self.perform(self.policy.start(time.monotonic(), ready_timeout_s))
+        while not self.policy.up:
+            if self.stopping:
+                self.shutdown()
+                raise NodeStartError(self.stop_reason)
+            self.poll_mailbox(100)
+            self.check_children()
         log.info("node up: %s, data in %s", self.cfg.endpoint, self.data)
 
     def _spawn(self, role: str) -> None:
@@ -186,28 +182,31 @@ class Supervisor:
         child = self.children[role]
         child.process = proc
         child.pid = proc.pid or 0
-        child.state = "starting"
-        child.last_report = time.monotonic()
+        self.policy.spawned(role, child.pid)
         try:
             child.ps = psutil.Process(child.pid)
             child.ps.cpu_percent(None)
         except psutil.Error:
             child.ps = None
 
-    def _wait_ready(self, roles: list[str], timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while any(self.children[r].state != "running" for r in roles):
-            for r in roles:
-                proc = self.children[r].process
-                if proc is not None and proc.exitcode is not None:
-                    self.shutdown()
-                    why = ("refused to start" if proc.exitcode == EXIT_REFUSED
-                           else f"exited with code {proc.exitcode} while starting")
-                    raise NodeStartError(f"the {r} actor {why}; its log above says why")
-            if time.monotonic() > deadline:
-                self.shutdown()
-                raise NodeStartError(f"actors {roles} did not start within {timeout_s:.0f} s")
-            self.poll_mailbox(100)
+    def perform(self, instructions: list[SupervisorInstruction]) -> None:
+        for ins in instructions:
+            match ins:
+                case Spawn(role):
+                    self._spawn(role)
+                case Terminate(role, kill):
+                    child = self.children[role]
+                    if kill:
+                        if child.process is not None and child.process.exitcode is None:
+                            child.process.kill()
+                            child.process.join(5)
+                    else:
+                        self._stop_child(child, signal_first=True)
+                case StopNode(reason):
+                    self.failed = True
+                    self.request_stop(reason)
+                case _:
+                    assert_never(ins)
 
     # ---- watching ---------------------------------------------------------------------
 
@@ -218,11 +217,9 @@ class Supervisor:
         for msg in waiting_messages(self.mailbox, 1000):
             if isinstance(msg, Stats):
                 child = self.children.get(msg.role)
-                if child is not None and msg.pid == child.pid:
+                if child is not None and msg.pid == child.pid:  # not an earlier incarnation
                     child.figures = msg.figures
-                    child.last_report = time.monotonic()
-                    if child.state == "starting":
-                        child.state = "running"
+                    self.perform(self.policy.reported(msg.role, time.monotonic()))
             elif isinstance(msg, StatusRequest):
                 if not self._tell(FRONT_DOOR, StatusReply(msg.corr, self.status())):
                     log.warning("front door mailbox full; status reply dropped")
@@ -230,53 +227,13 @@ class Supervisor:
                 self.checkpoint_done = msg
 
     def check_children(self) -> None:
+        """Tell the policy the time (silent actors are killed), then every exit."""
         now = time.monotonic()
-        silent_s = self.cfg.supervisor.heartbeat_timeout_ms / 1000
+        self.perform(self.policy.tick(now))
         for role in self.order:
-            child = self.children[role]
-            proc = child.process
-            if proc is None:
-                continue
-            if proc.exitcode is None and child.state == "running" and now - child.last_report > silent_s:
-                log.error("%s (pid %d) silent for %.0f s; killing it", role, child.pid, silent_s)
-                proc.kill()
-                proc.join(5)
-            if proc.exitcode is not None:
-                if proc.exitcode == EXIT_REFUSED:
-                    self.failed = True
-                    self.request_stop(f"{role} refused to run; its log above says why")
-                    return
-                self._restart(child, proc.exitcode)
-                return  # the order after it was restarted as well
-
-    def _restart(self, child: Child, exitcode: int) -> None:
-        now = time.monotonic()
-        window = self.cfg.supervisor.restart_window_s
-        while self.restart_times and now - self.restart_times[0] > window:
-            self.restart_times.popleft()
-        if len(self.restart_times) >= self.cfg.supervisor.restarts_max:
-            self.failed = True
-            self.request_stop(f"{len(self.restart_times) + 1} actor restarts within {window} s "
-                              f"(last: {child.role} exited with code {exitcode}); giving up")
-            return
-        self.restart_times.append(now)
-        child.restarts += 1
-        rest = self.order[self.order.index(child.role) + 1:]
-        log.warning("%s (pid %d) exited with code %s; restarting it and %s (restart %d)",
-                    child.role, child.pid, exitcode, rest or "nothing after it", child.restarts)
-        for role in reversed(rest):  # rest-for-one: those started after it go too
-            self._stop_child(self.children[role], signal_first=True)
-        for stage in start_stages([child.role, *rest]):
-            for role in stage:
-                if role != child.role:
-                    self.children[role].restarts += 1
-                self._spawn(role)
-            try:
-                self._wait_ready(stage, self.cfg.supervisor.stop_timeout_ms / 1000 * 4)
-            except NodeStartError as exc:
-                self.failed = True
-                self.request_stop(str(exc))
-                return
+            proc = self.children[role].process
+            if proc is not None and proc.exitcode is not None and self.policy.watches(role):
+                self.perform(self.policy.exited(role, proc.exitcode, now))
 
     def _stop_child(self, child: Child, signal_first: bool) -> None:
         proc = child.process
@@ -292,6 +249,7 @@ class Supervisor:
             proc.join(5)
 
     def request_stop(self, reason: str) -> None:
+        self.policy.stop()
         if not self.stopping:
             self.stopping = True
             self.stop_reason = reason
@@ -327,14 +285,15 @@ class Supervisor:
                 except psutil.Error:
                     pass
             alive = child.process is not None and child.process.exitcode is None
+            watched = self.policy.actors[role]
             actors.append({
                 "role": role,
                 "pid": child.pid,
-                "state": child.state if alive else "dead",
+                "state": watched.phase.value if alive else "dead",
                 "rss_bytes": rss,
                 "cpu_percent": cpu,
                 "mailbox": child.figures.get("mailbox", 0),
-                "restarts": child.restarts,
+                "restarts": watched.restarts,
                 "figures": child.figures,
             })
         me = psutil.Process()
@@ -390,6 +349,7 @@ class Supervisor:
                         getattr(self.checkpoint_done, "text", "timed out"))
 
     def shutdown(self) -> None:
+        self.policy.stop()
         try:
             # The front door first (no new requests), then the log manager after its
             # checkpoint, then the rest in start order.
@@ -402,7 +362,6 @@ class Supervisor:
                     continue
                 sent = self._tell(role, Stop(self.stop_reason or "stop"))
                 self._stop_child(child, signal_first=not sent)
-                child.state = "stopped"
         finally:
             for child in self.children.values():
                 if child.process is not None and child.process.exitcode is None:

@@ -177,7 +177,7 @@ def test_writer_count_changes_only_after_a_clean_stop(make_node: Any, tmp_path: 
 
 
 def test_writers_start_together_and_everything_else_in_order() -> None:
-    from node.supervisor import start_stages
+    from node.supervision import start_stages
 
     order = ["log", "txn", "cache", "writer-0", "writer-1", "writer-2", "front"]
     assert start_stages(order) == [["log"], ["txn"], ["cache"],
