@@ -13,13 +13,15 @@ otherwise they come straight from the front door and it is told nothing (``write
 An fsync error is fatal: the process exits at once and recovery
 rebuilds the truth from the disk. The log manager also drives the checkpoint handshake
 (``actors/checkpoint.py``) that lets it delete old segments.
+
+This is the shell: the log's files are ``actors/wal.py``, when to commit, hand off and tell
+is ``actors/group_commit.py``, the checkpoint's file work ``actors/truncator.py``.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import math
 import os
 import time
 from typing import Any, assert_never
@@ -30,7 +32,7 @@ from actors import faults
 from actors.base import POLL_MS_MAX, Actor, ActorContext, RefuseToStart
 from actors.checkpoint import Coordinator, Phase, Step
 from actors.flow import BUNDLE_BYTES_MAX, GroupsInFlight, chunks
-from actors.hand_off import HandOff
+from actors.group_commit import GroupCommit
 from actors.instructions import AskFlush, AskTxn, Finish, Log, Roll, Send, Truncate
 from actors.log_state import LogState
 from actors.process import EXIT_FSYNC_FAILED
@@ -66,11 +68,6 @@ log = logging.getLogger("shardnode")
 ACK_ROW_BYTES = 32
 ACK_PART_BYTES = 32
 
-# The transaction manager hears which requests were answered at least this often (s), or
-# once this many are waiting to be told, and at once while a checkpoint waits for it.
-ENDED_INTERVAL_S = 0.05
-ENDED_ROWS_MAX = 8192
-
 FSYNC_SAMPLES = 4096  # recent write+fdatasync durations kept for status
 
 
@@ -83,16 +80,13 @@ class LogManager(Actor):
         self.log_dir = self.cfg.data_path / "log"
         self.writer = SegmentWriter(self.log_dir, lcfg.segment_bytes_max)
         self.ckpt = Coordinator(lcfg.checkpoint_mode, lcfg.checkpoint_timeout_ms / 1000)
-        self.queue: list[Log] = []
-        self.queued_bytes = 0
-        # Requests answered since the transaction manager was told: only when it began them.
-        self.track_ended = writes_role(self.cfg) == TRANSACTION_MANAGER
-        self.ended: list[int] = []
-        self.ended_told = 0.0  # when it was last told
-        self.last_group_size = 0
+        # The group-commit policy: when to commit, hand off, and tell the transaction
+        # manager (only when it began the requests) which ended.
+        self.policy = GroupCommit(lcfg.group_bytes_max, lcfg.group_requests_max,
+                                  lcfg.group_wait_us_max,
+                                  track_ended=writes_role(self.cfg) == TRANSACTION_MANAGER)
         self.cache_stalled = False
         self.to_cache = GroupsInFlight(self.cfg.limits.group_bytes_queued_max)
-        self.hand_off = HandOff()
         self.bytes_since_checkpoint = 0
         self.durable_lsn = 0  # the last LSN written and fsynced
         # figures
@@ -134,7 +128,7 @@ class LogManager(Actor):
         self.broadcast_catalog()
 
     def on_stop(self) -> None:
-        if self.queue:
+        if self.policy.queue:
             self.flush_queue()
         self.hand_off_groups()
         self.tell_ended()
@@ -204,35 +198,34 @@ class LogManager(Actor):
         """Queue a request's record for the next group commit, or answer it at once."""
         match out:
             case Log():
-                self.queue.append(out)
-                self.queued_bytes += len(out.record)
-                if self.queued_bytes >= self.cfg.log.group_bytes_max or \
-                        len(self.queue) >= self.cfg.log.group_requests_max:
+                if self.policy.add(out):
                     self.flush_queue()
             case Send(role, msg, wait_ms):
                 self.send(role, msg, wait_ms)
                 corr = getattr(msg, "corr", None)
-                if corr is not None and self.track_ended:
-                    self.ended.append(corr)
+                if corr is not None:
+                    self.policy.ended_one(corr)
             case _:
                 assert_never(out)
 
     def on_idle(self) -> None:
-        if self.queue:
-            wait_us = self.cfg.log.group_wait_us_max
-            if self.last_group_size > 1 and wait_us > 0:
+        policy = self.policy
+        if policy.queue:
+            deadline = policy.straggler_deadline(time.monotonic())
+            if deadline is not None:
                 # A crowd is writing: give its stragglers a moment to join this group.
-                deadline = time.monotonic() + wait_us / 1e6
-                while self.running and len(self.queue) < self.cfg.log.group_requests_max:
-                    left_ms = (deadline - time.monotonic()) * 1000
-                    if left_ms <= 0 or not self.mailbox.poll(int(left_ms) + 1, zmq.POLLIN):
+                while self.running:
+                    wait_ms = policy.straggler_wait_ms(time.monotonic(), deadline)
+                    if not wait_ms or not self.mailbox.poll(wait_ms, zmq.POLLIN):
                         break
                     self.drain_mailbox()
-            if self.queue:
+            if policy.queue:
                 self.flush_queue()
-        if self.hand_off.datas and time.monotonic() >= self.hand_off.due:
+        now = time.monotonic()
+        if policy.hand_off_due(now):
             self.hand_off_groups()
-        self.maybe_tell_ended()
+        if policy.tell_due(now, checkpoint_waits=self.ckpt.phase is Phase.WAIT_READY):
+            self.tell_ended()
         if self.bytes_since_checkpoint >= self.cfg.log.checkpoint_bytes:
             steps = self.ckpt.start(time.monotonic())
             if steps:  # not while one is running: that one resets the count when it ends
@@ -242,24 +235,12 @@ class LogManager(Actor):
     def tell_ended(self) -> None:
         """Tell the transaction manager which requests have been answered since it was last
         told."""
-        if self.ended:
-            ended, self.ended = self.ended, []
+        ended = self.policy.take_ended(time.monotonic())
+        if ended:
             self.send(TRANSACTION_MANAGER, Ended(ended), wait_ms=100)
-        self.ended_told = time.monotonic()
-
-    def maybe_tell_ended(self) -> None:
-        """``tell_ended`` when it matters: a checkpoint waits for the transaction manager to
-        be ready, or ``ENDED_INTERVAL_S`` or ``ENDED_ROWS_MAX`` have passed. Telling it after
-        every group commit woke it once more per group, for nothing outside a checkpoint."""
-        if not self.ended:
-            return
-        if self.ckpt.phase is Phase.WAIT_READY or len(self.ended) >= ENDED_ROWS_MAX or \
-                time.monotonic() - self.ended_told >= ENDED_INTERVAL_S:
-            self.tell_ended()
 
     def flush_queue(self) -> None:
-        group, self.queue, self.queued_bytes = self.queue, [], 0
-        self.commit(group)
+        self.commit(self.policy.take())
 
     def commit(self, group: list[Log]) -> None:
         records = [p.record for p in group if p.record]
@@ -280,7 +261,6 @@ class LogManager(Actor):
             self.window_fsyncs += 1
             self.log_bytes += len(data)
             self.bytes_since_checkpoint += len(data)
-        self.last_group_size = len(group)
         if any(p.catalog_changed for p in group):
             # Before the acks, on the same pipe: a client told "created" can use the topic.
             self.broadcast_catalog()
@@ -294,27 +274,25 @@ class LogManager(Actor):
             parts = getattr(p.reply, "parts", None)
             if parts and p.record:
                 self.window_records += sum(part[2] for part in parts)
-        if self.track_ended:
-            self.ended.extend(p.reply.corr for p in group)
+        self.policy.ended_group(group)
         # If the front door is gone, its clients time out and retry (produce is idempotent).
         for start, end in chunks([ACK_ROW_BYTES + ACK_PART_BYTES * len(row[2]) for row in acks],
                                  BUNDLE_BYTES_MAX):
             self.send(FRONT_DOOR, Acks(acks[start:end]), wait_ms=1000)
         if replies:
             self.send_many(FRONT_DOOR, replies, wait_ms=1000)
-        if records:
-            # After the acknowledgements, so the cache manager and the writers it wakes do
-            # not take the CPU the front door needs for them; a read that follows an
-            # acknowledgement carries its LSN and waits for the group wherever it goes.
-            self.hand_off.add(first_lsn, last_lsn, data, time.monotonic())
-            if self.hand_off.full():
-                self.hand_off_groups()
+        # After the acknowledgements, so the cache manager and the writers it wakes do
+        # not take the CPU the front door needs for them; a read that follows an
+        # acknowledgement carries its LSN and waits for the group wherever it goes.
+        if records and self.policy.durable(first_lsn, last_lsn, data, time.monotonic()):
+            self.hand_off_groups()
 
     def hand_off_groups(self) -> None:
         """Send the durable groups not yet handed off to the cache manager, as one group."""
-        if not self.hand_off.datas:
+        merged = self.policy.take_hand_off()
+        if merged is None:
             return
-        first_lsn, last_lsn, data = self.hand_off.take()
+        first_lsn, last_lsn, data = merged
         # The cache manager hands the group to the shard writers; if it is gone they
         # catch up from the log files, so a stalled peer never stalls the log for long.
         sent = False
@@ -328,9 +306,8 @@ class LogManager(Actor):
             self.to_cache.skip(last_lsn)
 
     def poll_timeout_ms(self) -> int:
-        if self.hand_off.datas:
-            return max(0, math.ceil((self.hand_off.due - time.monotonic()) * 1000))
-        return POLL_MS_MAX
+        due_ms = self.policy.hand_off_in_ms(time.monotonic())
+        return POLL_MS_MAX if due_ms is None else due_ms
 
     # ---- the checkpoint handshake -----------------------------------------------------
 
@@ -387,7 +364,7 @@ class LogManager(Actor):
 
     def figures(self) -> dict[str, Any]:
         return {
-            "mailbox": len(self.queue) or self.last_drain,
+            "mailbox": len(self.policy.queue) or self.last_drain,
             "log_bytes": self.log_bytes,
             "fsyncs_per_s": round(self.fsyncs_per_s, 1),
             "records_per_fsync": round(self.records_per_fsync, 1),
