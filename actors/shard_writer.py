@@ -24,7 +24,7 @@ from typing import Any, assert_never
 
 import msgpack
 
-from actors import faults
+from actors import faults, wal
 from actors.base import Actor, ActorContext, RefuseToStart, waiting_messages
 from actors.durable import fsync_dir, write_atomic
 from actors.flow import PROGRESS_BYTES_DIVISOR
@@ -158,7 +158,7 @@ class ShardWriter(Actor):
 
     def catch_up(self, until_lsn: int | None) -> None:
         """Apply records after ``processed_lsn`` read from the log files (to ``until_lsn``)."""
-        segments = logrecord.list_segments(self.log_dir)
+        segments = wal.list_segments(self.log_dir)
         if segments and self.processed_lsn < segments[0][0] - 1:
             # Records below the log's first LSN were deleted by a checkpoint, which happens
             # only once every shard is durable past them: nothing there is left to apply.
@@ -170,7 +170,7 @@ class ShardWriter(Actor):
         for i in range(start, len(segments)):
             _first, path = segments[i]
             # A chunk at a time: memory stays a few MiB however far behind this writer is.
-            for batch in logrecord.read_entries(path, last=i == len(segments) - 1):
+            for batch in wal.SegmentScan(path, last=i == len(segments) - 1):
                 todo = [e for e in batch if e.lsn > self.processed_lsn
                         and (until_lsn is None or e.lsn <= until_lsn)]
                 if todo:

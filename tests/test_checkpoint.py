@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from actors import wal
 from actors.faults import fired_dir
 from node.client import NodeClient
 from node.local import LocalNode
-from wire import logrecord
 from wire.errors import ErrorCode, NodeError
 
 SMALL = """
@@ -39,7 +39,7 @@ def config(mode: str = "fuzzy", ckpt: int = 2 * 1024 * 1024) -> str:
 
 
 def log_bytes(data_dir: Path) -> int:
-    return logrecord.segments_bytes(data_dir / "log")
+    return wal.segments_bytes(data_dir / "log")
 
 
 def produce(c: NodeClient, n_batches: int, start: int = 0, batch: int = 100) -> list[bytes]:
@@ -158,7 +158,7 @@ def test_checkpoints_take_turns_between_the_snapshot_slots_across_restarts(
         for i in range(2):
             values += produce(c, 3, start=3 * i)
             lsn = c.checkpoint()
-            snap, slot = logrecord.load_snapshot(log_dir)
+            snap, slot = wal.load_snapshot(log_dir)
             assert snap is not None and snap["last_lsn"] >= lsn
             slots.append(slot)
     assert slots == [0, 1]
@@ -167,7 +167,7 @@ def test_checkpoints_take_turns_between_the_snapshot_slots_across_restarts(
     with node2.client() as c:
         values += produce(c, 2, start=6)
         c.checkpoint()  # the restarted log manager writes the slot not holding the newest
-        assert logrecord.load_snapshot(log_dir)[1] == 0
+        assert wal.load_snapshot(log_dir)[1] == 0
         assert sorted(stored(c)) == sorted(values)
 
 

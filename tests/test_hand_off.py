@@ -1,9 +1,9 @@
-"""The log manager's hand-off to the cache manager (``actors.log_manager.HandOff``): durable
+"""The log manager's hand-off to the cache manager (``actors.hand_off.HandOff``): durable
 groups wait a moment and go on merged, as one group whose records are theirs, in order."""
 
 from __future__ import annotations
 
-from actors.log_manager import HAND_OFF_BYTES, HAND_OFF_S, HandOff
+from actors.hand_off import HAND_OFF_BYTES, HAND_OFF_S, HandOff
 from wire import logrecord
 from wire.logrecord import Kind
 
@@ -43,3 +43,17 @@ def test_enough_bytes_waiting_make_it_full() -> None:
         lsn += 1
         h.add(lsn, lsn, data, now=0.0)
     assert h.size >= HAND_OFF_BYTES > h.size - len(data)
+
+
+def test_it_is_due_hand_off_s_after_the_first_group_and_says_how_long_until_then() -> None:
+    h = HandOff()
+    assert not h.is_due(100.0) and h.due_in_ms(100.0) is None  # nothing waits
+    h.add(1, 1, group(1, 1), now=0.0)
+    h.add(2, 2, group(2, 2), now=0.0015)  # a later group does not push the time back
+    assert h.due_in_ms(0.0) == 2
+    assert h.due_in_ms(0.0015) == 1  # 0.5 ms, rounded up: never wake too early
+    assert not h.is_due(HAND_OFF_S / 2)
+    assert h.is_due(HAND_OFF_S)
+    assert h.due_in_ms(1.0) == 0
+    h.take()
+    assert not h.is_due(11.0) and h.due_in_ms(11.0) is None

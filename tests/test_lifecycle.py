@@ -13,6 +13,7 @@ import psutil
 import pytest
 import zmq
 
+from actors import wal
 from node.local import LocalNode, NodeFailed
 from wire import logrecord
 from wire.errors import ErrorCode
@@ -20,7 +21,7 @@ from wire.protocol import unpack_replies
 
 
 def segment(data_dir: Path) -> Path:
-    segs = logrecord.list_segments(data_dir / "log")
+    segs = wal.list_segments(data_dir / "log")
     assert len(segs) == 1
     return segs[0][1]
 
@@ -59,7 +60,7 @@ def test_corrupt_record_followed_by_good_ones_refuses_to_start(make_node: Any,
     node.kill()  # a crash leaves the records in the log (a clean stop would checkpoint them)
     seg = segment(node.data_dir)
     data = bytearray(seg.read_bytes())
-    entries = logrecord.scan_bytes(seg, bytes(data), last=True).entries
+    entries = [e for batch in wal.SegmentScan(seg, last=True) for e in batch]
     victim = entries[len(entries) // 2]
     data[victim.position + logrecord.HEADER_BYTES] ^= 0xFF  # flip a byte of its body
     seg.write_bytes(bytes(data))

@@ -1,4 +1,4 @@
-"""The log manager's truncate job (``actors.log_manager.Truncator``): a thread writes the
+"""The log manager's truncate job (``actors.truncator.Truncator``): a thread writes the
 snapshot slot, deletes the segments and wakes the actor's loop. Real files on tmp_path."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import zmq
 
-from actors.log_manager import TruncateResult, Truncator
+from actors import wal
 from actors.log_state import LogState
+from actors.truncator import TruncateResult, Truncator
 from config import load_config
-from wire import logrecord
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def truncator(tmp_path: Path) -> Iterator[Truncator]:
 
 def segments(log_dir: Path, firsts: list[int]) -> None:
     for first in firsts:
-        (log_dir / logrecord.segment_name(first)).write_bytes(b"")
+        (log_dir / wal.segment_name(first)).write_bytes(b"")
 
 
 def state_at(lsn: int) -> dict[str, object]:
@@ -49,23 +49,23 @@ def test_the_snapshot_is_written_then_the_segments_below_go(truncator: Truncator
     result = wait_result(truncator)
     assert (result.ckpt_id, result.upto, result.deleted, result.error) == (4, 20, 2, "")
     assert not truncator.busy
-    assert [f for f, _p in logrecord.list_segments(log_dir)] == [21]
-    snap, slot = logrecord.load_snapshot(log_dir)
+    assert [f for f, _p in wal.list_segments(log_dir)] == [21]
+    snap, slot = wal.load_snapshot(log_dir)
     assert slot == 0 and snap is not None and snap["last_lsn"] == 25
     truncator.start(ckpt_id=5, upto=20, snapshot=state_at(30))
     wait_result(truncator)
-    assert logrecord.load_snapshot(log_dir)[1] == 1  # the other slot, by turns
+    assert wal.load_snapshot(log_dir)[1] == 1  # the other slot, by turns
 
 
 def test_a_snapshot_that_cannot_be_written_deletes_nothing_and_says_so(
         truncator: Truncator) -> None:
     log_dir = truncator.log_dir
     segments(log_dir, [1, 11])
-    (log_dir / logrecord.SNAPSHOT_SLOTS[0]).mkdir()  # the slot cannot be opened as a file
+    (log_dir / wal.SNAPSHOT_SLOTS[0]).mkdir()  # the slot cannot be opened as a file
     truncator.start(ckpt_id=1, upto=20, snapshot=state_at(25))
     result = wait_result(truncator)
     assert "slot 0" in result.error and result.deleted == 0
-    assert len(logrecord.list_segments(log_dir)) == 2
+    assert len(wal.list_segments(log_dir)) == 2
     # The next snapshot goes to the slot that failed, never over the other (the only good
     # one once a slot is spoiled), so a crash during it cannot leave none.
     assert truncator.next_slot == 0
@@ -76,3 +76,10 @@ def test_only_one_job_at_a_time(truncator: Truncator) -> None:
     with pytest.raises(RuntimeError, match="already running"):
         truncator.start(ckpt_id=2, upto=0, snapshot=state_at(2))
     wait_result(truncator)
+
+
+@pytest.mark.parametrize(("newest", "next_slot"), [(None, 0), (0, 1), (1, 0)])
+def test_after_recovery_the_slot_not_holding_the_newest_snapshot_is_next(
+        truncator: Truncator, newest: int | None, next_slot: int) -> None:
+    truncator.after_recovery(newest)
+    assert truncator.next_slot == next_slot

@@ -1,4 +1,4 @@
-"""The on-disk log record format and the segment scanner.
+"""The on-disk log record format, and the byte format of the log manager's snapshot.
 
 A record is a 24-byte header followed by a msgpack body::
 
@@ -16,16 +16,11 @@ Bodies, by kind (msgpack arrays, fields in this order):
 
 ``blob`` is the packed records array exactly as the client sent it (see ``wire.records``).
 
-At each checkpoint the log manager also writes a snapshot (its state as of an LSN: the
-catalog, every shard's next offset, the producers' recent sequence numbers) before it
-deletes old segments, so recovery never needs a deleted record. Snapshots go to two slots,
-``checkpoint-0.snap`` and ``checkpoint-1.snap``, overwritten in place by turns: a write cut
-short by a crash spoils only the slot being written, and recovery takes the valid slot with
-the higher LSN. (``checkpoint.snap``, from before the slots, is still read.)
+A snapshot (the log manager's state as of an LSN, written at each checkpoint) is a 12-byte
+header (magic, body length, CRC-32 of the body) and a msgpack map.
 
-Scanning tells a torn tail from corruption: a bad record with nothing valid after it is a
-write cut short by a crash (cut it off); a bad record followed by a valid one is damage in
-the middle of the log, and the node must not start on it.
+This module only encodes and decodes bytes. Files — segments, their scanning, snapshot
+slots, recovery — are ``actors/wal.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +30,6 @@ import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -43,9 +37,14 @@ import msgpack
 MAGIC = 0x53484E31  # "SHN1"
 HEADER = struct.Struct("<IIIB3xQ")
 HEADER_BYTES = HEADER.size  # 24
-_MAGIC_BYTES = struct.pack("<I", MAGIC)
-BODY_BYTES_MAX = 256 * 1024 * 1024  # a sanity bound for scanning; real bodies are far smaller
-SEGMENT_SUFFIX = ".log"
+assert HEADER_BYTES == 24
+MAGIC_BYTES = struct.pack("<I", MAGIC)  # how a record starts, to search for one
+CRC_FROM = 12  # the CRC covers the header from this byte (kind, padding, lsn), then the body
+BODY_BYTES_MAX = 256 * 1024 * 1024  # a sanity bound for reading back; real bodies are far smaller
+
+# Why ``decode_at`` found no record: the buffer ends inside it (it may be whole in the file).
+INCOMPLETE_HEADER = "incomplete header"
+INCOMPLETE_BODY = "incomplete body"
 
 
 class Kind(enum.IntEnum):
@@ -55,18 +54,6 @@ class Kind(enum.IntEnum):
     OFFSET_COMMIT = 4
 
 
-class CorruptLog(Exception):
-    """A damaged record with valid records after it: the node refuses to start on this."""
-
-    def __init__(self, segment: Path, position: int, reason: str) -> None:
-        super().__init__(
-            f"log segment {segment} is corrupt at byte {position}: {reason}; valid records "
-            f"follow, so this is not a torn tail. Restore the segment or move it aside."
-        )
-        self.segment = segment
-        self.position = position
-
-
 def encode(lsn: int, kind: Kind, body: Any) -> bytes:
     """One record, header and body. ``body`` is packed with msgpack."""
     payload = msgpack.packb(body, use_bin_type=True)
@@ -74,7 +61,7 @@ def encode(lsn: int, kind: Kind, body: Any) -> bytes:
 
 
 def encode_packed(lsn: int, kind: int, payload: bytes) -> bytes:
-    tail = struct.pack("<B3xQ", kind, lsn)
+    tail = struct.pack("<B3xQ", kind, lsn)  # the header from CRC_FROM on
     crc = zlib.crc32(payload, zlib.crc32(tail))
     return HEADER.pack(MAGIC, len(payload), crc, kind, lsn) + payload
 
@@ -96,10 +83,13 @@ class Entry:
         return msgpack.unpackb(self.payload, raw=False, strict_map_key=False)
 
 
-def _check_at(buf: bytes | memoryview, pos: int, verify: bool) -> tuple[Entry | None, str]:
-    """The record at ``pos``, or None and why it is not one."""
+def decode_at(buf: bytes | memoryview, pos: int, verify: bool = True,
+              base: int = 0) -> tuple[Entry | None, str]:
+    """The record at ``pos`` of ``buf``, or None and why it is not one (``INCOMPLETE_HEADER``
+    and ``INCOMPLETE_BODY`` when ``buf`` ends inside it). ``base`` is where ``buf`` starts
+    in its file: the entry's position is ``base + pos``."""
     if len(buf) - pos < HEADER_BYTES:
-        return None, "incomplete header"
+        return None, INCOMPLETE_HEADER
     magic, length, crc, kind, lsn = HEADER.unpack_from(buf, pos)
     if magic != MAGIC:
         return None, "bad magic"
@@ -107,13 +97,11 @@ def _check_at(buf: bytes | memoryview, pos: int, verify: bool) -> tuple[Entry | 
         return None, f"body length {length} is over {BODY_BYTES_MAX}"
     start = pos + HEADER_BYTES
     if len(buf) - start < length:
-        return None, "incomplete body"
+        return None, INCOMPLETE_BODY
     payload = bytes(buf[start:start + length])
-    if verify:
-        tail = bytes(buf[pos + 12:pos + HEADER_BYTES])
-        if zlib.crc32(payload, zlib.crc32(tail)) != crc:
-            return None, "checksum mismatch"
-    return Entry(pos, lsn, kind, payload), ""
+    if verify and zlib.crc32(payload, zlib.crc32(bytes(buf[pos + CRC_FROM:start]))) != crc:
+        return None, "checksum mismatch"
+    return Entry(base + pos, lsn, kind, payload), ""
 
 
 def iter_buffer(buf: bytes | memoryview, verify: bool = False) -> Iterator[Entry]:
@@ -121,138 +109,17 @@ def iter_buffer(buf: bytes | memoryview, verify: bool = False) -> Iterator[Entry
     pos = 0
     end = len(buf)
     while pos < end:
-        entry, why = _check_at(buf, pos, verify)
+        entry, why = decode_at(buf, pos, verify)
         if entry is None:
             raise ValueError(f"bad record at byte {pos} of a group: {why}")
         yield entry
         pos = entry.end
 
 
-READ_CHUNK_BYTES = 4 * 1024 * 1024
-
-
-def read_entries(path: Path, last: bool,
-                 chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[list[Entry]]:
-    """The records of a segment file, a chunk at a time (lists of about ``chunk_bytes``),
-    so that reading a 64 MiB segment needs a few MiB, not twice its size.
-
-    Stops at the first record that is not whole: in the last segment that is the tail
-    still being written (or torn by a crash); anywhere else it raises ``CorruptLog``.
-    """
-    with open(path, "rb") as f:
-        buf = b""
-        offset = 0  # of buf[0] in the file
-        while True:
-            data = f.read(chunk_bytes)
-            buf = buf + data if buf else data
-            pos = 0
-            batch: list[Entry] = []
-            why = ""
-            while pos < len(buf):
-                entry, why = _check_at(buf, pos, verify=True)
-                if entry is None:
-                    break
-                pos = entry.end
-                # _check_at places records in ``buf``; past the first chunk, in the file.
-                batch.append(Entry(offset + entry.position, entry.lsn, entry.kind, entry.payload)
-                             if offset else entry)
-            if batch:
-                yield batch
-            whole = pos == len(buf)
-            if not data or (not whole and not why.startswith("incomplete")):
-                if not whole and not last:
-                    raise CorruptLog(path, offset + pos, f"record cannot be read: {why}")
-                return
-            buf, offset = buf[pos:], offset + pos
-
-
-def _valid_record_after(buf: bytes, pos: int, prev_lsn: int) -> int | None:
-    """Position of the first record after ``pos`` that checks out and continues the LSNs
-    (above ``prev_lsn``), if any. A valid-looking record with an older LSN is not evidence
-    of damage: it can be a client's value that happens to hold log bytes."""
-    at = buf.find(_MAGIC_BYTES, pos + 1)
-    while at != -1:
-        entry, _ = _check_at(buf, at, verify=True)
-        if entry is not None and entry.lsn > prev_lsn:
-            return at
-        at = buf.find(_MAGIC_BYTES, at + 1)
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentScan:
-    """What scanning a segment found: its records and where the valid part ends."""
-
-    path: Path
-    entries: list[Entry]
-    valid_bytes: int
-    file_bytes: int
-
-    @property
-    def torn_bytes(self) -> int:
-        return self.file_bytes - self.valid_bytes
-
-
-def scan_bytes(path: Path, buf: bytes, last: bool) -> SegmentScan:
-    """Check every record of a segment's bytes.
-
-    A bad record with nothing valid after it ends the segment (a torn tail), which only the
-    last segment may have; anything else raises ``CorruptLog``.
-    """
-    entries: list[Entry] = []
-    pos = 0
-    prev_lsn = 0
-    while pos < len(buf):
-        entry, why = _check_at(buf, pos, verify=True)
-        if entry is None:
-            after = _valid_record_after(buf, pos, prev_lsn)
-            if after is not None:
-                raise CorruptLog(path, pos, f"{why}, and a valid record follows at byte {after}")
-            if not last:
-                raise CorruptLog(path, pos, f"{why} in a segment that is not the last one")
-            break
-        if entry.lsn <= prev_lsn:
-            raise CorruptLog(path, pos, f"LSN {entry.lsn} does not follow {prev_lsn}")
-        prev_lsn = entry.lsn
-        entries.append(entry)
-        pos = entry.end
-    return SegmentScan(path, entries, pos, len(buf))
-
-
-def segment_name(first_lsn: int) -> str:
-    return f"{first_lsn:020d}{SEGMENT_SUFFIX}"
-
-
-def list_segments(log_dir: Path) -> list[tuple[int, Path]]:
-    """Segments of a log directory as (first LSN, path), oldest first."""
-    found = []
-    for p in log_dir.glob(f"*{SEGMENT_SUFFIX}"):
-        stem = p.name[: -len(SEGMENT_SUFFIX)]
-        if stem.isdigit():
-            found.append((int(stem), p))
-    found.sort()
-    return found
-
-
-def segments_bytes(log_dir: Path) -> int:
-    """Bytes in a log directory's segments. A checkpoint may delete a segment between the
-    listing and its stat, so one that has gone counts as empty (the caller may be another
-    process watching a live node)."""
-    total = 0
-    for _first, p in list_segments(log_dir):
-        try:
-            total += p.stat().st_size
-        except FileNotFoundError:
-            continue
-    return total
-
-
 # ---- the log manager's state snapshot, written at each checkpoint ------------------------
 
 SNAPSHOT_MAGIC = 0x53484E53  # "SHNS"
 SNAPSHOT_HEADER = struct.Struct("<III")  # magic, body length, crc32 of the body
-SNAPSHOT_SLOTS = ("checkpoint-0.snap", "checkpoint-1.snap")
-SNAPSHOT_NAME_BEFORE_SLOTS = "checkpoint.snap"
 
 
 def encode_snapshot(state: dict[str, Any]) -> bytes:
@@ -271,41 +138,13 @@ def encode_snapshot(state: dict[str, Any]) -> bytes:
     return SNAPSHOT_HEADER.pack(SNAPSHOT_MAGIC, len(body), zlib.crc32(body)) + body
 
 
-def decode_snapshot(path: Path, data: bytes) -> Any:
-    """The snapshot's state; raises ``CorruptLog`` if it does not check out. Bytes after
+def decode_snapshot(data: bytes) -> Any:
+    """The snapshot's state; raises ``ValueError`` if it does not check out. Bytes after
     the body (a slot's file is longer than the snapshot it holds) are ignored."""
     if len(data) < SNAPSHOT_HEADER.size:
-        raise CorruptLog(path, 0, "snapshot is shorter than its header")
+        raise ValueError("snapshot is shorter than its header")
     magic, length, crc = SNAPSHOT_HEADER.unpack_from(data)
     body = data[SNAPSHOT_HEADER.size:SNAPSHOT_HEADER.size + length]
     if magic != SNAPSHOT_MAGIC or length != len(body) or zlib.crc32(body) != crc:
-        raise CorruptLog(path, 0, "snapshot fails its magic, length or checksum")
+        raise ValueError("snapshot fails its magic, length or checksum")
     return msgpack.unpackb(body, raw=False, strict_map_key=False)
-
-
-def load_snapshot(log_dir: Path) -> tuple[dict[str, Any] | None, int]:
-    """The newest valid snapshot of a log directory (None if there is none) and the slot it
-    is in (-1 for none or the file from before slots). A slot that fails its check is a
-    write cut short and is passed over; if every snapshot present fails, the log cannot be
-    trusted and ``CorruptLog`` is raised."""
-    best: dict[str, Any] | None = None
-    best_slot = -1
-    failed: CorruptLog | None = None
-    names = [(slot, name) for slot, name in enumerate(SNAPSHOT_SLOTS)]
-    names.append((-1, SNAPSHOT_NAME_BEFORE_SLOTS))
-    for slot, name in names:
-        path = log_dir / name
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            continue
-        try:
-            snap = decode_snapshot(path, data)
-        except CorruptLog as exc:
-            failed = exc
-            continue
-        if best is None or snap["last_lsn"] > best["last_lsn"]:
-            best, best_slot = snap, slot
-    if best is None and failed is not None:
-        raise failed
-    return best, best_slot

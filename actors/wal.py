@@ -1,0 +1,419 @@
+"""The write-ahead log on disk: segments, snapshot slots, scanning and recovery.
+
+``<log dir>/<first LSN>.log`` segments hold records (``wire/logrecord.py`` is their byte
+format), appended by one ``SegmentWriter`` and rolled at a size limit and at checkpoints.
+Next to them, two snapshot slots, ``checkpoint-0.snap`` and ``checkpoint-1.snap``, hold the
+log manager's state as of an LSN; a checkpoint overwrites them in place by turns, then
+deletes the segments below it, so recovery never needs a deleted record.
+
+Segments are read by one scanner, ``SegmentScan``, a chunk at a time: recovery and a shard
+writer's catch-up hold about a chunk (``SCAN_CHUNK_BYTES``) plus one record, whatever the
+segment's size. It tells a torn tail from corruption: a bad record with nothing valid after
+it in the last segment is a write cut short by a crash (recovery cuts it off; a writer
+reading the live tail stops there, the rest is not written yet); a bad record followed by a
+valid one, or any bad record in a segment that is not the last, is damage, and the node
+must not start on it.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from actors import faults
+from actors.durable import fsync_dir
+from wire import logrecord
+from wire.logrecord import (
+    BODY_BYTES_MAX,
+    CRC_FROM,
+    HEADER,
+    HEADER_BYTES,
+    INCOMPLETE_BODY,
+    INCOMPLETE_HEADER,
+    MAGIC,
+    MAGIC_BYTES,
+    Entry,
+    decode_at,
+)
+
+if TYPE_CHECKING:
+    from actors.log_state import LogState
+
+log = logging.getLogger("shardnode")
+
+SEGMENT_SUFFIX = ".log"
+SNAPSHOT_SLOTS = ("checkpoint-0.snap", "checkpoint-1.snap")
+SNAPSHOT_GROW_BYTES = 64 * 1024
+SCAN_CHUNK_BYTES = 4 * 1024 * 1024
+_INCOMPLETE = (INCOMPLETE_HEADER, INCOMPLETE_BODY)
+
+
+class CorruptLog(Exception):
+    """A damaged record with valid records after it: the node refuses to start on this."""
+
+    def __init__(self, segment: Path, position: int, reason: str) -> None:
+        super().__init__(
+            f"log segment {segment} is corrupt at byte {position}: {reason}; valid records "
+            f"follow, so this is not a torn tail. Restore the segment or move it aside."
+        )
+        self.segment = segment
+        self.position = position
+
+
+# ---- segments of a directory ------------------------------------------------------------
+
+
+def segment_name(first_lsn: int) -> str:
+    return f"{first_lsn:020d}{SEGMENT_SUFFIX}"
+
+
+def list_segments(log_dir: Path) -> list[tuple[int, Path]]:
+    """Segments of a log directory as (first LSN, path), oldest first."""
+    found = []
+    for p in log_dir.glob(f"*{SEGMENT_SUFFIX}"):
+        stem = p.name[: -len(SEGMENT_SUFFIX)]
+        if stem.isdigit():
+            found.append((int(stem), p))
+    found.sort()
+    return found
+
+
+def segments_bytes(log_dir: Path) -> int:
+    """Bytes in a log directory's segments. A checkpoint may delete a segment between the
+    listing and its stat, so one that has gone counts as empty (the caller may be another
+    process watching a live node)."""
+    total = 0
+    for _first, p in list_segments(log_dir):
+        try:
+            total += p.stat().st_size
+        except FileNotFoundError:
+            continue
+    return total
+
+
+def delete_segments_upto(log_dir: Path, upto: int) -> int:
+    """Delete the segments whose every record has LSN ≤ ``upto`` (never the newest one).
+
+    No directory fsync: a deletion that a crash undoes brings back a segment whose records
+    are all in the durable snapshot and every shard, which recovery and the writers skip,
+    and the next checkpoint deletes it again."""
+    segments = list_segments(log_dir)
+    deleted = 0
+    for (_first, path), (next_first, _next) in itertools.pairwise(segments):
+        if next_first - 1 <= upto:
+            path.unlink()
+            deleted += 1
+    return deleted
+
+
+class SegmentWriter:
+    """Appends to the newest segment of a log directory, rolling at a size limit."""
+
+    def __init__(self, log_dir: Path, segment_bytes_max: int) -> None:
+        self.log_dir = log_dir
+        self.segment_bytes_max = segment_bytes_max
+        self.fd = -1
+        self.size = 0
+        self.path: Path | None = None
+
+    def open_existing(self, path: Path, size: int) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        self.path = path
+        self.size = size
+
+    def roll(self, first_lsn: int) -> None:
+        """Start the segment whose first record will have ``first_lsn``."""
+        if self.fd >= 0 and self.size == 0:
+            return  # the current segment is still empty: keep it
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.path = self.log_dir / segment_name(first_lsn)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o644)
+        self.size = 0
+        fsync_dir(self.log_dir)
+
+    def append(self, data: bytes, first_lsn: int) -> None:
+        """Write ``data`` and fdatasync it. Raises OSError, which the caller treats as fatal."""
+        if self.fd < 0 or (self.size > 0 and self.size + len(data) > self.segment_bytes_max):
+            self.roll(first_lsn)
+        view = memoryview(data)
+        while view:
+            n = os.write(self.fd, view)
+            view = view[n:]
+        if faults.fails("log.fsync", self.log_dir.parent):
+            raise OSError(errno.EIO, "injected fsync failure")
+        os.fdatasync(self.fd)
+        self.size += len(data)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+# ---- snapshot slots ---------------------------------------------------------------------
+
+
+def write_snapshot(log_dir: Path, slot: int, data: bytes) -> None:
+    """Overwrite snapshot slot ``slot`` in place with ``data`` and make it durable.
+
+    A slot's file only grows, in steps of ``SNAPSHOT_GROW_BYTES`` filled with zeros, so most
+    writes change no metadata and the fdatasync costs no journal commit; no rename and no
+    directory fsync either, which on ext4 would contend with the log's own fdatasyncs. The
+    other slot keeps the previous snapshot until this one is durable."""
+    path = log_dir / SNAPSHOT_SLOTS[slot]
+    created = not path.exists()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        need = -(-len(data) // SNAPSHOT_GROW_BYTES) * SNAPSHOT_GROW_BYTES
+        if size < need:
+            _write_all(fd, bytes(need - size), size)
+        _write_all(fd, data, 0)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    if created:
+        fsync_dir(log_dir)
+
+
+def _write_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+def load_snapshot(log_dir: Path) -> tuple[dict[str, Any] | None, int | None]:
+    """The newest valid snapshot of a log directory and the slot it is in (None, None if
+    there is none). A slot that fails its check is a write cut short and is passed over;
+    if every snapshot present fails, the log cannot be trusted and ``CorruptLog`` is
+    raised."""
+    best: dict[str, Any] | None = None
+    best_slot: int | None = None
+    failed: CorruptLog | None = None
+    for slot, name in enumerate(SNAPSHOT_SLOTS):
+        path = log_dir / name
+        try:
+            data = path.read_bytes()  # a snapshot is read whole: it is the state itself
+        except FileNotFoundError:
+            continue
+        try:
+            snap = logrecord.decode_snapshot(data)
+        except ValueError as exc:
+            failed = CorruptLog(path, 0, str(exc))
+            continue
+        if best is None or snap["last_lsn"] > best["last_lsn"]:
+            best, best_slot = snap, slot
+    if best is None and failed is not None:
+        raise failed
+    return best, best_slot
+
+
+# ---- reading segments -------------------------------------------------------------------
+
+
+class SegmentScan:
+    """One pass over a segment's records, a chunk at a time.
+
+    Iterate it for the records, a list per chunk read (about ``chunk_bytes`` of them); it
+    holds about one chunk, plus a record longer than a chunk while it is handed on, which
+    is checked a chunk at a time before it is read whole. It raises ``CorruptLog`` on
+    damage: LSNs that do not increase, a bad record with a valid one (of a higher LSN) after
+    it anywhere in the segment, or any bad record when the segment is not the ``last``.
+    A bad record with nothing valid after it in the last segment ends the scan: a torn tail
+    after a crash, or, while the log manager runs, the tail it has not finished writing.
+    Then ``valid_bytes`` is where the valid records end and ``file_bytes`` the file's size.
+    """
+
+    def __init__(self, path: Path, last: bool, chunk_bytes: int = SCAN_CHUNK_BYTES) -> None:
+        assert chunk_bytes > 0
+        self.path = path
+        self.last = last
+        self.chunk_bytes = max(chunk_bytes, HEADER_BYTES)  # a chunk holds at least a header
+        self.valid_bytes = 0
+        self.file_bytes = 0
+
+    @property
+    def torn_bytes(self) -> int:
+        return self.file_bytes - self.valid_bytes
+
+    def __iter__(self) -> Iterator[list[Entry]]:
+        with open(self.path, "rb", buffering=0) as f:
+            yield from self._scan(f.fileno())
+
+    def _scan(self, fd: int) -> Iterator[list[Entry]]:
+        chunk = self.chunk_bytes
+        prev_lsn = 0
+        base = 0  # where ``buf`` starts in the file
+        buf = os.pread(fd, chunk, 0)
+        pos = 0  # the next record starts at ``buf[pos]``
+        while True:
+            batch: list[Entry] = []
+            while True:
+                entry, why = decode_at(buf, pos, True, base)
+                if entry is None:
+                    break
+                if entry.lsn <= prev_lsn:
+                    raise CorruptLog(self.path, entry.position,
+                                     f"LSN {entry.lsn} does not follow {prev_lsn}")
+                prev_lsn = entry.lsn
+                batch.append(entry)
+                pos = entry.end - base
+            if batch:
+                yield batch
+            at = base + pos
+            if why in _INCOMPLETE:  # the buffer ends inside the record: read on
+                rest = len(buf) - pos
+                need = HEADER_BYTES
+                if rest >= HEADER_BYTES:
+                    need += HEADER.unpack_from(buf, pos)[1]
+                if need > chunk:  # longer than a chunk: checked where it lies, then read
+                    entry, why = self._record_at(fd, at)
+                    if entry is not None:
+                        if entry.lsn <= prev_lsn:
+                            raise CorruptLog(self.path, at,
+                                             f"LSN {entry.lsn} does not follow {prev_lsn}")
+                        prev_lsn = entry.lsn
+                        yield [entry]
+                        base, buf, pos = entry.end, os.pread(fd, chunk, entry.end), 0
+                        continue
+                else:
+                    more = os.pread(fd, chunk - rest, base + len(buf))
+                    if more:
+                        buf, base, pos = buf[pos:] + more, at, 0
+                        continue
+                    if rest == 0:  # the end of the file, at a record boundary
+                        self.valid_bytes = self.file_bytes = at
+                        return
+            self._bad_record(fd, at, why, prev_lsn)
+            return
+
+    def _bad_record(self, fd: int, at: int, why: str, prev_lsn: int) -> None:
+        """The record at ``at`` does not check out: end the scan there if it is a torn
+        tail, raise ``CorruptLog`` if it is damage."""
+        after = self._valid_record_after(fd, at, prev_lsn)
+        if after is not None:
+            if self._record_at(fd, at)[0] is not None:
+                # Whole now: the log manager was writing it while this scan read the live
+                # tail (in order, so what follows it became readable after it). What
+                # follows is read next time.
+                self.valid_bytes = self.file_bytes = at
+                return
+            raise CorruptLog(self.path, at, f"{why}, and a valid record follows at byte {after}")
+        if not self.last:
+            raise CorruptLog(self.path, at, f"{why} in a segment that is not the last one")
+        self.valid_bytes = at
+        self.file_bytes = os.fstat(fd).st_size
+
+    def _valid_record_after(self, fd: int, at: int, prev_lsn: int) -> int | None:
+        """Where the first record after ``at`` starts that checks out and continues the LSNs
+        (above ``prev_lsn``), if any; the rest of the file is searched a chunk at a time.
+        A valid-looking record with an older LSN is not evidence of damage: it can be a
+        client's value that happens to hold log bytes."""
+        window = max(self.chunk_bytes, 2 * HEADER_BYTES)
+        off = at + 1
+        while True:
+            buf = os.pread(fd, window, off)
+            i = buf.find(MAGIC_BYTES)
+            while i != -1:
+                entry, why = decode_at(buf, i, True, off)
+                if why in _INCOMPLETE:  # runs past this window: check it in the file
+                    entry, why = self._record_at(fd, off + i)
+                if entry is not None and entry.lsn > prev_lsn:
+                    return off + i
+                i = buf.find(MAGIC_BYTES, i + 1)
+            if len(buf) < window:
+                return None  # the end of the file
+            off += len(buf) - (len(MAGIC_BYTES) - 1)  # a magic cut by the window's end
+
+    def _record_at(self, fd: int, at: int) -> tuple[Entry | None, str]:
+        """The record at byte ``at`` of the file, read where it lies. Its checksum is
+        computed a chunk at a time before its body is read whole, so that a damaged length
+        field cannot make a scan hold most of a segment."""
+        head = os.pread(fd, HEADER_BYTES, at)
+        if len(head) < HEADER_BYTES:
+            return None, INCOMPLETE_HEADER
+        magic, length, crc, kind, lsn = HEADER.unpack(head)
+        if magic != MAGIC:
+            return None, "bad magic"
+        if length > BODY_BYTES_MAX:
+            return None, f"body length {length} is over {BODY_BYTES_MAX}"
+        start = at + HEADER_BYTES
+        if start + length > os.fstat(fd).st_size:
+            return None, INCOMPLETE_BODY
+        running = zlib.crc32(head[CRC_FROM:])
+        off, end = start, start + length
+        while off < end:
+            piece = os.pread(fd, min(self.chunk_bytes, end - off), off)
+            if not piece:
+                return None, INCOMPLETE_BODY
+            running = zlib.crc32(piece, running)
+            off += len(piece)
+        if running != crc:
+            return None, "checksum mismatch"
+        payload = os.pread(fd, length, start)
+        # Checked again on the bytes handed on (assert in pairs around the disk).
+        if len(payload) != length or zlib.crc32(payload, zlib.crc32(head[CRC_FROM:])) != crc:
+            return None, "checksum mismatch"
+        return Entry(at, lsn, kind, payload), ""
+
+
+# ---- recovery ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    replayed_bytes: int
+    torn_bytes: int
+    last_segment: Path | None
+    last_segment_bytes: int  # its valid length, where appends continue
+    snapshot_slot: int | None  # the slot of the snapshot loaded (None: there was none)
+
+
+def recover(log_dir: Path, state: LogState, chunk_bytes: int = SCAN_CHUNK_BYTES) -> Recovered:
+    """Load the newest snapshot, replay every later record into ``state``, cut a torn tail.
+
+    Reads each segment a chunk at a time (``SegmentScan``). Raises ``CorruptLog`` when
+    damage is followed by valid records or LSNs skip.
+    """
+    snap, slot = load_snapshot(log_dir)
+    if snap is not None:
+        state.restore(snap)
+    segments = list_segments(log_dir)
+    if segments and segments[0][0] > state.last_lsn + 1:
+        raise CorruptLog(segments[0][1], 0, f"the log starts at LSN {segments[0][0]} but the "
+                         f"snapshot ends at {state.last_lsn}: records are missing")
+    replayed = 0
+    torn = 0
+    last_path: Path | None = None
+    last_size = 0
+    for i, (_first_lsn, path) in enumerate(segments):
+        is_last = i == len(segments) - 1
+        scan = SegmentScan(path, is_last, chunk_bytes)
+        for batch in scan:
+            for entry in batch:
+                if entry.lsn <= state.last_lsn:
+                    continue  # in the snapshot already
+                if entry.lsn != state.last_lsn + 1:
+                    raise CorruptLog(path, entry.position, f"LSN {entry.lsn} follows "
+                                     f"{state.last_lsn}: records are missing")
+                state.replay(entry)
+                replayed += HEADER_BYTES + len(entry.payload)
+        if is_last:
+            last_path, last_size = path, scan.valid_bytes
+            if scan.torn_bytes:
+                torn = scan.torn_bytes
+                log.warning("cutting a torn tail of %d bytes off %s at byte %d",
+                            torn, path.name, scan.valid_bytes)
+                with open(path, "r+b") as f:
+                    f.truncate(scan.valid_bytes)
+                    os.fsync(f.fileno())
+    return Recovered(replayed, torn, last_path, last_size, slot)

@@ -1,0 +1,516 @@
+"""Unit tests of the write-ahead log on disk (``actors.wal``): the segment scanner, segments
+of a directory, snapshot slots and recovery. Real files on tmp_path, no processes.
+
+The scanner's tests run with several chunk sizes, down to a header, so that every record
+boundary, damage and torn tail also falls across the edge of a chunk."""
+
+from __future__ import annotations
+
+import os
+import struct
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from actors import wal
+from actors.log_state import LogState
+from actors.wal import (
+    SCAN_CHUNK_BYTES,
+    CorruptLog,
+    SegmentScan,
+    list_segments,
+    recover,
+    segment_name,
+)
+from config import load_config
+from wire import logrecord
+from wire.logrecord import HEADER_BYTES, Entry, Kind, encode
+
+CHUNKS = [1, 50, 100, SCAN_CHUNK_BYTES]  # 1 is a header: a chunk holds at least one
+
+
+def sample_bodies() -> list[tuple[Kind, Any]]:
+    blob = msgpack.packb([b"a", [b"b", b"k", ["t"], 5]], use_bin_type=True)
+    return [
+        (Kind.TOPIC_CREATE, [1, "orders", 4]),
+        (Kind.PRODUCE, [7, 0, 1_700_000_000_000, [[1, 0, 0, 2, blob], [1, 3, 0, 2, blob]]]),
+        (Kind.OFFSET_COMMIT, ["group-1", 1, 0, 2]),
+        (Kind.PRODUCE, [7, 1, 1_700_000_000_001, [[1, 0, 2, 1, b"\x91\xa1x" * 50]]]),
+        (Kind.TOPIC_DELETE, [1, "orders"]),
+    ]
+
+
+def build(first_lsn: int = 1,
+          bodies: list[tuple[Kind, Any]] | None = None) -> tuple[bytes, list[int]]:
+    """A segment's bytes and the start position of each record (plus the end, last)."""
+    bodies = sample_bodies() if bodies is None else bodies
+    buf = b""
+    starts = []
+    for i, (kind, body) in enumerate(bodies):
+        starts.append(len(buf))
+        buf += encode(first_lsn + i, kind, body)
+    starts.append(len(buf))
+    return buf, starts
+
+
+def produces(first_lsn: int, count: int, value_bytes: int) -> bytes:
+    """``count`` PRODUCE records of one producer, each with a value of ``value_bytes``."""
+    return b"".join(
+        encode(lsn, Kind.PRODUCE, [7, lsn, 0, [[1, 0, lsn, 1, b"v" * value_bytes]]])
+        for lsn in range(first_lsn, first_lsn + count))
+
+
+@pytest.fixture
+def seg(tmp_path: Path) -> Path:
+    return tmp_path / segment_name(1)
+
+
+def scan(path: Path, data: bytes, last: bool,
+         chunk_bytes: int = SCAN_CHUNK_BYTES) -> tuple[list[Entry], SegmentScan]:
+    """Write ``data`` as the segment ``path`` and scan it."""
+    path.write_bytes(data)
+    s = SegmentScan(path, last, chunk_bytes)
+    return [e for batch in s for e in batch], s
+
+
+def peak_bytes(work: Callable[[], object]) -> int:
+    """The most memory Python held at once while ``work`` ran, above what it held before."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        work()
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
+# ---- scanning a segment -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk_bytes", CHUNKS)
+@pytest.mark.parametrize("last", [True, False])
+def test_scan_of_a_clean_segment_finds_every_record(seg: Path, last: bool,
+                                                    chunk_bytes: int) -> None:
+    bodies = sample_bodies()
+    buf, starts = build(first_lsn=10, bodies=bodies)
+    entries, s = scan(seg, buf, last, chunk_bytes)
+    assert [e.lsn for e in entries] == list(range(10, 10 + len(bodies)))
+    assert [e.body() for e in entries] == [b for _, b in bodies]
+    assert [e.position for e in entries] == starts[:-1]
+    assert s.valid_bytes == s.file_bytes == len(buf)
+    assert s.torn_bytes == 0
+
+
+def test_records_come_a_chunk_at_a_time(seg: Path) -> None:
+    buf = produces(1, 100, 1000)
+    seg.write_bytes(buf)
+    batches = list(SegmentScan(seg, True, chunk_bytes=10_000))
+    assert len(batches) >= 10
+    assert max(sum(HEADER_BYTES + len(e.payload) for e in b) for b in batches) <= 10_000
+    assert [e.lsn for b in batches for e in b] == list(range(1, 101))
+
+
+def test_scan_of_an_empty_segment(seg: Path) -> None:
+    entries, s = scan(seg, b"", last=True)
+    assert entries == [] and s.valid_bytes == 0 and s.file_bytes == 0
+
+
+def _cut_points(starts: list[int]) -> list[int]:
+    """Lengths that cut the last record: in its header, at the header's end, in its body."""
+    last_start, end = starts[-2], starts[-1]
+    cuts = {last_start + 1, last_start + 4, last_start + 11, last_start + HEADER_BYTES - 1,
+            last_start + HEADER_BYTES, last_start + HEADER_BYTES + 1,
+            (last_start + HEADER_BYTES + end) // 2, end - 1}
+    return sorted(c for c in cuts if last_start < c < end)
+
+
+@pytest.mark.parametrize("chunk_bytes", CHUNKS)
+def test_a_torn_tail_is_cut_off_in_the_last_segment(seg: Path, chunk_bytes: int) -> None:
+    buf, starts = build()
+    cuts = _cut_points(starts)
+    assert len(cuts) >= 6
+    for cut in cuts:
+        entries, s = scan(seg, buf[:cut], True, chunk_bytes)
+        assert s.valid_bytes == starts[-2], cut  # the end of the last whole record
+        assert s.file_bytes == cut
+        assert s.torn_bytes == cut - starts[-2]
+        assert len(entries) == len(starts) - 2
+
+
+def test_a_torn_first_record_leaves_nothing(seg: Path) -> None:
+    buf, starts = build()
+    entries, s = scan(seg, buf[: starts[1] - 3], last=True)
+    assert entries == [] and s.valid_bytes == 0
+
+
+@pytest.mark.parametrize("chunk_bytes", CHUNKS)
+@pytest.mark.parametrize("zeros", [1, HEADER_BYTES - 1, HEADER_BYTES, 4096])
+def test_trailing_zeros_are_cut_off_in_the_last_segment(seg: Path, zeros: int,
+                                                        chunk_bytes: int) -> None:
+    buf, starts = build()
+    entries, s = scan(seg, buf + b"\x00" * zeros, True, chunk_bytes)
+    assert s.valid_bytes == len(buf)
+    assert s.torn_bytes == zeros
+    assert len(entries) == len(starts) - 1
+
+
+def test_a_torn_record_followed_by_zeros_is_cut_off(seg: Path) -> None:
+    buf, starts = build()
+    cut = starts[-2] + HEADER_BYTES + 3
+    _entries, s = scan(seg, buf[:cut] + b"\x00" * 1000, last=True)
+    assert s.valid_bytes == starts[-2]
+
+
+@pytest.mark.parametrize("chunk_bytes", CHUNKS)
+def test_a_torn_tail_in_a_segment_that_is_not_the_last_is_corruption(seg: Path,
+                                                                     chunk_bytes: int) -> None:
+    buf, starts = build()
+    for cut in _cut_points(starts):
+        with pytest.raises(CorruptLog) as info:
+            scan(seg, buf[:cut], False, chunk_bytes)
+        assert info.value.position == starts[-2]
+        assert info.value.segment == seg
+        assert str(seg) in str(info.value)
+    with pytest.raises(CorruptLog):
+        scan(seg, buf + b"\x00" * 8, False, chunk_bytes)
+
+
+@pytest.mark.parametrize("chunk_bytes", CHUNKS)
+@pytest.mark.parametrize("last", [True, False])
+@pytest.mark.parametrize("victim", [0, 1, 2, 3])
+def test_a_flipped_byte_before_valid_records_is_corruption(seg: Path, last: bool, victim: int,
+                                                           chunk_bytes: int) -> None:
+    buf, starts = build()
+    assert victim < len(starts) - 2  # a valid record follows the victim
+    rec_start, rec_end = starts[victim], starts[victim + 1]
+    # Every interesting place: magic, length, crc, kind, lsn, and the body.
+    for where in (0, 5, 9, 12, 20, HEADER_BYTES, rec_end - rec_start - 1):
+        damaged = bytearray(buf)
+        damaged[rec_start + where] ^= 0x40
+        with pytest.raises(CorruptLog) as info:
+            scan(seg, bytes(damaged), last, chunk_bytes)
+        err = info.value
+        assert err.position == rec_start, where
+        assert err.segment == seg
+        assert f"{seg} is corrupt at byte {rec_start}" in str(err)
+
+
+def test_flipped_byte_in_the_last_record_of_the_last_segment_is_a_torn_tail(seg: Path) -> None:
+    # Nothing valid follows it, so it cannot be told from a write cut short.
+    buf, starts = build()
+    damaged = bytearray(buf)
+    damaged[-1] ^= 0x01
+    _entries, s = scan(seg, bytes(damaged), last=True)
+    assert s.valid_bytes == starts[-2]
+
+
+@pytest.mark.parametrize("lsns", [[1, 2, 2], [5, 3], [1, 4, 2, 8], [0]])
+def test_lsns_that_do_not_increase_raise(seg: Path, lsns: list[int]) -> None:
+    buf = b""
+    starts = []
+    for lsn in lsns:
+        starts.append(len(buf))
+        buf += encode(lsn, Kind.TOPIC_DELETE, [1, "x"])
+    prev = 0
+    bad = None
+    for i, lsn in enumerate(lsns):
+        if lsn <= prev:
+            bad = i
+            break
+        prev = lsn
+    assert bad is not None
+    with pytest.raises(CorruptLog) as info:
+        scan(seg, buf, last=True)
+    assert info.value.position == starts[bad]
+    assert f"LSN {lsns[bad]}" in str(info.value)
+
+
+def test_lsns_may_skip_numbers(seg: Path) -> None:
+    buf = encode(3, Kind.TOPIC_DELETE, [1, "x"]) + encode(9, Kind.TOPIC_DELETE, [2, "y"])
+    assert [e.lsn for e in scan(seg, buf, last=True)[0]] == [3, 9]
+
+
+@pytest.mark.parametrize("chunk_bytes", CHUNKS)
+def test_a_torn_record_whose_value_holds_old_log_bytes_is_still_a_torn_tail(
+        seg: Path, chunk_bytes: int) -> None:
+    """A client may store log bytes as a value; cut short, that is a torn tail, not damage."""
+    old = encode(1, Kind.TOPIC_CREATE, [1, "t", 1])  # a valid record with an old LSN
+    first = encode(1, Kind.TOPIC_CREATE, [1, "t", 1])
+    second = encode(2, Kind.PRODUCE, [7, 0, 0, [[1, 0, 0, 1, b"x" * 50 + old + b"y" * 50]]])
+    cut = first + second[: len(second) - 20]  # the write of `second` was cut short
+    entries, s = scan(seg, cut, True, chunk_bytes)
+    assert [e.lsn for e in entries] == [1]
+    assert s.valid_bytes == len(first)
+
+
+def test_damage_followed_by_a_record_continuing_the_lsns_is_corruption(seg: Path) -> None:
+    recs = [encode(i, Kind.TOPIC_DELETE, [i, "t"]) for i in (1, 2, 3)]
+    buf = bytearray(b"".join(recs))
+    buf[len(recs[0]) + HEADER_BYTES] ^= 0xFF  # damage record 2's body; record 3 follows
+    with pytest.raises(CorruptLog):
+        scan(seg, bytes(buf), last=True)
+
+
+# ---- a chunk at a time: what lies across the edge of a chunk ----------------------------
+
+
+def test_damage_is_corruption_when_the_valid_record_after_it_is_chunks_later(seg: Path) -> None:
+    big = produces(2, 1, 200_000)  # one record of many chunks
+    buf = bytearray(produces(1, 1, 10) + big + produces(3, 2, 10))
+    victim = len(produces(1, 1, 10))
+    buf[victim + HEADER_BYTES + 100] ^= 0xFF  # in the big record's body, near its start
+    with pytest.raises(CorruptLog) as info:
+        scan(seg, bytes(buf), True, chunk_bytes=4096)
+    assert info.value.position == victim
+    assert f"follows at byte {victim + len(big)}" in str(info.value)
+
+
+def test_damage_then_garbage_then_a_valid_record_chunks_later_is_corruption(seg: Path) -> None:
+    head = produces(1, 2, 10)
+    tail = produces(3, 1, 10)
+    buf = head + b"\x00" * 100_000 + tail
+    with pytest.raises(CorruptLog) as info:
+        scan(seg, buf, True, chunk_bytes=4096)
+    assert info.value.position == len(head)
+    assert f"follows at byte {len(head) + 100_000}" in str(info.value)
+
+
+def test_a_length_that_claims_most_of_the_segment_is_checked_without_reading_it_whole(
+        seg: Path) -> None:
+    """A damaged length field must neither pass nor make the scan hold what it claims."""
+    buf = bytearray(produces(1, 400, 20_000))  # 8 MB
+    struct.pack_into("<I", buf, 4, 6_000_000)  # record 1 claims 6 MB, within the file
+    seg.write_bytes(bytes(buf))
+    found: list[CorruptLog] = []
+
+    def work() -> None:
+        try:
+            list(SegmentScan(seg, True, chunk_bytes=64 * 1024))
+        except CorruptLog as exc:
+            found.append(exc)
+    assert peak_bytes(work) < 1_000_000
+    assert len(found) == 1 and found[0].position == 0
+
+
+def test_a_record_longer_than_a_chunk_is_read_whole(seg: Path) -> None:
+    buf = produces(1, 3, 10) + produces(4, 1, 300_000) + produces(5, 3, 10)
+    entries, _s = scan(seg, buf, True, chunk_bytes=4096)
+    assert [e.lsn for e in entries] == list(range(1, 8))
+    assert len(entries[3].payload) > 300_000
+    assert entries[3].body()[3][0][4] == b"v" * 300_000
+
+
+def test_a_torn_tail_chunks_long_is_cut_where_it_starts(seg: Path) -> None:
+    whole = produces(1, 5, 10)
+    torn = produces(6, 1, 100_000)[:60_000] + b"\x00" * 50_000  # cut short, then zeros
+    entries, s = scan(seg, whole + torn, True, chunk_bytes=4096)
+    assert [e.lsn for e in entries] == [1, 2, 3, 4, 5]
+    assert s.valid_bytes == len(whole) and s.torn_bytes == len(torn)
+
+
+def test_an_old_record_inside_a_value_across_a_chunk_edge_is_not_damage(seg: Path) -> None:
+    old = encode(1, Kind.TOPIC_CREATE, [1, "t", 1])
+    first = produces(1, 1, 10)
+    second = encode(2, Kind.PRODUCE, [7, 0, 0, [[1, 0, 0, 1, b"x" * 5000 + old * 50]]])
+    for chunk_bytes in (4096, 4096 + 13, 5000):  # ``old`` lies across some chunk's edge
+        entries, s = scan(seg, first + second[:-20], True, chunk_bytes)
+        assert [e.lsn for e in entries] == [1]
+        assert s.valid_bytes == len(first)
+
+
+def test_scanning_holds_about_a_chunk_whatever_the_segment_size(seg: Path) -> None:
+    seg.write_bytes(produces(1, 400, 20_000))  # 8 MB
+
+    def read_all(chunk_bytes: int) -> Callable[[], object]:
+        def work() -> None:
+            for _batch in SegmentScan(seg, True, chunk_bytes):
+                pass
+        return work
+    assert peak_bytes(read_all(64 * 1024)) < 400_000
+    # The measure sees what a scan holds: with a chunk as big as the segment, it is all.
+    assert peak_bytes(read_all(16 * 1024 * 1024)) > 8_000_000
+
+
+def test_a_scan_of_the_live_tail_stops_where_the_writer_is(seg: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard writer reads the last segment while the log manager appends to it: a record
+    it found incomplete may be whole, with more after it, by the time it looks further.
+    That is the tail being written, not damage."""
+    whole = produces(1, 3, 10)
+    rest = produces(4, 3, 10)
+    seg.write_bytes(whole + rest[:30])
+    real_pread = os.pread
+    grown = []
+
+    def pread(fd: int, n: int, offset: int) -> bytes:
+        if offset == len(whole) + 1 and not grown:  # looking past the incomplete record
+            with open(seg, "ab") as f:
+                f.write(rest[30:])
+            grown.append(offset)
+        return real_pread(fd, n, offset)
+    monkeypatch.setattr(os, "pread", pread)
+    s = SegmentScan(seg, True)
+    assert [e.lsn for b in s for e in b] == [1, 2, 3]
+    assert grown and s.valid_bytes == len(whole)
+    monkeypatch.undo()
+    assert [e.lsn for b in SegmentScan(seg, True) for e in b] == list(range(1, 7))
+
+
+# ---- segments of a directory ------------------------------------------------------------
+
+
+def test_list_segments_orders_by_first_lsn(tmp_path: Path) -> None:
+    firsts = [1000, 1, 99, 10**15, 100]
+    for lsn in firsts:
+        (tmp_path / segment_name(lsn)).write_bytes(b"")
+    # Not segments: other suffixes, names that are not numbers, a checkpoint file.
+    (tmp_path / "00000000000000000005.tmp").write_bytes(b"")
+    (tmp_path / "notes.log").write_bytes(b"")
+    (tmp_path / "checkpoint").write_bytes(b"")
+    found = list_segments(tmp_path)
+    assert [lsn for lsn, _ in found] == sorted(firsts)
+    assert [p for _, p in found] == [tmp_path / segment_name(lsn) for lsn in sorted(firsts)]
+
+
+def test_segment_names_sort_as_text_in_lsn_order() -> None:
+    firsts = [1, 9, 10, 11, 100, 2**40]
+    names = [segment_name(n) for n in firsts]
+    assert sorted(names) == names
+    assert all(n.endswith(wal.SEGMENT_SUFFIX) for n in names)
+
+
+def test_list_segments_of_an_empty_directory(tmp_path: Path) -> None:
+    assert list_segments(tmp_path) == []
+
+
+def test_segments_below_an_lsn_are_deleted_but_never_the_newest(tmp_path: Path) -> None:
+    for first in (1, 11, 21):
+        (tmp_path / segment_name(first)).write_bytes(b"x" * 10)
+    assert wal.segments_bytes(tmp_path) == 30
+    assert wal.delete_segments_upto(tmp_path, 15) == 1  # 11.. holds 11-20: not all ≤ 15
+    assert [f for f, _p in list_segments(tmp_path)] == [11, 21]
+    assert wal.delete_segments_upto(tmp_path, 10**6) == 1
+    assert [f for f, _p in list_segments(tmp_path)] == [21]
+
+
+def test_the_segment_writer_rolls_at_its_limit(tmp_path: Path) -> None:
+    w = wal.SegmentWriter(tmp_path, segment_bytes_max=100)
+    try:
+        w.append(produces(1, 1, 10), first_lsn=1)
+        w.append(produces(2, 1, 10), first_lsn=2)
+        w.append(produces(3, 1, 60), first_lsn=3)  # would pass 100 bytes: a new segment
+    finally:
+        w.close()
+    assert [f for f, _p in list_segments(tmp_path)] == [1, 3]
+    assert (tmp_path / segment_name(1)).read_bytes() == produces(1, 2, 10)
+
+
+# ---- snapshot slots ---------------------------------------------------------------------
+
+
+def snap(last_lsn: int, producers: int = 0) -> dict[str, Any]:
+    return {"format": 2, "last_lsn": last_lsn, "catalog_lsn": 1, "next_topic_id": 2,
+            "topics": [[1, "t", 1]], "next_offset": [[1, 0, last_lsn]],
+            "producers": [[p, 9, {8: msgpack.packb([last_lsn, [[0, 1, 1]]])}]
+                          for p in range(producers)]}
+
+
+def test_snapshot_slots_are_overwritten_in_place_and_the_newest_valid_one_wins(
+        tmp_path: Path) -> None:
+    assert wal.load_snapshot(tmp_path) == (None, None)
+    wal.write_snapshot(tmp_path, 0, logrecord.encode_snapshot(snap(10, producers=100)))
+    wal.write_snapshot(tmp_path, 1, logrecord.encode_snapshot(snap(20)))
+    slot0 = tmp_path / wal.SNAPSHOT_SLOTS[0]
+    size = slot0.stat().st_size
+    assert size % wal.SNAPSHOT_GROW_BYTES == 0
+    wal.write_snapshot(tmp_path, 0, logrecord.encode_snapshot(snap(30)))  # smaller: same size
+    assert slot0.stat().st_size == size
+    assert wal.load_snapshot(tmp_path) == (snap(30), 0)
+    # A write cut short spoils its slot only: the other one is used.
+    data = bytearray(slot0.read_bytes())
+    data[40] ^= 0xFF
+    slot0.write_bytes(bytes(data))
+    assert wal.load_snapshot(tmp_path) == (snap(20), 1)
+    # Both spoiled: the log cannot be trusted.
+    slot1 = tmp_path / wal.SNAPSHOT_SLOTS[1]
+    slot1.write_bytes(b"\0" * 100)
+    with pytest.raises(CorruptLog, match="snapshot") as info:
+        wal.load_snapshot(tmp_path)
+    assert info.value.segment in (slot0, slot1)
+
+
+# ---- recovery ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def log_dir(tmp_path: Path) -> Iterator[Path]:
+    d = tmp_path / "log"
+    d.mkdir()
+    yield d
+
+
+def fresh_state() -> LogState:
+    return LogState(load_config(overrides={"log": {"producers_max": 10, "producer_window_max": 4}}))
+
+
+def write_log(log_dir: Path, segments: list[tuple[int, bytes]]) -> None:
+    for first, data in segments:
+        (log_dir / segment_name(first)).write_bytes(data)
+
+
+@pytest.mark.parametrize("chunk_bytes", [100, 4096, SCAN_CHUNK_BYTES])
+def test_recovery_replays_every_segment_and_cuts_a_torn_tail(log_dir: Path,
+                                                             chunk_bytes: int) -> None:
+    create = encode(1, Kind.TOPIC_CREATE, [1, "t", 1])
+    last = produces(12, 5, 3000)
+    torn = produces(17, 1, 3000)[:2000]
+    write_log(log_dir, [(1, create + produces(2, 10, 3000)), (12, last + torn)])
+    state = fresh_state()
+    rec = recover(log_dir, state, chunk_bytes)
+    assert state.last_lsn == 16
+    assert state.next_offset == {(1, 0): 17}
+    assert rec.torn_bytes == len(torn)
+    assert rec.last_segment == log_dir / segment_name(12)
+    assert rec.last_segment_bytes == len(last)
+    assert rec.last_segment.stat().st_size == len(last)  # cut off on disk
+    assert rec.replayed_bytes == len(create) + len(produces(2, 10, 3000)) + len(last)
+    assert rec.snapshot_slot is None
+
+
+def test_recovery_starts_after_the_snapshot(log_dir: Path) -> None:
+    state = fresh_state()
+    state.replay(Entry(0, 1, Kind.TOPIC_CREATE, msgpack.packb([1, "t", 1])))
+    for lsn in range(2, 6):
+        state.replay(Entry(0, lsn, Kind.PRODUCE, msgpack.packb([7, lsn, 0, [[1, 0, lsn, 1, b""]]])))
+    wal.write_snapshot(log_dir, 1, logrecord.encode_snapshot(state.snapshot()))
+    create = encode(1, Kind.TOPIC_CREATE, [1, "t", 1])
+    write_log(log_dir, [(1, create + produces(2, 8, 10))])  # 2-5 are in the snapshot
+    again = fresh_state()
+    rec = recover(log_dir, again)
+    assert rec.snapshot_slot == 1 and again.last_lsn == 9
+    assert rec.replayed_bytes == len(produces(6, 4, 10))
+
+
+def test_recovery_refuses_a_log_with_records_missing(log_dir: Path) -> None:
+    write_log(log_dir, [(1, produces(1, 3, 10)), (5, produces(5, 3, 10))])
+    with pytest.raises(CorruptLog, match="LSN 5 follows 3"):
+        recover(log_dir, fresh_state())
+
+
+def test_recovery_refuses_damage_in_a_segment_that_is_not_the_last(log_dir: Path) -> None:
+    write_log(log_dir, [(1, produces(1, 3, 10)[:-5]), (4, produces(4, 3, 10))])
+    with pytest.raises(CorruptLog, match="not the last"):
+        recover(log_dir, fresh_state())
+    assert (log_dir / segment_name(1)).stat().st_size == len(produces(1, 3, 10)) - 5
+
+
+def test_recovery_holds_about_a_chunk_whatever_the_segment_size(log_dir: Path) -> None:
+    write_log(log_dir, [(1, produces(1, 400, 20_000)), (401, produces(401, 400, 20_000))])
+    state = fresh_state()
+    assert peak_bytes(lambda: recover(log_dir, state, chunk_bytes=64 * 1024)) < 500_000
+    assert state.last_lsn == 800
