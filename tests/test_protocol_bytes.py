@@ -28,6 +28,7 @@ from wire.messages import (
     TopicsReply,
     ValueReply,
 )
+from wire.protocol import request_map, unpack_replies
 from wire.records import Record, pack_read
 
 # ---- requests, as the client sends them ---------------------------------------------------
@@ -87,6 +88,19 @@ def test_pipelined_produce_requests_keep_their_bytes() -> None:
         b"\x87\xa2op\xa7produce\xa2id\x02\xa5topic\xa6events\xabproducer_idM\xa3seq\x03"
         b"\xa7records\xc4\x04\x91\xc4\x01c\xa9partition\x01"
     ]
+
+
+def test_the_pipeline_writes_its_requests_as_the_table_orders_them() -> None:
+    """The Pipeline writes its produce map out by hand (its hot path); the table decides."""
+    c, sock = client()
+    p = c.pipeline()
+    p.submit("events", [b"a"])
+    p.submit("events", [b"b"], partition=2)
+    p.flush()
+    for req in unpack_replies(sock.sent[0]):  # maps, one after another, as replies come
+        fields = {k: v for k, v in req.items() if k not in ("op", "id")}
+        built = request_map("produce", req["id"], fields, id_first=True)
+        assert list(req.items()) == list(built.items())
 
 
 def test_read_and_topic_requests_keep_their_bytes() -> None:
