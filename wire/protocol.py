@@ -183,7 +183,6 @@ def _orders(op: Op) -> frozenset[tuple[str, ...]]:
 
 
 _ORDERS = {name: _orders(op) for name, op in OPS.items()}
-_MISSING: Any = object()
 
 
 # ---- the front door's side -----------------------------------------------------------
@@ -255,12 +254,12 @@ def check_request(req: Any) -> tuple[int, str, dict[str, Any]]:
         raise _error(rid, ErrorCode.UNKNOWN_OP, f"unknown op {op!r}; known: {sorted(OPS)}")
     present = 2  # "op" and "id"
     for name, types, required, non_negative in checks:
-        value = req.get(name, _MISSING)
-        if value is _MISSING:
+        if name not in req:
             if required:
                 raise _error(rid, ErrorCode.BAD_REQUEST, f"{op}: missing field '{name}'")
             continue
         present += 1
+        value = req[name]
         if type(value) not in types:
             raise _error(rid, ErrorCode.BAD_REQUEST, f"{op}: field '{name}' must be "
                          f"{_type_names(types, ' or ')}, got {type(value).__name__}")
