@@ -28,7 +28,7 @@ from wire.messages import (
     TopicsReply,
     ValueReply,
 )
-from wire.protocol import request_map, unpack_replies
+from wire.protocol import Topic, request_map, unpack_replies
 from wire.records import Record, pack_read
 
 # ---- requests, as the client sends them ---------------------------------------------------
@@ -134,7 +134,7 @@ def test_read_and_topic_requests_keep_their_bytes() -> None:
 @pytest.fixture
 def front() -> FrontDoorState:
     s = FrontDoorState(load_config())
-    s.catalog(Catalog(7, [[1, "events", 4], [2, "one", 1]], 7))
+    s.catalog(Catalog(7, [Topic("events", 4, 1), Topic("one", 1, 2)], 7))
     return s
 
 
@@ -155,13 +155,13 @@ def test_produce_replies_keep_their_bytes(front: FrontDoorState) -> None:
     out = send(front, "produce", 11, topic="events", partition=2, producer_id=9, seq=0,
                records=msgpack.packb([b"a", b"b"]))
     assert isinstance(out, Produce)
-    (reply,) = front.ack(out.corr, 41, [[2, 100, 2]])
+    (reply,) = front.ack(out.corr, 41, [(2, 100, 2)])
     assert isinstance(reply, Reply)
     assert reply.frame == b"\x84\xa3lsn)\xa5parts\x91\x93\x02d\x02\xa2id\x0b\xa2ok\xc3"
     out = send(front, "produce", 12, topic="events", producer_id=9, seq=1,
                records=msgpack.packb([[b"a", b"k1", [], None], [b"b", b"k2", [], None]]))
     assert isinstance(out, Produce)
-    (reply,) = front.ack(out.corr, 42, [[1, 7, 1], [3, 7, 1]])  # split by key: 1 and 3
+    (reply,) = front.ack(out.corr, 42, [(1, 7, 1), (3, 7, 1)])  # split by key: 1 and 3
     assert isinstance(reply, Reply)
     assert reply.frame == (b"\x85\xa3lsn*\xa5parts\x92\x93\x01\x07\x01\x93\x03\x07\x01\xa6assign"
                            b"\x92\x01\x03\xa2id\x0c\xa2ok\xc3")
@@ -169,7 +169,8 @@ def test_produce_replies_keep_their_bytes(front: FrontDoorState) -> None:
 
 def test_answers_keep_their_bytes(front: FrontDoorState) -> None:
     out = send(front, "list_topics", 13)
-    assert answer(front, out, TopicsReply(out.corr, [["events", 4, 1], ["one", 1, 2]])) == (
+    topics = [Topic("events", 4, 1), Topic("one", 1, 2)]
+    assert answer(front, out, TopicsReply(out.corr, topics)) == (
         b"\x83\xa6topics\x92\x93\xa6events\x04\x01\x93\xa3one\x01\x02\xa2id\r\xa2ok\xc3")
     out = send(front, "read", 14, topic="events", partition=0, offset=0, max_records=10)
     records = pack_read([[0, 1700000000000, b"k1", ["red"], b"hello"]])

@@ -3,6 +3,7 @@ the client request schema, record batches and the error-code mapping. No process
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import types
 import typing
@@ -72,6 +73,14 @@ def _sample(tp: Any, i: int, use_none: bool) -> Any:
         if item is Any:
             return [i, f"t{i}", 3, b"\x00blob", None, [i + 1, -1]]
         return [_sample(item, i + k, use_none) for k in range(3)]
+    if origin is collections.abc.Sequence:  # in messages whose arrays decode as tuples
+        (item,) = typing.get_args(tp)
+        return tuple(_sample(item, i + k, use_none) for k in range(3))
+    if origin is tuple:  # a typed row
+        return tuple(_sample(item, i + k, use_none) for k, item in enumerate(typing.get_args(tp)))
+    if isinstance(tp, type) and issubclass(tp, tuple) and hasattr(tp, "_fields"):  # NamedTuple
+        hints = typing.get_type_hints(tp)
+        return tp(*[_sample(hints[name], i + k, use_none) for k, name in enumerate(tp._fields)])
     if origin is dict:
         return {"count": i, "nested": [1, "a", b"b", None], "map": {"x": 1.5}}
     raise AssertionError(f"no sample for annotation {tp!r}: teach this test the new type")
@@ -95,16 +104,42 @@ def test_registry_is_not_empty_and_tags_match_classes() -> None:
         assert tag == cls.TAG
 
 
+def _as_lists(value: Any) -> Any:
+    """``value`` with every tuple (rows included) a list, as msgpack gives arrays back."""
+    if isinstance(value, (list, tuple)):
+        return [_as_lists(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_lists(v) for k, v in value.items()}
+    return value
+
+
 @pytest.mark.parametrize(("tag", "cls"), REGISTERED, ids=[c.__name__ for _, c in REGISTERED])
 def test_round_trip_of_every_registered_message(tag: int, cls: type) -> None:
     for msg in _instances(cls):
         frame = codec.encode(msg)
         # The layout is [TAG, fields in declaration order], checked independently of decode.
         expected = [tag] + [getattr(msg, f.name) for f in dataclasses.fields(cls)]
-        assert msgpack.unpackb(frame, raw=False, strict_map_key=False) == expected
+        assert msgpack.unpackb(frame, raw=False, strict_map_key=False) == _as_lists(expected)
         back = codec.decode(frame)
         assert type(back) is cls
-        assert back == msg
+        assert back == msg  # rows and tuples come back as what the class declares
+        for f in dataclasses.fields(cls):
+            assert type(getattr(back, f.name)) is type(getattr(msg, f.name)), f.name
+
+
+def test_rows_decode_as_their_named_tuple_and_hot_rows_as_tuples() -> None:
+    from wire.messages import Acks, Catalog, Writes
+    from wire.protocol import Topic
+
+    cat = codec.decode(codec.encode(Catalog(3, [Topic("t", 2, 9)], 3)))
+    assert isinstance(cat, Catalog) and cat.topics == [Topic("t", 2, 9)]
+    assert cat.topics[0].topic_id == 9 and type(cat.topics) is list
+    acks = codec.decode(codec.encode(Acks([[5, 7, [[0, 10, 1]]]])))  # sent as lists, even
+    assert isinstance(acks, Acks) and acks.rows == ((5, 7, ((0, 10, 1),)),)
+    writes = codec.decode(codec.encode(Writes([1], [(9, 0, [(1, 0, 1, b"r")])], [])))
+    assert isinstance(writes, Writes) and writes.produces == ((9, 0, ((1, 0, 1, b"r"),)),)
+    with pytest.raises(CodecError, match="Topic"):
+        codec.decode(pack([Catalog.TAG, 3, [["t", 2]], 3]))  # a row one field short
 
 
 def test_a_tag_cannot_be_registered_twice() -> None:
