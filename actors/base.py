@@ -21,11 +21,12 @@ from typing import Any
 import zmq
 
 from actors.flow import BUNDLE_BYTES_MAX, chunks
-from actors.roles import SUPERVISOR
+from actors.roles import FRONT_DOOR, SUPERVISOR
 from config import NodeConfig
 from config.schema import from_dict
 from wire import codec
-from wire.messages import Bundle, Stats, Stop, WriteRequest, Writes, write_bytes
+from wire.errors import ErrorCode
+from wire.messages import Bundle, ErrorReply, Stats, Stop, Writes
 
 log = logging.getLogger("shardnode")
 
@@ -89,6 +90,7 @@ class Actor:
         self.crashed = False  # run() raised: on_stop must not trust half-done work
         self.stop_reason = ""
         self.sends_refused = 0  # messages not sent: the peer's mailbox stayed full
+        self.unexpected_messages = 0  # messages of a type this actor does not handle
         self.last_drain = 0
         self.current_frame = b""
         self._next_tick = time.monotonic() + TICK_S
@@ -124,17 +126,18 @@ class Actor:
             sent = end
         return sent
 
-    def send_writes(self, role: str, corrs: list[int], requests: list[WriteRequest],
-                    wait_ms: int = 0) -> list[int]:
+    def send_writes(self, role: str, writes: Writes, wait_ms: int = 0) -> list[int]:
         """Send a burst of write requests to ``role`` as ``Writes`` messages of at most
         ``BUNDLE_BYTES_MAX`` each; returns the correlation ids of those not sent (a suffix:
         the peer's mailbox stayed full), which the caller must answer."""
         sent = 0
-        for start, end in chunks([write_bytes(r) for r in requests], BUNDLE_BYTES_MAX):
-            if not self.send(role, Writes(corrs[start:end], requests[start:end]), wait_ms):
+        runs = chunks(writes.sizes(), BUNDLE_BYTES_MAX)
+        for start, end in runs:
+            part = writes if len(runs) == 1 else writes.slice(start, end)
+            if not self.send(role, part, wait_ms):
                 break
             sent = end
-        return corrs[sent:]
+        return list(writes.corrs[sent:])
 
     def send_bytes(self, role: str, frame: bytes, wait_ms: int = 0) -> bool:
         sock = self.peer(role)
@@ -161,6 +164,23 @@ class Actor:
 
     def on_message(self, msg: codec.Message) -> None:
         raise NotImplementedError
+
+    def unexpected(self, msg: codec.Message) -> None:
+        """A message of a type this actor does not handle (the last case of each
+        ``on_message``): log it and count it, and when it carries a correlation id, answer
+        it with an error naming it (``refuse``), so that no client waits for an answer that
+        will not come. The actor goes on: a crash would restart it and every actor after it."""
+        name = type(msg).__name__
+        self.unexpected_messages += 1
+        log.error("actor %r does not handle %s: dropped", self.role, name)
+        corr = getattr(msg, "corr", None)
+        if type(corr) is int:
+            self.refuse(corr, f"actor {self.role!r} does not handle {name}")
+
+    def refuse(self, corr: int, text: str) -> None:
+        """Answer request ``corr`` with an INTERNAL error: to the front door, which answers
+        the client waiting for it."""
+        self.send(FRONT_DOOR, ErrorReply(corr, ErrorCode.INTERNAL, text), wait_ms=100)
 
     def on_socket(self, sock: zmq.Socket[bytes]) -> None:
         """A socket other than the mailbox is readable."""
@@ -224,6 +244,7 @@ class Actor:
         figures = self.figures()
         figures.setdefault("mailbox", self.last_drain)
         figures["sends_refused"] = self.sends_refused
+        figures["unexpected_messages"] = self.unexpected_messages
         figures["started_at"] = self.started_at
         figures["reported_at"] = time.time()  # status figures are this old
         self.send(SUPERVISOR, Stats(self.role, os.getpid(), figures))

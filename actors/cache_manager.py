@@ -21,15 +21,19 @@ from actors.roles import FRONT_DOOR, LOG_MANAGER, shard_owner, writer_role
 from wire import codec
 from wire.codec import Message
 from wire.messages import (
-    READ_MESSAGES,
     Catalog,
     CatchUp,
+    CommittedOffset,
     Flushed,
     FlushTo,
     Hello,
     LogGroup,
+    OffsetForTimestamp,
     Progress,
     Read,
+    ReadByKey,
+    ReadByTag,
+    ReadRequest,
     RecordsReply,
 )
 from wire.records import pack_read
@@ -53,27 +57,28 @@ class CacheManager(Actor):
         self.send(LOG_MANAGER, Hello(self.role), wait_ms=100)
 
     def on_message(self, msg: Message) -> None:
-        if isinstance(msg, LogGroup):
-            self.on_group(msg)
-        elif isinstance(msg, Read):
-            self.on_read(msg)
-        elif isinstance(msg, READ_MESSAGES):
-            self.forward(msg)
-        elif isinstance(msg, FlushTo):
-            self.on_flush_to(msg)
-        elif isinstance(msg, Progress):
-            flow = self.to_writer.get(msg.role)
-            missed = flow.applied(msg.lsn) if flow is not None else 0
-            if missed:
-                self.send(msg.role, CatchUp(missed), wait_ms=100)
-        elif isinstance(msg, CatchUp):
-            self.on_catch_up(msg)
-        elif isinstance(msg, Flushed):
-            self.on_flushed(msg)
-        elif isinstance(msg, Catalog):
-            self.state.keep_topics({row[0] for row in msg.topics})
-        else:
-            log.error("cache manager got an unexpected %s", type(msg).__name__)
+        match msg:
+            case LogGroup():
+                self.on_group(msg)
+            case Read():
+                self.on_read(msg)
+            case ReadByKey() | ReadByTag() | OffsetForTimestamp() | CommittedOffset():
+                self.forward(msg)
+            case FlushTo():
+                self.on_flush_to(msg)
+            case Progress(role, lsn):
+                flow = self.to_writer.get(role)
+                missed = flow.applied(lsn) if flow is not None else 0
+                if missed:
+                    self.send(role, CatchUp(missed), wait_ms=100)
+            case CatchUp():
+                self.on_catch_up(msg)
+            case Flushed():
+                self.on_flushed(msg)
+            case Catalog(topics=topics):
+                self.state.keep_topics({t.topic_id for t in topics})
+            case _:
+                self.unexpected(msg)
 
     def on_group(self, msg: LogGroup) -> None:
         if self.state.seen_lsn and msg.first_lsn > self.state.seen_lsn + 1:
@@ -136,7 +141,7 @@ class CacheManager(Actor):
         self.send(FRONT_DOOR, RecordsReply(msg.corr, pack_read(rows), self.state.seen_lsn),
                   wait_ms=100)
 
-    def forward(self, msg: Any) -> None:
+    def forward(self, msg: ReadRequest) -> None:
         self.forwarded += 1
         w = self.writers[shard_owner(msg.topic_id, msg.partition, len(self.writers))]
         self.send_bytes(w, codec.encode(msg), wait_ms=100)

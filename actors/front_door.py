@@ -27,7 +27,21 @@ from actors.roles import LOG_MANAGER
 from wire import codec, protocol
 from wire.codec import Message
 from wire.errors import ErrorCode
-from wire.messages import Acks, Catalog, Hello
+from wire.messages import (
+    Ack,
+    Acks,
+    Catalog,
+    Done,
+    ErrorReply,
+    Hello,
+    OtherWrite,
+    ProduceRow,
+    RecordsReply,
+    StatusReply,
+    TopicsReply,
+    ValueReply,
+    Writes,
+)
 
 log = logging.getLogger("shardnode")
 
@@ -48,7 +62,11 @@ class FrontDoor(Actor):
         self.router.bind(self.cfg.endpoint)
         self.poller.register(self.router, zmq.POLLIN)
         self.state = FrontDoorState(self.cfg)
-        self.outbox: dict[str, list[tuple[int, Any]]] = {}  # role → [(corr, request)]
+        self.outbox: dict[str, list[tuple[int, bytes]]] = {}  # role → [(corr, encoded)]
+        # The burst of write requests for ``state.writes_to``, in the order they came.
+        self.write_corrs: list[int] = []
+        self.write_produces: list[ProduceRow] = []
+        self.write_others: list[OtherWrite] = []
         self.replies: dict[bytes, list[bytes]] = {}  # client identity → reply frames
         self.replies_dropped = 0
 
@@ -72,10 +90,15 @@ class FrontDoor(Actor):
                         self.replies[identity] = [frame]
                     else:
                         frames.append(frame)
-                case Produce(corr, fields):
-                    # As the fields of its Append: nothing to encode per request here,
-                    # nothing to decode per request in the log manager.
-                    self.outbox.setdefault(self.state.writes_to, []).append((corr, fields))
+                case Produce(corr, request):
+                    # As a row of the burst: nothing to encode per request here, nothing to
+                    # decode per request in the log manager.
+                    self.write_corrs.append(corr)
+                    self.write_produces.append(request)
+                case Request(role, corr, msg) if role == self.state.writes_to:
+                    # Any other request for that actor goes in the burst too, at its place.
+                    self.write_others.append((len(self.write_corrs), codec.encode(msg)))
+                    self.write_corrs.append(corr)
                 case Request(role, corr, msg):
                     # A burst's requests to one actor go out together, as one bundle.
                     self.outbox.setdefault(role, []).append((corr, codec.encode(msg)))
@@ -83,19 +106,23 @@ class FrontDoor(Actor):
                     assert_never(out)
 
     def flush_outbox(self) -> None:
+        if self.write_corrs:
+            role = self.state.writes_to
+            writes = Writes(self.write_corrs, self.write_produces, self.write_others)
+            self.write_corrs, self.write_produces, self.write_others = [], [], []
+            self.busy(role, self.send_writes(role, writes))
         for role, items in self.outbox.items():
             if not items:
                 continue
-            requests = [request for _corr, request in items]
             corrs = [corr for corr, _r in items]
-            if role == self.state.writes_to:  # produce fields, and encoded messages
-                unsent = self.send_writes(role, corrs, requests)
-            else:
-                unsent = corrs[self.send_many(role, requests):]  # all encoded messages
-            if unsent:
-                self.perform(self.state.fail(unsent, ErrorCode.BUSY,
-                                             f"the {role} queue is full; retry later"))
+            self.busy(role, corrs[self.send_many(role, [frame for _c, frame in items]):])
             items.clear()
+
+    def busy(self, role: str, unsent: list[int]) -> None:
+        """Answer BUSY the requests that could not be sent to ``role``."""
+        if unsent:
+            self.perform(self.state.fail(unsent, ErrorCode.BUSY,
+                                         f"the {role} queue is full; retry later"))
 
     def flush_replies(self) -> None:
         if not self.replies:
@@ -127,18 +154,21 @@ class FrontDoor(Actor):
             self.flush_replies()
 
     def on_message(self, msg: Message) -> None:
-        if type(msg) is Acks:  # a group commit's produce requests, the most common message
-            ack = self.state.ack
-            for corr, lsn, parts in msg.rows:
-                self.perform(ack(corr, lsn, parts))
-            return
-        if isinstance(msg, Catalog):
-            self.state.catalog(msg)
-            return
-        outs = self.state.answer(msg)
-        if not outs and getattr(msg, "corr", None) is None:
-            log.error("front door got an unexpected %s", type(msg).__name__)
-        self.perform(outs)
+        match msg:
+            case Acks(rows):  # a group commit's produce requests, the most common message
+                ack = self.state.ack
+                for corr, lsn, parts in rows:
+                    self.perform(ack(corr, lsn, parts))
+            case Catalog():
+                self.state.catalog(msg)
+            case (Ack() | Done() | RecordsReply() | ValueReply() | TopicsReply() | StatusReply()
+                  | ErrorReply()):
+                self.perform(self.state.answer(msg))
+            case _:
+                self.unexpected(msg)
+
+    def refuse(self, corr: int, text: str) -> None:
+        self.perform(self.state.fail([corr], ErrorCode.INTERNAL, text))
 
     def on_idle(self) -> None:
         self.flush_outbox()

@@ -2,16 +2,19 @@
 
 ``FrontDoorState.request`` turns one client frame into instructions: answer the client at
 once (an error), or send a message to an actor and wait for its answer under a fresh
-correlation id. ``answer`` turns an actor's reply into the client's reply frame, ``expire``
-answers TIMEOUT for requests nobody answered in time, and ``catalog`` keeps the topic table
-the log manager sends. The shell in ``actors/front_door.py`` owns the sockets.
+correlation id. Requests are checked against the table of ops (``wire.protocol.OPS``) and
+routed by op: ``produce`` on the hot path, every other op by its entry in ``routes``, which
+must cover the table. ``answer`` turns an actor's reply into the client's reply frame,
+``expire`` answers TIMEOUT for requests nobody answered in time, and ``catalog`` keeps the
+topic table the log manager sends. The shell in ``actors/front_door.py`` owns the sockets.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, assert_never
 
 import msgpack
 
@@ -31,6 +34,7 @@ from wire.codec import Message
 from wire.errors import ErrorCode, NodeError
 from wire.messages import (
     Ack,
+    Answer,
     Catalog,
     Checkpoint,
     CommitOffset,
@@ -41,6 +45,8 @@ from wire.messages import (
     ErrorReply,
     ListTopics,
     OffsetForTimestamp,
+    PartRow,
+    PlacedRow,
     Read,
     ReadByKey,
     ReadByTag,
@@ -50,6 +56,7 @@ from wire.messages import (
     TopicsReply,
     ValueReply,
 )
+from wire.protocol import Topic
 from wire.records import check_batch, key_of
 
 log = logging.getLogger("shardnode")
@@ -59,6 +66,11 @@ STOPPING_TEXT = "the front door is stopping (node stop or restart); retry"
 
 # The instructions (actors/instructions.py) the front door's logic gives its shell.
 Out = Reply | Request | Produce
+
+# How an op other than produce is routed: from its checked fields, the actor to send to and
+# the message to send it (given the request's correlation id, allocated once routing passed).
+Target = tuple[str, Callable[[int], Message]]
+Route = Callable[[dict[str, Any]], Target]
 
 
 @dataclass(slots=True)
@@ -75,7 +87,7 @@ class FrontDoorState:
         self.writers = cfg.node.writers
         self.checkpoint_timeout_ms = cfg.log.checkpoint_timeout_ms
         self.writes_to = writes_role(cfg)  # the actor write requests go to
-        self.topics: dict[str, tuple[int, int]] = {}  # name → (topic_id, partitions)
+        self.topics: dict[str, Topic] = {}  # by name
         self.catalog_version = -1
         self.pending: dict[int, Waiting] = {}
         self.next_corr = 1
@@ -83,6 +95,23 @@ class FrontDoorState:
         self.requests = 0
         self.errors = 0
         self.timeouts = 0
+        self.routes: dict[str, Route] = {
+            "read": self.read,
+            "read_by_key": self.read_by_key,
+            "read_by_tag": self.read_by_tag,
+            "offset_for_timestamp": self.offset_for_timestamp,
+            "committed_offset": self.committed_offset,
+            "create_topic": self.create_topic,
+            "delete_topic": self.delete_topic,
+            "commit_offset": self.commit_offset,
+            "list_topics": self.list_topics,
+            "checkpoint": self.checkpoint,
+            "status": self.status,
+        }
+        missing = protocol.OPS.keys() - self.routes.keys() - {"produce"}
+        assert not missing, f"ops of wire.protocol.OPS with no route: {sorted(missing)}"
+        # Ops that take longer than a request: a checkpoint flushes every shard.
+        self.timeouts_ms = {"checkpoint": 3 * self.checkpoint_timeout_ms}
 
     # ---- requests ---------------------------------------------------------------------
 
@@ -114,7 +143,7 @@ class FrontDoorState:
                                                              f"{type(exc).__name__}: {exc}")))
         return out
 
-    def topic(self, name: str) -> tuple[int, int]:
+    def topic(self, name: str) -> Topic:
         if self.catalog_version < 0:
             raise NodeError("the node is starting; retry shortly", ErrorCode.UNAVAILABLE)
         t = self.topics.get(name)
@@ -123,11 +152,12 @@ class FrontDoorState:
         return t
 
     def partition(self, name: str, partition: int) -> tuple[int, int]:
-        topic_id, partitions = self.topic(name)
-        if not 0 <= partition < partitions:
-            raise NodeError(f"topic {name!r} has partitions 0..{partitions - 1}, not {partition}",
-                            ErrorCode.UNKNOWN_PARTITION)
-        return topic_id, partition
+        """(topic_id, partition) of an existing partition."""
+        t = self.topic(name)
+        if not 0 <= partition < t.partitions:
+            raise NodeError(f"topic {name!r} has partitions 0..{t.partitions - 1}, not "
+                            f"{partition}", ErrorCode.UNKNOWN_PARTITION)
+        return t.topic_id, partition
 
     def writer_of(self, topic_id: int, partition: int) -> str:
         return writer_role(shard_owner(topic_id, partition, self.writers))
@@ -144,76 +174,92 @@ class FrontDoorState:
 
     def route(self, identity: bytes, rid: int, op: str, req: dict[str, Any],
               now: float) -> Request | Produce:
-        if op == "produce":  # the hot path: no closure below is needed for it
-            try:
-                return self.produce(identity, rid, req, now)
-            except NodeError as exc:
-                exc.request_id = rid  # type: ignore[attr-defined]
-                raise
-
-        def to(role: str, make: Any, **kw: Any) -> Request:
-            corr = self.wait(identity, rid, now, **kw)
-            return Request(role, corr, make(corr))
-
-        lsn = self.lsn_seen
         try:
-            if op in ("read", "read_by_key", "read_by_tag", "offset_for_timestamp",
-                      "committed_offset"):
-                tid, p = self.partition(req["topic"], req["partition"])
-                n = min(req.get("max_records", 0), self.lim.read_records_max)
-                if op == "read":  # only reads by offset can be served from the cache
-                    return to(CACHE_MANAGER, lambda c: Read(c, tid, p, req["offset"], n, lsn))
-                writer = self.writer_of(tid, p)
-                if op == "read_by_key":
-                    return to(writer, lambda c: ReadByKey(c, tid, p, req["key"], lsn))
-                if op == "read_by_tag":
-                    return to(writer, lambda c: ReadByTag(c, tid, p, req["tag"], req["offset"],
-                                                          n, lsn))
-                if op == "offset_for_timestamp":
-                    return to(writer, lambda c: OffsetForTimestamp(c, tid, p, req["timestamp"],
-                                                                   lsn))
-                return to(writer, lambda c: CommittedOffset(c, req["group"], tid, p, lsn))
-            if op == "create_topic":
-                protocol.check_name("topic name", req["name"])
-                return to(self.writes_to,
-                          lambda c: CreateTopic(c, req["name"], req["partitions"]))
-            if op == "delete_topic":
-                self.topic(req["name"])
-                return to(self.writes_to, lambda c: DeleteTopic(c, req["name"]))
-            if op == "commit_offset":
-                protocol.check_name("group name", req["group"])
-                tid, p = self.partition(req["topic"], req["partition"])
-                return to(self.writes_to,
-                          lambda c: CommitOffset(c, req["group"], tid, p, req["offset"]))
-            if op == "list_topics":
-                return to(LOG_MANAGER, ListTopics)
-            if op == "checkpoint":
-                return to(LOG_MANAGER, lambda c: Checkpoint(c, "front"),
-                          timeout_ms=3 * self.checkpoint_timeout_ms)
-            if op == "status":
-                return to(SUPERVISOR, StatusRequest)
+            if op == "produce":  # the hot path
+                return self.produce(identity, rid, req, now)
+            role, make = self.routes[op](req)
+            corr = self.wait(identity, rid, now, timeout_ms=self.timeouts_ms.get(op))
+            return Request(role, corr, make(corr))
         except NodeError as exc:
             exc.request_id = rid  # type: ignore[attr-defined]
             raise
-        raise NodeError(f"op {op!r} has no route", ErrorCode.UNKNOWN_OP)  # parse_request stops it
+
+    # ---- routes: an op's checked fields → (the actor, the message given its corr) ------
+
+    def read(self, req: dict[str, Any]) -> Target:
+        # Only reads by offset can be served from the cache.
+        tid, p = self.partition(req["topic"], req["partition"])
+        offset, n, lsn = req["offset"], self.records_max(req), self.lsn_seen
+        return CACHE_MANAGER, lambda c: Read(c, tid, p, offset, n, lsn)
+
+    def read_by_key(self, req: dict[str, Any]) -> Target:
+        tid, p = self.partition(req["topic"], req["partition"])
+        key, lsn = req["key"], self.lsn_seen
+        return self.writer_of(tid, p), lambda c: ReadByKey(c, tid, p, key, lsn)
+
+    def read_by_tag(self, req: dict[str, Any]) -> Target:
+        tid, p = self.partition(req["topic"], req["partition"])
+        tag, offset, n, lsn = req["tag"], req["offset"], self.records_max(req), self.lsn_seen
+        return self.writer_of(tid, p), lambda c: ReadByTag(c, tid, p, tag, offset, n, lsn)
+
+    def offset_for_timestamp(self, req: dict[str, Any]) -> Target:
+        tid, p = self.partition(req["topic"], req["partition"])
+        ts, lsn = req["timestamp"], self.lsn_seen
+        return self.writer_of(tid, p), lambda c: OffsetForTimestamp(c, tid, p, ts, lsn)
+
+    def committed_offset(self, req: dict[str, Any]) -> Target:
+        tid, p = self.partition(req["topic"], req["partition"])
+        group, lsn = req["group"], self.lsn_seen
+        return self.writer_of(tid, p), lambda c: CommittedOffset(c, group, tid, p, lsn)
+
+    def create_topic(self, req: dict[str, Any]) -> Target:
+        name, partitions = req["name"], req["partitions"]
+        protocol.check_name("topic name", name)
+        return self.writes_to, lambda c: CreateTopic(c, name, partitions)
+
+    def delete_topic(self, req: dict[str, Any]) -> Target:
+        name = req["name"]
+        self.topic(name)
+        return self.writes_to, lambda c: DeleteTopic(c, name)
+
+    def commit_offset(self, req: dict[str, Any]) -> Target:
+        group, offset = req["group"], req["offset"]
+        protocol.check_name("group name", group)
+        tid, p = self.partition(req["topic"], req["partition"])
+        return self.writes_to, lambda c: CommitOffset(c, group, tid, p, offset)
+
+    def list_topics(self, _req: dict[str, Any]) -> Target:
+        return LOG_MANAGER, ListTopics
+
+    def checkpoint(self, _req: dict[str, Any]) -> Target:
+        return LOG_MANAGER, lambda c: Checkpoint(c, "front")
+
+    def status(self, _req: dict[str, Any]) -> Target:
+        return SUPERVISOR, StatusRequest
+
+    def records_max(self, req: dict[str, Any]) -> int:
+        n: int = req["max_records"]
+        return min(n, self.lim.read_records_max)
 
     def produce(self, identity: bytes, rid: int, req: dict[str, Any], now: float) -> Produce:
         name = req["topic"]
-        topic_id, partitions = self.topic(name)
+        t = self.topic(name)
+        topic_id, partitions = t.topic_id, t.partitions
         blob = req["records"]
         items = check_batch(blob, self.lim.batch_records_max, self.lim.value_bytes_max)
         assign = None
         partition = req.get("partition")
+        parts: list[PartRow]
         if partition is not None:
             self.partition(name, partition)
-            parts = [[topic_id, partition, len(items), blob]]
+            parts = [(topic_id, partition, len(items), blob)]
         else:
             keys = [key_of(it) for it in items]
             # Round-robin by the producer's sequence number: a retry of the same request
             # places its records exactly as the first attempt did.
             rr = req["producer_id"] + req["seq"]
             if partitions == 1 or all(k is None for k in keys):
-                parts = [[topic_id, rr % partitions, len(items), blob]]
+                parts = [(topic_id, rr % partitions, len(items), blob)]
             else:
                 # By key hash; records without a key go to this batch's round-robin pick.
                 assign = [rr % partitions if k is None else key_partition(k, partitions)
@@ -222,25 +268,25 @@ class FrontDoorState:
                 for p, item in zip(assign, items, strict=True):
                     split.setdefault(p, []).append(item)
                 if len(split) == 1:
-                    parts = [[topic_id, assign[0], len(items), blob]]
+                    parts = [(topic_id, assign[0], len(items), blob)]
                     assign = None
                 else:
-                    parts = [[topic_id, p, len(recs), msgpack.packb(recs, use_bin_type=True)]
+                    parts = [(topic_id, p, len(recs), msgpack.packb(recs, use_bin_type=True))
                              for p, recs in sorted(split.items())]
         corr = self.wait(identity, rid, now, assign)
-        return Produce(corr, [req["producer_id"], req["seq"], parts])
+        return Produce(corr, (req["producer_id"], req["seq"], parts))
 
     # ---- answers ----------------------------------------------------------------------
 
     def catalog(self, msg: Catalog) -> None:
         if msg.version >= self.catalog_version:
             self.catalog_version = msg.version
-            self.topics = {name: (tid, parts) for tid, name, parts in msg.topics}
+            self.topics = {t.name: t for t in msg.topics}
             # A restarted front door has acknowledged nothing yet, but its clients may have
             # been told of writes up to the durable LSN: reads wait for those too.
             self.lsn_seen = max(self.lsn_seen, msg.version, msg.durable_lsn)
 
-    def ack(self, corr: int, lsn: int, parts: list[Any]) -> list[Out]:
+    def ack(self, corr: int, lsn: int, parts: Sequence[PlacedRow]) -> list[Out]:
         """A produce request is durable (an ``Ack``, or a row of ``Acks``): its reply."""
         w = self.pending.pop(corr, None)
         if w is None:
@@ -252,30 +298,31 @@ class FrontDoorState:
             fields["assign"] = w.assign
         return [Reply(w.identity, protocol.ok(w.rid, **fields))]
 
-    def answer(self, msg: Message) -> list[Out]:
-        """An actor's answer: the client's reply, if the request is still waiting."""
+    def answer(self, msg: Answer) -> list[Out]:
+        """An actor's answer: the client's reply, if the request is still waiting. The reply
+        carries the fields ``wire.protocol.OPS`` lists for the request's op."""
         if isinstance(msg, Ack):
             return self.ack(msg.corr, msg.lsn, msg.parts)
-        corr = getattr(msg, "corr", None)
-        w = self.pending.pop(corr, None) if corr is not None else None
+        w = self.pending.pop(msg.corr, None)
         if w is None:
             return []  # answered already (timed out) or never ours
-        if isinstance(msg, Done):
-            self.lsn_seen = max(self.lsn_seen, msg.lsn)
-            frame = protocol.ok(w.rid, lsn=msg.lsn)
-        elif isinstance(msg, RecordsReply):
-            frame = protocol.ok(w.rid, records=msg.records)
-        elif isinstance(msg, ValueReply):
-            frame = protocol.ok(w.rid, value=msg.value)
-        elif isinstance(msg, TopicsReply):
-            frame = protocol.ok(w.rid, topics=msg.topics)
-        elif isinstance(msg, StatusReply):
-            frame = protocol.ok(w.rid, status=msg.status)
-        elif isinstance(msg, ErrorReply):
-            self.errors += 1
-            frame = protocol.error(w.rid, msg.code, msg.text)
-        else:
-            frame = protocol.error(w.rid, ErrorCode.INTERNAL, f"unexpected {type(msg).__name__}")
+        match msg:
+            case Done(lsn=lsn):
+                self.lsn_seen = max(self.lsn_seen, lsn)
+                frame = protocol.ok(w.rid, lsn=lsn)
+            case RecordsReply(records=records):
+                frame = protocol.ok(w.rid, records=records)
+            case ValueReply(value=value):
+                frame = protocol.ok(w.rid, value=value)
+            case TopicsReply(topics=topics):
+                frame = protocol.ok(w.rid, topics=topics)
+            case StatusReply(status=status):
+                frame = protocol.ok(w.rid, status=status)
+            case ErrorReply(code=code, text=text):
+                self.errors += 1
+                frame = protocol.error(w.rid, code, text)
+            case _:
+                assert_never(msg)
         return [Reply(w.identity, frame)]
 
     def fail(self, corrs: list[int], code: ErrorCode, text: str) -> list[Out]:

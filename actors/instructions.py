@@ -17,10 +17,11 @@ from wire.codec import Message
 from wire.messages import (
     CommittedOffset,
     OffsetForTimestamp,
+    ProduceRow,
     Read,
     ReadByKey,
     ReadByTag,
-    WriteRequest,
+    Writes,
 )
 
 # ---- between actors ------------------------------------------------------------------
@@ -47,22 +48,21 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class Forward:
-    """Send these write requests on to ``role`` as ``Writes`` bursts (``Writes`` says what an
-    item of ``requests`` is); those that cannot be sent are answered BUSY."""
+    """Send this burst of write requests on to ``role`` (as ``Writes`` messages under the
+    bundle limit); those that cannot be sent are answered BUSY."""
 
     role: str
-    corrs: list[int]
-    requests: list[WriteRequest]
+    writes: Writes
 
 
 @dataclass(frozen=True, slots=True)
 class Produce:
     """Send a produce request on to be logged: ``corr`` waits for its answer, and
-    ``fields`` (its ``Append`` after ``corr``: producer id, sequence number, parts) ride in
-    a ``Writes`` burst as they are, never encoded as a message of their own."""
+    ``request`` rides in a ``Writes`` burst as it is (``ProduceRow``), never encoded as a
+    message of its own."""
 
     corr: int
-    fields: list[Any]
+    request: ProduceRow
 
 
 # ---- to a client ---------------------------------------------------------------------

@@ -44,20 +44,27 @@ from wire.codec import Message
 from wire.errors import ErrorCode
 from wire.messages import (
     Ack,
+    AckRow,
     Acks,
+    Append,
     Catalog,
     CatchUp,
     Checkpoint,
     CheckpointFinished,
     CheckpointReady,
     CheckpointRequest,
+    CommitOffset,
+    CreateTopic,
+    DeleteTopic,
     Done,
     Ended,
     ErrorReply,
     Flushed,
     FlushTo,
     Hello,
+    ListTopics,
     LogGroup,
+    LogRequest,
     Progress,
     Writes,
 )
@@ -162,35 +169,49 @@ class LogManager(Actor):
     # ---- requests ---------------------------------------------------------------------
 
     def on_message(self, msg: Message) -> None:
-        if type(msg) is Writes:  # a burst, passed on by the transaction manager; most messages
-            now_ms = int(time.time() * 1000)
-            append = self.state.append
-            for corr, request in zip(msg.corrs, msg.requests, strict=True):
-                if isinstance(request, list):  # a produce: its Append's fields after corr
-                    producer_id, seq, parts = request
-                    self.admitted(append(corr, producer_id, seq, parts, now_ms))
-                else:
-                    self.handle_frame(request)
-        elif isinstance(msg, Hello):
-            if msg.role == CACHE_MANAGER:
-                self.to_cache.reset()  # a new cache manager: nothing of ours is in its queue
-            self.send(msg.role, self.catalog(), wait_ms=1000)
-        elif isinstance(msg, Checkpoint):
-            self.run_steps(self.ckpt.start(time.monotonic(), (msg.reply_to, msg.corr)))
-        elif isinstance(msg, CheckpointReady):
-            faults.crash_point("checkpoint.after_ready", self.cfg.data_path)
-            self.run_steps(self.ckpt.ready(msg.ckpt_id, msg.oldest_lsn, time.monotonic()))
-        elif isinstance(msg, Progress):
-            missed = self.to_cache.applied(msg.lsn)
-            if missed:
-                self.send(CACHE_MANAGER, CatchUp(missed), wait_ms=100)
-        elif isinstance(msg, Flushed):
-            faults.crash_point("checkpoint.after_flushed", self.cfg.data_path)
-            self.run_steps(self.ckpt.flushed(msg.ckpt_id, msg.lsn))
-        else:
-            self.admit(msg)
+        match msg:
+            case Writes():  # a burst of write requests: most messages
+                self.admit_writes(msg)
+            case Append() | CreateTopic() | DeleteTopic() | CommitOffset() | ListTopics():
+                self.admit(msg)
+            case Hello(role):
+                if role == CACHE_MANAGER:
+                    self.to_cache.reset()  # a new cache manager: nothing of ours is in its queue
+                self.send(role, self.catalog(), wait_ms=1000)
+            case Checkpoint(corr, reply_to):
+                self.run_steps(self.ckpt.start(time.monotonic(), (reply_to, corr)))
+            case CheckpointReady(ckpt_id, oldest_lsn):
+                faults.crash_point("checkpoint.after_ready", self.cfg.data_path)
+                self.run_steps(self.ckpt.ready(ckpt_id, oldest_lsn, time.monotonic()))
+            case Progress(lsn=lsn):
+                missed = self.to_cache.applied(lsn)
+                if missed:
+                    self.send(CACHE_MANAGER, CatchUp(missed), wait_ms=100)
+            case Flushed(ckpt_id, _role, lsn):
+                faults.crash_point("checkpoint.after_flushed", self.cfg.data_path)
+                self.run_steps(self.ckpt.flushed(ckpt_id, lsn))
+            case _:
+                self.unexpected(msg)
 
-    def admit(self, msg: Message) -> None:
+    def admit_writes(self, msg: Writes) -> None:
+        """A burst of write requests, admitted in the order they came."""
+        now_ms = int(time.time() * 1000)
+        append = self.state.append
+        if not msg.others:  # produce requests only: the common case
+            for corr, (producer_id, seq, parts) in zip(msg.corrs, msg.produces, strict=True):
+                self.admitted(append(corr, producer_id, seq, parts, now_ms))
+            return
+        others = dict(msg.others)  # place → encoded message
+        produces = iter(msg.produces)
+        for place, corr in enumerate(msg.corrs):
+            frame = others.get(place)
+            if frame is None:
+                producer_id, seq, parts = next(produces)
+                self.admitted(append(corr, producer_id, seq, parts, now_ms))
+            else:
+                self.handle_frame(frame)
+
+    def admit(self, msg: LogRequest) -> None:
         self.admitted(self.state.admit(msg, int(time.time() * 1000)))
 
     def admitted(self, out: Log | Send) -> None:
@@ -264,10 +285,10 @@ class LogManager(Actor):
             # Before the acks, on the same pipe: a client told "created" can use the topic.
             self.broadcast_catalog()
         replies = []  # encoded, for any other answer
-        acks: list[list[Any]] = []  # produce requests: one Acks message for them all
+        acks: list[AckRow] = []  # produce requests: one Acks message for them all
         for p in group:
             if type(p.reply) is Ack:
-                acks.append([p.reply.corr, p.reply.lsn, p.reply.parts])
+                acks.append((p.reply.corr, p.reply.lsn, p.reply.parts))
             else:
                 replies.append(codec.encode(p.reply))
             parts = getattr(p.reply, "parts", None)

@@ -15,8 +15,9 @@ state from what is actually on disk.
 from __future__ import annotations
 
 import collections
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 import msgpack
 
@@ -37,18 +38,14 @@ from wire.messages import (
     Done,
     ErrorReply,
     ListTopics,
+    LogRequest,
+    PartRow,
+    PlacedRow,
     TopicsReply,
 )
-from wire.protocol import NAME_RE
+from wire.protocol import NAME_RE, Topic
 
 ANSWER_WAIT_MS = 1000  # an answer waits this long for room in the front door's mailbox
-
-
-@dataclass(frozen=True, slots=True)
-class Topic:
-    topic_id: int
-    name: str
-    partitions: int
 
 
 @dataclass(slots=True)
@@ -85,31 +82,31 @@ class LogState:
 
     # ---- requests -------------------------------------------------------------------
 
-    def admit(self, msg: Any, now_ms: int) -> Log | Send:
+    def admit(self, msg: LogRequest, now_ms: int) -> Log | Send:
         """A record to log (and the answer once it is durable), or an answer to send now."""
         out = self._admit(msg, now_ms)
         return out if isinstance(out, Log) else Send(FRONT_DOOR, out, ANSWER_WAIT_MS)
 
-    def append(self, corr: int, producer_id: int, seq: int, parts: list[list[Any]],
+    def append(self, corr: int, producer_id: int, seq: int, parts: Sequence[PartRow],
                now_ms: int) -> Log | Send:
         """A produce request (the fields of an ``Append``, which ``Writes`` carries bare)."""
         out = self._append(corr, producer_id, seq, parts, now_ms)
         return out if isinstance(out, Log) else Send(FRONT_DOOR, out, ANSWER_WAIT_MS)
 
-    def _admit(self, msg: Any, now_ms: int) -> Log | Message:
-        if isinstance(msg, Append):
-            return self._append(msg.corr, msg.producer_id, msg.seq, msg.parts, now_ms)
-        if isinstance(msg, CreateTopic):
-            return self._create(msg)
-        if isinstance(msg, DeleteTopic):
-            return self._delete(msg)
-        if isinstance(msg, CommitOffset):
-            return self._commit_offset(msg)
-        if isinstance(msg, ListTopics):
-            rows = [[t.name, t.partitions, t.topic_id] for t in sorted(self.topics.values(),
-                                                                       key=lambda t: t.name)]
-            return TopicsReply(msg.corr, rows)
-        raise TypeError(f"the log manager does not handle {type(msg).__name__}")
+    def _admit(self, msg: LogRequest, now_ms: int) -> Log | Message:
+        match msg:
+            case Append(corr, producer_id, seq, parts):
+                return self._append(corr, producer_id, seq, parts, now_ms)
+            case CreateTopic():
+                return self._create(msg)
+            case DeleteTopic():
+                return self._delete(msg)
+            case CommitOffset():
+                return self._commit_offset(msg)
+            case ListTopics(corr):
+                return TopicsReply(corr, sorted(self.topics.values(), key=lambda t: t.name))
+            case _:
+                assert_never(msg)
 
     def _producer(self, producer_id: int) -> ProducerWindow:
         win = self.producers.get(producer_id)
@@ -132,7 +129,8 @@ class LogState:
         while self.entries > self.entries_max and len(self.producers) > 1:
             self._forget_oldest()
 
-    def _remember(self, win: ProducerWindow, seq: int, lsn: int, parts: list[list[int]]) -> None:
+    def _remember(self, win: ProducerWindow, seq: int, lsn: int,
+                  parts: Sequence[PlacedRow]) -> None:
         if seq < win.low:
             return  # out of the window already (replayed with a smaller window than logged)
         results = win.results
@@ -156,21 +154,21 @@ class LogState:
         if self.entries > self.entries_max:
             self._bound_entries()
 
-    def _append(self, corr: int, producer_id: int, seq: int, parts: list[list[Any]],
+    def _append(self, corr: int, producer_id: int, seq: int, parts: Sequence[PartRow],
                 now_ms: int) -> Log | Message:
         known = self.producers.get(producer_id)
         if known is not None:
             self.producers.move_to_end(producer_id)  # a retry is use, too
             seen = known.results.get(seq)
             if seen is not None:
-                lsn, acked = msgpack.unpackb(seen)
-                return Log(b"", Ack(corr, lsn, acked), lsn)  # answered with its group
+                lsn, placed = msgpack.unpackb(seen, use_list=False)
+                return Log(b"", Ack(corr, lsn, list(placed)), lsn)  # answered with its group
             if seq <= known.max_seq - self.window:
                 return ErrorReply(corr, ErrorCode.STALE_SEQUENCE,
                                   f"sequence {seq} of producer {producer_id} is older "
                                   f"than the last {self.window} remembered (latest {known.max_seq})")
-        logged = []
-        acked = []
+        logged: list[tuple[int, int, int, int, bytes]] = []  # as the log record holds them
+        acked: list[PlacedRow] = []
         for topic_id, partition, count, blob in parts:
             topic = self.by_id.get(topic_id)
             if topic is None:
@@ -180,8 +178,8 @@ class LogState:
                 return ErrorReply(corr, ErrorCode.UNKNOWN_PARTITION,
                                   f"topic {topic.name!r} has no partition {partition}")
             first = self.next_offset[(topic_id, partition)]
-            logged.append([topic_id, partition, first, count, blob])
-            acked.append([partition, first, count])
+            logged.append((topic_id, partition, first, count, blob))
+            acked.append((partition, first, count))
         # Only a request that is going to be logged touches producer state: a refused one
         # must not evict another producer's window.
         win = self._producer(producer_id)
@@ -210,7 +208,7 @@ class LogState:
                               f"the node has {shards} partitions; {msg.partitions} more would "
                               f"pass limits.shards_max = {self.shards_max}")
         self.last_lsn += 1
-        topic = Topic(self.next_topic_id, msg.name, msg.partitions)
+        topic = Topic(msg.name, msg.partitions, self.next_topic_id)
         self._apply_create(topic, self.last_lsn)
         record = logrecord.encode(self.last_lsn, Kind.TOPIC_CREATE,
                                   [topic.topic_id, topic.name, topic.partitions])
@@ -259,8 +257,7 @@ class LogState:
         self.catalog_lsn = lsn
 
     def catalog(self) -> Catalog:
-        rows = [[t.topic_id, t.name, t.partitions] for t in self.by_id.values()]
-        return Catalog(self.catalog_lsn, rows, self.catalog_lsn)
+        return Catalog(self.catalog_lsn, list(self.by_id.values()), self.catalog_lsn)
 
     # ---- snapshots ------------------------------------------------------------------
 
@@ -295,7 +292,7 @@ class LogState:
         self.topics.clear()
         self.by_id.clear()
         for tid, name, parts in snap["topics"]:
-            topic = Topic(tid, name, parts)
+            topic = Topic(name, parts, tid)
             self.topics[name] = topic
             self.by_id[tid] = topic
         self.next_offset = {(tid, p): off for tid, p, off in snap["next_offset"]}
@@ -325,16 +322,16 @@ class LogState:
         kind = entry.kind
         if kind == Kind.PRODUCE:
             producer_id, seq, _ts, parts = msgpack.unpackb(entry.payload, raw=False)
-            acked = []
+            acked: list[PlacedRow] = []
             for topic_id, partition, first, count, _blob in parts:
                 key = (topic_id, partition)
                 if key in self.next_offset:
                     self.next_offset[key] = first + count
-                acked.append([partition, first, count])
+                acked.append((partition, first, count))
             self._remember(self._producer(producer_id), seq, entry.lsn, acked)
         elif kind == Kind.TOPIC_CREATE:
             topic_id, name, partitions = entry.body()
-            self._apply_create(Topic(topic_id, name, partitions), entry.lsn)
+            self._apply_create(Topic(name, partitions, topic_id), entry.lsn)
         elif kind == Kind.TOPIC_DELETE:
             topic_id, _name = entry.body()
             self._apply_delete(topic_id, entry.lsn)

@@ -12,6 +12,7 @@ See ``actors/txn_state.py`` for the logic.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import time
@@ -27,6 +28,9 @@ from wire.codec import Message
 from wire.messages import (
     CheckpointFinished,
     CheckpointRequest,
+    CommitOffset,
+    CreateTopic,
+    DeleteTopic,
     Ended,
     Writes,
 )
@@ -34,6 +38,7 @@ from wire.messages import (
 log = logging.getLogger("shardnode")
 
 CORRS_READ_BYTES = 8192  # read this much of a burst at a time to find its correlation ids
+WRITES_ARRAY_LEN = 1 + len(dataclasses.fields(Writes))  # its tag, then its fields: corrs first
 
 
 def writes_corrs(frame: bytes) -> list[int] | None:
@@ -43,7 +48,7 @@ def writes_corrs(frame: bytes) -> list[int] | None:
     # unpacker would copy all of it.
     unpacker = msgpack.Unpacker(io.BytesIO(frame), read_size=CORRS_READ_BYTES, raw=False)
     try:
-        if unpacker.read_array_header() != 3 or unpacker.unpack() != Writes.TAG:
+        if unpacker.read_array_header() != WRITES_ARRAY_LEN or unpacker.unpack() != Writes.TAG:
             return None
         corrs = unpacker.unpack()
     except Exception:  # not msgpack, or not an array: the codec says why
@@ -57,7 +62,7 @@ class TransactionManager(Actor):
         self.state = TxnState(self.cfg.log.checkpoint_mode, self.cfg.transactions.held_requests_max,
                               stale_s=2 * self.cfg.limits.request_timeout_ms / 1000,
                               gate_s_max=2 * self.cfg.log.checkpoint_timeout_ms / 1000)
-        self.incoming: list[tuple[int, Any]] = []  # (corr, request) as in Writes
+        self.incoming: list[Writes] = []  # bursts read whole (the gate was closed), in order
         self.passing: list[tuple[list[int], bytes]] = []  # bursts begun, to pass on as they came
         self.gate_closed_at = 0.0
 
@@ -69,23 +74,24 @@ class TransactionManager(Actor):
         super().handle_frame(frame)
 
     def on_message(self, msg: Message) -> None:
-        corr = getattr(msg, "corr", None)
-        if isinstance(msg, Ended):
-            self.perform(self.state.end(msg.corrs))
-        elif isinstance(msg, CheckpointRequest):
-            self.gate_closed_at = time.monotonic()
-            self.perform(self.state.checkpoint_requested(msg.ckpt_id, time.monotonic()))
-        elif isinstance(msg, CheckpointFinished):
-            if self.state.gate is not None:
-                log.info("checkpoint %d finished; gate was closed %.1f ms", msg.ckpt_id,
-                         (time.monotonic() - self.gate_closed_at) * 1000)
-            self.perform(self.state.checkpoint_finished(msg.ckpt_id, time.monotonic()))
-        elif isinstance(msg, Writes):
-            self.incoming.extend(zip(msg.corrs, msg.requests, strict=True))
-        elif corr is not None:
-            self.incoming.append((corr, self.current_frame))  # a write request sent alone
-        else:
-            log.error("transaction manager got an unexpected %s", type(msg).__name__)
+        match msg:
+            case Writes():
+                self.incoming.append(msg)
+            case CreateTopic(corr) | DeleteTopic(corr) | CommitOffset(corr):
+                # A write request sent alone: a burst of one, as its encoded message.
+                self.incoming.append(Writes([corr], [], [(0, self.current_frame)]))
+            case Ended(corrs):
+                self.perform(self.state.end(corrs))
+            case CheckpointRequest(ckpt_id):
+                self.gate_closed_at = time.monotonic()
+                self.perform(self.state.checkpoint_requested(ckpt_id, time.monotonic()))
+            case CheckpointFinished(ckpt_id):
+                if self.state.gate is not None:
+                    log.info("checkpoint %d finished; gate was closed %.1f ms", ckpt_id,
+                             (time.monotonic() - self.gate_closed_at) * 1000)
+                self.perform(self.state.checkpoint_finished(ckpt_id, time.monotonic()))
+            case _:
+                self.unexpected(msg)
 
     def on_idle(self) -> None:
         if self.passing:
@@ -98,8 +104,8 @@ class TransactionManager(Actor):
                     self.perform([busy(corr) for corr in unsent])
                     break
         if self.incoming:
-            items, self.incoming = self.incoming, []
-            self.perform(self.state.requests(items, time.monotonic()))
+            incoming, self.incoming = self.incoming, []
+            self.perform(self.state.requests(Writes.join(incoming), time.monotonic()))
 
     def on_tick(self, now: float) -> None:
         self.perform(self.state.tick(now))
@@ -107,8 +113,8 @@ class TransactionManager(Actor):
     def perform(self, instructions: list[Forward | Send]) -> None:
         for ins in instructions:
             match ins:
-                case Forward(role, corrs, requests):
-                    unsent = self.send_writes(role, corrs, requests, wait_ms=1000)
+                case Forward(role, writes):
+                    unsent = self.send_writes(role, writes, wait_ms=1000)
                     if unsent:
                         # The log manager is behind or restarting: the rest never began.
                         self.state.end(unsent)
@@ -122,7 +128,7 @@ class TransactionManager(Actor):
         s = self.state
         return {
             "active": len(s.active),
-            "held": len(s.held),
+            "held": s.held_count,
             "held_total": s.held_total,
             "gate": s.gate is not None,
             "began": s.began,

@@ -14,13 +14,10 @@ transaction's records reach the log only when it ends).
 
 from __future__ import annotations
 
-import collections
-from typing import Any
-
 from actors.instructions import Forward, Send
 from actors.roles import FRONT_DOOR, LOG_MANAGER
 from wire.errors import ErrorCode
-from wire.messages import CheckpointReady, ErrorReply
+from wire.messages import CheckpointReady, ErrorReply, Writes
 
 HELD_FULL_TEXT = "the log manager cannot take more now (a full queue or a checkpoint); retry later"
 
@@ -43,7 +40,8 @@ class TxnState:
         self.ready_sent = False  # said ready for the gate's checkpoint already
         self.gate_s_max = gate_s_max  # a gate whose "finished" was lost opens by itself
         self.gate_since = 0.0
-        self.held: collections.deque[tuple[int, Any]] = collections.deque()
+        self.held: list[Writes] = []  # bursts held back at the closed gate, in order
+        self.held_count = 0  # the requests in them
         self.began = 0
         self.held_total = 0  # requests ever held back at a closed gate
         self.ended = 0
@@ -53,18 +51,19 @@ class TxnState:
         """The oldest LSN an active transaction still needs; 0 when none needs any."""
         return 0
 
-    def requests(self, items: list[tuple[int, Any]], now: float) -> list[Forward | Send]:
-        """New write requests (corr, request as in ``Writes``) from the front door."""
+    def requests(self, writes: Writes, now: float) -> list[Forward | Send]:
+        """New write requests from the front door: begun and passed on, or held back while
+        the gate is closed (those past ``held_max`` are answered BUSY)."""
         if self.gate is None:
-            return [self._begin(items, now)]
-        out: list[Forward | Send] = []
-        for corr, request in items:
-            if len(self.held) >= self.held_max:
-                out.append(busy(corr))
-            else:
-                self.held.append((corr, request))
-                self.held_total += 1
-        return out
+            return [self._begin(writes, now)]
+        room = max(0, self.held_max - self.held_count)
+        n = len(writes.corrs)
+        if room:
+            self.held.append(writes if n <= room else writes.slice(0, room))
+            taken = min(n, room)
+            self.held_count += taken
+            self.held_total += taken
+        return [busy(corr) for corr in writes.corrs[room:]]
 
     def begin(self, corrs: list[int], now: float) -> bool:
         """Begin these write transactions at once, their requests to be passed on as they
@@ -76,13 +75,11 @@ class TxnState:
         self.began += len(corrs)
         return True
 
-    def _begin(self, items: list[tuple[int, Any]] | collections.deque[tuple[int, Any]],
-               now: float) -> Forward:
-        for corr, _request in items:
+    def _begin(self, writes: Writes, now: float) -> Forward:
+        for corr in writes.corrs:
             self.active[corr] = now
-        self.began += len(items)
-        return Forward(LOG_MANAGER, [corr for corr, _r in items],
-                       [request for _corr, request in items])
+        self.began += len(writes.corrs)
+        return Forward(LOG_MANAGER, writes)
 
     def end(self, corrs: list[int]) -> list[Forward | Send]:
         for corr in corrs:
@@ -104,8 +101,8 @@ class TxnState:
         self.gate = None
         if not self.held:
             return []
-        held, self.held = self.held, collections.deque()
-        return [self._begin(held, now)]
+        held, self.held, self.held_count = self.held, [], 0
+        return [self._begin(Writes.join(held), now)]
 
     def tick(self, now: float) -> list[Forward | Send]:
         """Forget transactions whose request was lost (a restarted log manager, say)."""

@@ -1,6 +1,8 @@
 """The Python client: ``NodeClient(endpoint)``, synchronous, typed, a context manager.
 
 Every call is one request on a DEALER socket and waits for its reply with a timeout.
+Requests are built, and replies read, by the table of ops in ``wire.protocol`` (``OPS``):
+``call(op, **fields)`` works for any op in it, and says which ops are safe to retry.
 Produce is idempotent: each client has a random producer id and numbers its produce
 requests, so a retry after a lost acknowledgement is recognised by the node and answered
 with the original offsets instead of writing twice. Errors the node answers are raised
@@ -27,7 +29,15 @@ import zmq
 
 from actors.roles import key_partition
 from wire.errors import Busy, ErrorCode, NodeError, RequestTimeout, Unavailable, error_for
-from wire.protocol import DEFAULT_PORT, unpack_replies
+from wire.protocol import (
+    DEFAULT_PORT,
+    OPS,
+    Placed,
+    Topic,
+    check_reply,
+    request_map,
+    unpack_replies,
+)
 from wire.records import Record, pack_batch, to_wire, unpack_read
 
 # The node remembers each producer's last 1 024 sequence numbers (``[log]
@@ -39,8 +49,6 @@ __all__ = ["NodeClient", "NodeError", "Pipeline", "Record", "TopicInfo"]
 
 DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{DEFAULT_PORT}"
 _RETRYABLE = (ErrorCode.BUSY, ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE)
-_IDEMPOTENT = {"produce", "read", "read_by_key", "read_by_tag", "offset_for_timestamp",
-               "committed_offset", "commit_offset", "list_topics", "status", "checkpoint"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,12 +63,12 @@ def _as_bytes(value: bytes | str) -> bytes:
 
 def expand_offsets(reply: dict[str, Any], count: int) -> list[tuple[int, int]]:
     """Per-record (partition, offset) from a produce reply."""
-    parts = reply["parts"]
+    parts = [Placed._make(row) for row in reply["parts"]]
     assign = reply.get("assign")
     if assign is None:
-        (partition, first, n), = parts
-        return [(partition, first + i) for i in range(n)]
-    nxt = {p: first for p, first, _n in parts}
+        (placed,) = parts
+        return [(placed.partition, placed.first_offset + i) for i in range(placed.record_count)]
+    nxt = {placed.partition: placed.first_offset for placed in parts}
     out = []
     for p in assign:
         out.append((p, nxt[p]))
@@ -100,17 +108,19 @@ class NodeClient:
         return next(self._seq)
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
-        """Send one request and return its reply map; retry what is safe to retry."""
-        attempts = self.retries + 1 if op in _IDEMPOTENT else 1
+        """Send one request of ``op`` (an op of ``wire.protocol.OPS``, with its request
+        fields) and return its reply map, which carries the op's reply fields; retry what
+        the table says is safe to retry."""
+        attempts = self.retries + 1 if op in OPS and OPS[op].retry else 1
         backoff_s = 0.01
         last: NodeError | None = None
         for _ in range(attempts):
             rid = next(self._ids)
-            fields["op"] = op
-            fields["id"] = rid
-            self.sock.send(msgpack.packb(fields, use_bin_type=True))
+            self.sock.send(msgpack.packb(request_map(op, rid, fields), use_bin_type=True))
             try:
-                return self._await(rid)
+                reply = self._await(rid)
+                check_reply(op, reply)
+                return reply
             except NodeError as exc:
                 if exc.code not in _RETRYABLE:
                     raise
@@ -144,9 +154,9 @@ class NodeClient:
         self._partitions.pop(name, None)
 
     def list_topics(self) -> list[TopicInfo]:
-        rows = self.call("list_topics")["topics"]
-        self._partitions = {name: n for name, n, _tid in rows}
-        return [TopicInfo(name, n) for name, n, _tid in rows]
+        topics = [Topic._make(row) for row in self.call("list_topics")["topics"]]
+        self._partitions = {t.name: t.partitions for t in topics}
+        return [TopicInfo(t.name, t.partitions) for t in topics]
 
     def partitions(self, topic: str) -> int:
         if topic not in self._partitions:
@@ -264,6 +274,9 @@ class Pipeline:
                        f"poll for answers first")
         c = self.client
         rid = next(c._ids)
+        # The hot path of the client: the map is written out here, in the order
+        # ``request_map("produce", rid, fields, id_first=True)`` gives (a test holds the two
+        # together), which cost 0.4-0.6 µs more per request.
         fields: dict[str, Any] = {"op": "produce", "id": rid, "topic": topic,
                                   "producer_id": c.producer_id,
                                   "seq": c.next_seq() if seq is None else seq,

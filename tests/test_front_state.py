@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -18,11 +19,17 @@ from wire.messages import (
     CommitOffset,
     CommittedOffset,
     CreateTopic,
+    Done,
     ErrorReply,
+    PartRow,
     Read,
     ReadByKey,
     RecordsReply,
+    StatusReply,
+    TopicsReply,
+    ValueReply,
 )
+from wire.protocol import OPS, Topic
 
 ID = b"client-1"
 
@@ -30,7 +37,7 @@ ID = b"client-1"
 def state(mode: str = "fuzzy", **limits: int) -> FrontDoorState:
     cfg = load_config(overrides={"limits": limits, "log": {"checkpoint_mode": mode}})
     s = FrontDoorState(cfg)
-    s.catalog(Catalog(7, [[1, "t", 4], [2, "one", 1]], 7))
+    s.catalog(Catalog(7, [Topic("t", 4, 1), Topic("one", 1, 2)], 7))
     return s
 
 
@@ -46,12 +53,12 @@ def produce(records: list[Any], partition: int | None = None, seq: int = 0) -> l
     return req("produce", **fields)
 
 
-def parts_of(out: Any) -> list[Any]:
+def parts_of(out: Any) -> Sequence[PartRow]:
     """The parts of a produce request on its way to be logged."""
     assert isinstance(out, Produce)
-    producer_id, _seq, parts = out.fields
+    producer_id, _seq, parts = out.request
     assert producer_id == 9
-    return parts  # type: ignore[no-any-return]
+    return parts
 
 
 def reply_of(out: Any) -> dict[str, Any]:
@@ -63,7 +70,7 @@ def reply_of(out: Any) -> dict[str, Any]:
 def test_produce_to_a_named_partition_goes_on_whole() -> None:
     s = state()
     (out,) = s.request(ID, produce([b"a", b"b"], partition=2), now=0.0)
-    assert parts_of(out) == [[1, 2, 2, msgpack.packb([b"a", b"b"])]]
+    assert parts_of(out) == [(1, 2, 2, msgpack.packb([b"a", b"b"]))]
     assert out.corr in s.pending
 
 
@@ -99,10 +106,10 @@ def test_ack_becomes_the_clients_reply_and_raises_lsn_seen() -> None:
     s = state()
     (out,) = s.request(ID, produce([b"a"], partition=1), now=0.0)
     assert isinstance(out, Produce)
-    (rep,) = s.answer(Ack(out.corr, 42, [[1, 10, 1]]))
+    (rep,) = s.answer(Ack(out.corr, 42, [(1, 10, 1)]))
     assert reply_of(rep) == {"id": 1, "ok": True, "lsn": 42, "parts": [[1, 10, 1]]}
     assert s.lsn_seen == 42 and not s.pending
-    assert s.answer(Ack(out.corr, 42, [[1, 10, 1]])) == [], "answered once only"
+    assert s.answer(Ack(out.corr, 42, [(1, 10, 1)])) == [], "answered once only"
     (read,) = s.request(ID, req("read", topic="t", partition=1, offset=0, max_records=5), 0.0)
     assert isinstance(read, Request) and read.role == "cache"
     assert read.msg == Read(read.corr, 1, 1, 0, 5, 42)
@@ -114,13 +121,13 @@ def test_a_group_commits_acks_in_rows_answer_each_request_once() -> None:
                      now=0.0)
     corrs = [o.corr for o in outs if isinstance(o, Produce)]
     assert len(corrs) == 3
-    rows = [[corr, 50 + i, [[i, 7, 1]]] for i, corr in enumerate(corrs)]
+    rows = [(corr, 50 + i, [(i, 7, 1)]) for i, corr in enumerate(corrs)]
     replies = [reply_of(r) for corr, lsn, parts in rows for r in s.ack(corr, lsn, parts)]
     assert [(r["lsn"], r["parts"]) for r in replies] == [(50, [[0, 7, 1]]), (51, [[1, 7, 1]]),
                                                          (52, [[2, 7, 1]])]
     assert s.lsn_seen == 52 and not s.pending
-    assert s.ack(corrs[0], 50, [[0, 7, 1]]) == [], "answered once only"
-    assert s.ack(999, 60, [[0, 8, 1]]) == [] and s.lsn_seen == 52  # not ours: ignored
+    assert s.ack(corrs[0], 50, [(0, 7, 1)]) == [], "answered once only"
+    assert s.ack(999, 60, [(0, 8, 1)]) == [] and s.lsn_seen == 52  # not ours: ignored
 
 
 @pytest.mark.parametrize("mode, role", [("fuzzy", "log"), ("blocking", "txn")])
@@ -210,6 +217,48 @@ def test_an_older_catalog_is_ignored() -> None:
 
 def test_a_restarted_front_door_makes_reads_wait_for_the_durable_lsn() -> None:
     s = FrontDoorState(load_config())
-    s.catalog(Catalog(3, [[1, "t", 1]], 90))  # the log is durable to 90; topics changed at 3
+    s.catalog(Catalog(3, [Topic("t", 1, 1)], 90))  # the log is durable to 90; topics changed at 3
     (read,) = s.request(ID, req("read", topic="t", partition=0, offset=0, max_records=1), 0.0)
     assert isinstance(read, Request) and isinstance(read.msg, Read) and read.msg.lsn_min == 90
+
+
+# One request of every op, and an answer of the kind its actor gives.
+EXAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
+    "produce": ({"topic": "t", "partition": 1, "producer_id": 9, "seq": 0,
+                 "records": msgpack.packb([b"a"])}, lambda c: Ack(c, 5, [(1, 0, 1)])),
+    "create_topic": ({"name": "new", "partitions": 2}, lambda c: Done(c, 5)),
+    "delete_topic": ({"name": "t"}, lambda c: Done(c, 5)),
+    "list_topics": ({}, lambda c: TopicsReply(c, [Topic("t", 4, 1)])),
+    "read": ({"topic": "t", "partition": 0, "offset": 0, "max_records": 5},
+             lambda c: RecordsReply(c, b"\x90", 5)),
+    "read_by_key": ({"topic": "t", "partition": 0, "key": b"k"},
+                    lambda c: RecordsReply(c, b"\x90", 5)),
+    "read_by_tag": ({"topic": "t", "partition": 0, "tag": "x", "offset": 0, "max_records": 5},
+                    lambda c: RecordsReply(c, b"\x90", 5)),
+    "offset_for_timestamp": ({"topic": "t", "partition": 0, "timestamp": 5},
+                             lambda c: ValueReply(c, None)),
+    "commit_offset": ({"group": "g", "topic": "t", "partition": 0, "offset": 0},
+                      lambda c: Done(c, 5)),
+    "committed_offset": ({"group": "g", "topic": "t", "partition": 0},
+                         lambda c: ValueReply(c, 3)),
+    "status": ({}, lambda c: StatusReply(c, {"pid": 1})),
+    "checkpoint": ({}, lambda c: Done(c, 5)),
+}
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_every_op_of_the_table_is_routed_and_answered_with_its_reply_fields(op: str) -> None:
+    s = state()
+    fields, make_answer = EXAMPLES[op]
+    (out,) = s.request(ID, req(op, rid=3, **fields), now=0.0)
+    assert isinstance(out, Produce | Request), reply_of(out)
+    (rep,) = s.answer(make_answer(out.corr))
+    reply = reply_of(rep)
+    assert reply.pop("id") == 3 and reply.pop("ok") is True
+    spec = OPS[op]
+    assert {f.name for f in spec.reply if f.required} <= set(reply) <= {f.name for f in spec.reply}
+    assert list(reply) == [f.name for f in spec.reply if f.name in reply]  # in table order
+
+
+def test_the_routes_cover_the_table() -> None:
+    assert set(state().routes) | {"produce"} == set(OPS)

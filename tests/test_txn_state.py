@@ -5,27 +5,33 @@ from __future__ import annotations
 from actors.instructions import Forward, Send
 from actors.roles import LOG_MANAGER
 from actors.txn_state import TxnState, busy
-from wire.messages import CheckpointReady
+from wire.messages import CheckpointReady, ProduceRow, Writes
 
 
 def ready(ckpt_id: int, oldest_lsn: int) -> Send:
     return Send(LOG_MANAGER, CheckpointReady(ckpt_id, oldest_lsn), wait_ms=1000)
 
 
-def forward(corrs: list[int], requests: list[bytes]) -> Forward:
-    return Forward(LOG_MANAGER, corrs, list(requests))
+def produce(corr: int) -> ProduceRow:
+    return (9, corr, [(1, 0, 1, f"records-{corr}".encode())])
 
 
-def items(*corrs: int) -> list[tuple[int, bytes]]:
-    return [(c, f"frame-{c}".encode()) for c in corrs]
+def items(*corrs: int) -> Writes:
+    """A burst: odd correlation ids are produce requests, even ones other writes."""
+    return Writes(list(corrs), [produce(c) for c in corrs if c % 2],
+                  [(at, f"frame-{c}".encode()) for at, c in enumerate(corrs) if not c % 2])
+
+
+def forward(*corrs: int) -> Forward:
+    return Forward(LOG_MANAGER, items(*corrs))
 
 
 def test_fuzzy_mode_forwards_and_is_ready_at_once() -> None:
     s = TxnState("fuzzy", held_max=10, stale_s=5, gate_s_max=60)
     (fwd,) = s.requests(items(1, 2), now=0)
-    assert fwd == forward([1, 2], [b"frame-1", b"frame-2"])
+    assert fwd == forward(1, 2)
     assert s.checkpoint_requested(7) == [ready(7, 0)]
-    assert s.requests(items(3), now=0) == [forward([3], [b"frame-3"])]  # writes never stop
+    assert s.requests(items(3), now=0) == [forward(3)]  # writes never stop
 
 
 def test_blocking_gate_waits_for_active_and_holds_new() -> None:
@@ -38,7 +44,7 @@ def test_blocking_gate_waits_for_active_and_holds_new() -> None:
     assert s.end([2]) == [ready(3, 0)]
     assert s.end([2]) == []  # ready is said once
     assert s.checkpoint_finished(99, now=1) == []  # not ours
-    assert s.checkpoint_finished(3, now=1) == [forward([4, 5], [b"frame-4", b"frame-5"])]
+    assert s.checkpoint_finished(3, now=1) == [forward(4, 5)]
     assert set(s.active) == {4, 5}
 
 
@@ -51,7 +57,9 @@ def test_held_queue_is_bounded() -> None:
     s = TxnState("blocking", held_max=2, stale_s=5, gate_s_max=60)
     s.checkpoint_requested(1)
     assert s.requests(items(1, 2, 3), now=0) == [busy(3)]
-    assert len(s.held) == 2 and s.held_total == 2
+    assert s.held_count == 2 and s.held_total == 2
+    assert s.requests(items(5), now=0) == [busy(5)]
+    assert s.checkpoint_finished(1, now=0) == [forward(1, 2)]
 
 
 def test_lost_transactions_expire_and_release_the_gate() -> None:
@@ -68,7 +76,7 @@ def test_a_gate_whose_finish_was_lost_opens_by_itself() -> None:
     assert s.checkpoint_requested(1, now=0) == [ready(1, 0)]
     s.requests(items(7), now=1)
     assert s.tick(now=20) == []
-    assert s.tick(now=31) == [forward([7], [b"frame-7"])]
+    assert s.tick(now=31) == [forward(7)]
     assert s.gate is None
 
 
@@ -84,12 +92,37 @@ def test_a_burst_begins_whole_while_the_gate_is_open_and_not_while_it_is_closed(
     assert st.begin([5], now=2.0) and 5 in st.active
 
 
+def test_bursts_held_at_the_gate_go_on_as_one_in_the_order_they_came() -> None:
+    s = TxnState("blocking", held_max=10, stale_s=5, gate_s_max=60)
+    s.checkpoint_requested(1)
+    s.requests(items(1, 2, 3), now=0)
+    s.requests(items(4, 5), now=0)
+    s.requests(items(6), now=0)
+    (fwd,) = s.checkpoint_finished(1, now=0)
+    assert isinstance(fwd, Forward)
+    assert fwd == forward(1, 2, 3, 4, 5, 6)
+    assert list(fwd.writes.others) == [(1, b"frame-2"), (3, b"frame-4"), (5, b"frame-6")]
+
+
+def test_a_burst_cut_anywhere_keeps_each_request_at_its_place() -> None:
+    burst = items(1, 2, 3, 4, 5, 6, 8, 9)
+    for start in range(len(burst.corrs) + 1):
+        for end in range(start, len(burst.corrs) + 1):
+            assert burst.slice(start, end) == items(*burst.corrs[start:end]), (start, end)
+    cut = [burst.slice(0, 3), burst.slice(3, 3), burst.slice(3, 8)]
+    assert Writes.join(cut) == burst
+    sizes = burst.sizes()
+    assert len(sizes) == len(burst.corrs)
+    assert sizes[1] < sizes[0]  # an other write (a 7-byte frame) is smaller than a produce
+
+
 def test_the_transaction_manager_reads_only_the_correlation_ids_of_a_burst() -> None:
     from actors.transaction_manager import writes_corrs
     from wire import codec
-    from wire.messages import Ended, Writes
+    from wire.messages import Ended
 
-    frame = codec.encode(Writes([4, 5], [b"\x01" * 100_000, b"\x02"]))
+    frame = codec.encode(Writes([4, 5], [(9, 0, [(1, 0, 1, b"\x01" * 100_000)])],
+                                [(1, b"\x02")]))
     assert writes_corrs(frame) == [4, 5]
     assert writes_corrs(codec.encode(Ended([4, 5]))) is None
     assert writes_corrs(b"\xc1 not msgpack") is None

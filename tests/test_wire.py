@@ -3,9 +3,11 @@ the client request schema, record batches and the error-code mapping. No process
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -29,10 +31,13 @@ from wire.errors import (
 )
 from wire.protocol import (
     OFFSET_MAX,
-    REQUESTS,
+    OPS,
+    Field,
+    describe,
     join_frames,
     parse_request,
     parse_requests,
+    request_map,
     unpack_replies,
 )
 from wire.records import Record, check_batch, pack_batch
@@ -68,6 +73,14 @@ def _sample(tp: Any, i: int, use_none: bool) -> Any:
         if item is Any:
             return [i, f"t{i}", 3, b"\x00blob", None, [i + 1, -1]]
         return [_sample(item, i + k, use_none) for k in range(3)]
+    if origin is collections.abc.Sequence:  # in messages whose arrays decode as tuples
+        (item,) = typing.get_args(tp)
+        return tuple(_sample(item, i + k, use_none) for k in range(3))
+    if origin is tuple:  # a typed row
+        return tuple(_sample(item, i + k, use_none) for k, item in enumerate(typing.get_args(tp)))
+    if isinstance(tp, type) and issubclass(tp, tuple) and hasattr(tp, "_fields"):  # NamedTuple
+        hints = typing.get_type_hints(tp)
+        return tp(*[_sample(hints[name], i + k, use_none) for k, name in enumerate(tp._fields)])
     if origin is dict:
         return {"count": i, "nested": [1, "a", b"b", None], "map": {"x": 1.5}}
     raise AssertionError(f"no sample for annotation {tp!r}: teach this test the new type")
@@ -91,16 +104,42 @@ def test_registry_is_not_empty_and_tags_match_classes() -> None:
         assert tag == cls.TAG
 
 
+def _as_lists(value: Any) -> Any:
+    """``value`` with every tuple (rows included) a list, as msgpack gives arrays back."""
+    if isinstance(value, (list, tuple)):
+        return [_as_lists(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_lists(v) for k, v in value.items()}
+    return value
+
+
 @pytest.mark.parametrize(("tag", "cls"), REGISTERED, ids=[c.__name__ for _, c in REGISTERED])
 def test_round_trip_of_every_registered_message(tag: int, cls: type) -> None:
     for msg in _instances(cls):
         frame = codec.encode(msg)
         # The layout is [TAG, fields in declaration order], checked independently of decode.
         expected = [tag] + [getattr(msg, f.name) for f in dataclasses.fields(cls)]
-        assert msgpack.unpackb(frame, raw=False, strict_map_key=False) == expected
+        assert msgpack.unpackb(frame, raw=False, strict_map_key=False) == _as_lists(expected)
         back = codec.decode(frame)
         assert type(back) is cls
-        assert back == msg
+        assert back == msg  # rows and tuples come back as what the class declares
+        for f in dataclasses.fields(cls):
+            assert type(getattr(back, f.name)) is type(getattr(msg, f.name)), f.name
+
+
+def test_rows_decode_as_their_named_tuple_and_hot_rows_as_tuples() -> None:
+    from wire.messages import Acks, Catalog, Writes
+    from wire.protocol import Topic
+
+    cat = codec.decode(codec.encode(Catalog(3, [Topic("t", 2, 9)], 3)))
+    assert isinstance(cat, Catalog) and cat.topics == [Topic("t", 2, 9)]
+    assert cat.topics[0].topic_id == 9 and type(cat.topics) is list
+    acks = codec.decode(codec.encode(Acks([[5, 7, [[0, 10, 1]]]])))  # sent as lists, even
+    assert isinstance(acks, Acks) and acks.rows == ((5, 7, ((0, 10, 1),)),)
+    writes = codec.decode(codec.encode(Writes([1], [(9, 0, [(1, 0, 1, b"r")])], [])))
+    assert isinstance(writes, Writes) and writes.produces == ((9, 0, ((1, 0, 1, b"r"),)),)
+    with pytest.raises(CodecError, match="Topic"):
+        codec.decode(pack([Catalog.TAG, 3, [["t", 2]], 3]))  # a row one field short
 
 
 def test_a_tag_cannot_be_registered_twice() -> None:
@@ -189,7 +228,12 @@ VALID_REQUESTS: dict[str, dict[str, Any]] = {
 
 
 def test_valid_request_examples_cover_every_op() -> None:
-    assert set(VALID_REQUESTS) == set(REQUESTS)
+    assert set(VALID_REQUESTS) == set(OPS)
+
+
+def _field(op: str, name: str) -> Field:
+    (f,) = [f for f in OPS[op].request if f.name == name]
+    return f
 
 
 def _parse(req: Any, limit: int = FRAME_MAX) -> tuple[int, str, dict[str, Any]]:
@@ -253,12 +297,12 @@ def test_an_unknown_op_is_answered_with_unknown_op_and_the_id(op: Any) -> None:
 
 
 def _required(op: str) -> list[str]:
-    return [name for name, (_types, required) in REQUESTS[op].items() if required]
+    return [f.name for f in OPS[op].request if f.required]
 
 
 @pytest.mark.parametrize(
     ("op", "field"),
-    [(op, f) for op in sorted(REQUESTS) for f in _required(op)],
+    [(op, f) for op in sorted(OPS) for f in _required(op)],
 )
 def test_a_missing_required_field_is_named(op: str, field: str) -> None:
     req = {"op": op, "id": 5, **VALID_REQUESTS[op]}
@@ -286,7 +330,7 @@ def _wrong_value(value: Any) -> list[Any]:
 )
 def test_a_field_of_the_wrong_type_is_named(op: str, field: str) -> None:
     for wrong in _wrong_value(VALID_REQUESTS[op][field]):
-        if wrong is None and REQUESTS[op][field][0] == (int, type(None)):
+        if wrong is None and _field(op, field).types == (int, type(None)):
             continue
         req = {"op": op, "id": 6, **VALID_REQUESTS[op], field: wrong}
         err = _reject(req)
@@ -333,6 +377,51 @@ def test_a_frame_over_the_limit_is_frame_too_large() -> None:
     with pytest.raises(NodeError) as info:
         parse_request(b"\xc1" * 100, 99)
     assert info.value.code == ErrorCode.FRAME_TOO_LARGE
+
+
+# ---- the table as the client and the docs read it -----------------------------------------
+
+
+def test_the_client_builds_each_valid_request_as_the_node_accepts_it() -> None:
+    for op, fields in VALID_REQUESTS.items():
+        req = request_map(op, 9, dict(reversed(fields.items())))  # any order in
+        assert list(req) == [f.name for f in OPS[op].request if f.name in fields] + ["op", "id"]
+        assert _parse(req) == (9, op, req)
+        head = request_map(op, 9, fields, id_first=True)
+        assert list(head)[:2] == ["op", "id"] and head == req
+
+
+def test_the_client_names_a_field_that_is_missing_or_unknown() -> None:
+    fields = dict(VALID_REQUESTS["produce"])
+    del fields["partition"]  # optional
+    assert list(request_map("produce", 1, fields))[:4] == ["topic", "producer_id", "seq",
+                                                           "records"]
+    with pytest.raises(BadRequest, match="missing field 'offset'"):
+        request_map("read", 1, {"topic": "t", "partition": 0, "max_records": 1})
+    with pytest.raises(BadRequest, match="colour"):
+        request_map("status", 1, {"colour": "blue"})
+    with pytest.raises(NodeError) as info:
+        request_map("fly", 1, {})
+    assert info.value.code == ErrorCode.UNKNOWN_OP
+
+
+def test_every_op_has_reply_fields_and_bounded_fields_are_strings_or_bytes() -> None:
+    for op in OPS.values():
+        assert op.reply, op.name
+        names = [f.name for f in op.request]
+        assert len(names) == len(set(names)) and not {"op", "id"} & set(names), op.name
+        for f in op.request:
+            assert not f.len_max or f.types in ((str,), (bytes,)), (op.name, f.name)
+            assert not f.non_negative or int in f.types, (op.name, f.name)
+
+
+def test_the_architecture_doc_carries_the_table_as_the_code_has_it() -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "ARCHITECTURE.md").read_text()
+    table = describe()
+    assert table in doc, ("docs/ARCHITECTURE.md is out of step with wire.protocol.OPS: paste "
+                          "in the output of `python -m wire.protocol`")
+    for op in OPS:
+        assert f"| `{op}` |" in table
 
 
 # ---- record batches -----------------------------------------------------------------------

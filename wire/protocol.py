@@ -1,8 +1,9 @@
-"""The client protocol: msgpack maps over ZeroMQ, one or more per frame.
+"""The client protocol: msgpack maps over ZeroMQ, one or more per frame, and its one table.
 
 A request is ``{"op": str, "id": int, ...fields}``; the client picks ``id`` and the reply
 carries it back, so many requests can be in flight on one DEALER socket. A reply is
-``{"id": int, "ok": true, ...}`` or ``{"id": int, "ok": false, "code": int, "error": str}``.
+``{...fields, "id": int, "ok": true}`` or ``{"id": int, "ok": false, "code": int,
+"error": str}``.
 
 A frame carries one map, or several concatenated (as Redis pipelines commands on one
 stream): at most ``REQUESTS_PER_FRAME_MAX`` requests from a client, and as many replies as
@@ -10,14 +11,20 @@ the node had ready for that client at once, up to ``REPLY_FRAME_BYTES_MAX`` (a l
 travels alone). Each request is still answered by its own reply; the frame only saves a
 ZeroMQ message per request on both ends.
 
-``REQUESTS`` below is the whole request schema; ``parse_request`` checks a decoded map
-against it and names the first field that is wrong.
+``OPS`` is the whole protocol: each op once, with its request fields (types, whether
+required, bounds) and its reply fields. The front door's checks (``check_request``), the
+client's requests (``request_map``) and retries (``Op.retry``), and the protocol's section
+of docs/ARCHITECTURE.md (``describe``; ``python -m wire.protocol`` prints it) all come from
+it. A new op is one entry here plus its handler (the front door's route and the actor that
+answers it).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -26,71 +33,159 @@ from wire.records import KEY_BYTES_MAX, TAG_BYTES_MAX
 
 DEFAULT_PORT = 7400
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+NAME_LEN_MAX = 200  # topic and group names (NAME_RE says the same)
 OFFSET_MAX = 2**63 - 1
 REQUESTS_PER_FRAME_MAX = 1024  # a client's Pipeline keeps at most this many in flight
 REPLY_FRAME_BYTES_MAX = 262144  # replies are joined into one frame up to this size
 
+
+# ---- rows that replies carry ---------------------------------------------------------
+
+
+class Topic(NamedTuple):
+    """A topic, as ``list_topics`` answers it and as every table of topics in the node holds
+    it (the log manager's catalog, the front door's and cache manager's copies)."""
+
+    name: str
+    partitions: int
+    topic_id: int
+
+
+class Placed(NamedTuple):
+    """Where a produce's records landed in one partition: a row of its reply's ``parts``."""
+
+    partition: int
+    first_offset: int
+    record_count: int
+
+
+# ---- the table -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """A field of a request or a reply: its name, the msgpack types it may have, and bounds.
+
+    ``non_negative``: an integer in 0..``OFFSET_MAX``. ``len_max``: a str or bin of at most
+    this length (0: not bounded here). ``row``: the layout of each element of an array
+    field whose elements are arrays."""
+
+    name: str
+    types: tuple[type, ...]
+    doc: str
+    required: bool = True
+    non_negative: bool = False
+    len_max: int = 0
+    row: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """A client op: its request fields and its reply fields (besides ``op``, ``id``, ``ok``).
+
+    ``retry``: the client may send it again after BUSY, TIMEOUT or UNAVAILABLE (doing it
+    twice does what doing it once does: produce is de-duplicated by producer id and
+    sequence number)."""
+
+    name: str
+    doc: str
+    request: tuple[Field, ...]
+    reply: tuple[Field, ...]
+    retry: bool = True
+
+
 _INT = (int,)
-_OPT_INT = (int, type(None))
 _STR = (str,)
 _BIN = (bytes,)
+_ARRAY = (list,)
 
-# op → {field: (accepted types, required)}
-REQUESTS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
-    "produce": {
-        "topic": (_STR, True),
-        "partition": (_OPT_INT, False),
-        "producer_id": (_INT, True),
-        "seq": (_INT, True),
-        "records": (_BIN, True),
-    },
-    "create_topic": {"name": (_STR, True), "partitions": (_INT, True)},
-    "delete_topic": {"name": (_STR, True)},
-    "list_topics": {},
-    "read": {
-        "topic": (_STR, True),
-        "partition": (_INT, True),
-        "offset": (_INT, True),
-        "max_records": (_INT, True),
-    },
-    "read_by_key": {"topic": (_STR, True), "partition": (_INT, True), "key": (_BIN, True)},
-    "read_by_tag": {
-        "topic": (_STR, True),
-        "partition": (_INT, True),
-        "tag": (_STR, True),
-        "offset": (_INT, True),
-        "max_records": (_INT, True),
-    },
-    "offset_for_timestamp": {
-        "topic": (_STR, True),
-        "partition": (_INT, True),
-        "timestamp": (_INT, True),
-    },
-    "commit_offset": {
-        "group": (_STR, True),
-        "topic": (_STR, True),
-        "partition": (_INT, True),
-        "offset": (_INT, True),
-    },
-    "committed_offset": {"group": (_STR, True), "topic": (_STR, True), "partition": (_INT, True)},
-    "status": {},
-    "checkpoint": {},
-}
+TOPIC = Field("topic", _STR, "topic name", len_max=NAME_LEN_MAX)
+PARTITION = Field("partition", _INT, "partition, 0 .. partitions - 1", non_negative=True)
+OFFSET = Field("offset", _INT, "offset in the partition", non_negative=True)
+MAX_RECORDS = Field("max_records", _INT, "at most this many records (the node caps it at "
+                    "`read_records_max`)", non_negative=True)
+GROUP = Field("group", _STR, "consumer group name", len_max=NAME_LEN_MAX)
+NAME = Field("name", _STR, "topic name", len_max=NAME_LEN_MAX)
 
-# Fields bounded in length (the same bounds as records' keys and tags in wire.records).
-_BYTES_MAX = {"key": KEY_BYTES_MAX, "tag": TAG_BYTES_MAX, "group": 200, "name": 200,
-              "topic": 200}
+LSN = Field("lsn", _INT, "the LSN that made it durable")
+RECORDS_READ = Field("records", _BIN, "packed array of `[offset, timestamp_ms, key, tags, "
+                     "value]`, in offset order")
+VALUE = Field("value", (int, type(None)), "the offset, or nil for none")
 
-# Integer fields that must not be negative.
-_NON_NEGATIVE = ("partition", "offset", "max_records", "timestamp", "seq", "producer_id")
+OPS: dict[str, Op] = {op.name: op for op in (
+    Op("produce", "append a batch of records; answered once it is durable",
+       request=(TOPIC,
+                Field("producer_id", _INT, "the producer's id", non_negative=True),
+                Field("seq", _INT, "the producer's sequence number: a retry with the same "
+                      "one is answered with the first attempt's offsets", non_negative=True),
+                Field("records", _BIN, "packed array of records: each a `value` bin or "
+                      "`[value, key, tags, timestamp_ms]` (wire/records.py)"),
+                Field("partition", (int, type(None)), "partition; absent or nil: by key "
+                      "hash, keyless records round-robin", required=False, non_negative=True)),
+       reply=(LSN,
+              Field("parts", _ARRAY, "where the records landed, one row per partition",
+                    row=Placed._fields),
+              Field("assign", _ARRAY, "the partition of each record, in batch order, when "
+                    "the batch was split by key", required=False))),
+    Op("create_topic", "create a topic", retry=False,
+       request=(NAME, Field("partitions", _INT, "1 .. 1024 partitions")),
+       reply=(LSN,)),
+    Op("delete_topic", "delete a topic and its partitions", retry=False,
+       request=(NAME,),
+       reply=(LSN,)),
+    Op("list_topics", "every topic, sorted by name",
+       request=(),
+       reply=(Field("topics", _ARRAY, "one row per topic", row=Topic._fields),)),
+    Op("read", "records from an offset on (from the cache when it has them)",
+       request=(TOPIC, PARTITION, OFFSET, MAX_RECORDS),
+       reply=(RECORDS_READ,)),
+    Op("read_by_key", "the latest record with a key",
+       request=(TOPIC, PARTITION, Field("key", _BIN, "record key", len_max=KEY_BYTES_MAX)),
+       reply=(RECORDS_READ,)),
+    Op("read_by_tag", "records carrying a tag, from an offset on",
+       request=(TOPIC, PARTITION, Field("tag", _STR, "record tag", len_max=TAG_BYTES_MAX),
+                OFFSET, MAX_RECORDS),
+       reply=(RECORDS_READ,)),
+    Op("offset_for_timestamp", "the first offset whose record's timestamp is at or after one",
+       request=(TOPIC, PARTITION,
+                Field("timestamp", _INT, "milliseconds since the epoch", non_negative=True)),
+       reply=(VALUE,)),
+    Op("commit_offset", "record a consumer group's offset in a partition",
+       request=(GROUP, TOPIC, PARTITION, OFFSET),
+       reply=(LSN,)),
+    Op("committed_offset", "a consumer group's committed offset in a partition",
+       request=(GROUP, TOPIC, PARTITION),
+       reply=(VALUE,)),
+    Op("status", "the node's figures, actor by actor",
+       request=(),
+       reply=(Field("status", (dict,), "the figures (see `shardnode status`)"),)),
+    Op("checkpoint", "run a checkpoint now",
+       request=(),
+       reply=(Field("lsn", _INT, "the LSN up to which every shard is durable"),)),
+)}
 
-# The schema above, unrolled per op once so that checking a request is one pass over its
-# fields: (name, accepted types, required, must not be negative), and the bounded fields.
-_CHECKS = {op: [(name, types, required, name in _NON_NEGATIVE)
-                for name, (types, required) in fields.items()]
-           for op, fields in REQUESTS.items()}
-_BOUNDED = {op: [(name, _BYTES_MAX[name]) for name in fields if name in _BYTES_MAX]
-            for op, fields in REQUESTS.items()}
+# The table unrolled per op once, so that checking a request is one pass over its fields:
+# (name, accepted types, required, must not be negative), and the fields bounded in length.
+_CHECKS = {name: tuple((f.name, f.types, f.required, f.non_negative) for f in op.request)
+           for name, op in OPS.items()}
+_BOUNDED = {name: tuple((f.name, f.len_max) for f in op.request if f.len_max)
+            for name, op in OPS.items()}
+_NAMES = {name: frozenset(f.name for f in op.request) for name, op in OPS.items()}
+
+
+def _orders(op: Op) -> frozenset[tuple[str, ...]]:
+    """Every order of keys a complete request of ``op`` can have: the table's, with or without
+    each optional field."""
+    orders: list[tuple[str, ...]] = [()]
+    for f in op.request:
+        orders = [(*o, f.name) for o in orders] + ([] if f.required else orders)
+    return frozenset(orders)
+
+
+_ORDERS = {name: _orders(op) for name, op in OPS.items()}
+
+
+# ---- the front door's side -----------------------------------------------------------
 
 
 def parse_request(frame: bytes, frame_bytes_max: int) -> tuple[int, str, dict[str, Any]]:
@@ -146,7 +241,8 @@ def parse_requests(frame: bytes, frame_bytes_max: int,
 
 
 def check_request(req: Any) -> tuple[int, str, dict[str, Any]]:
-    """Check one decoded request against the schema; return ``(id, op, fields)``."""
+    """Check one decoded request against ``OPS``; return ``(id, op, fields)``, or raise the
+    ``NodeError`` naming the first field that is wrong."""
     if type(req) is not dict:
         raise _error(0, ErrorCode.BAD_REQUEST, "request must be a msgpack map")
     rid = req.get("id")
@@ -155,7 +251,7 @@ def check_request(req: Any) -> tuple[int, str, dict[str, Any]]:
     op = req.get("op")
     checks = _CHECKS.get(op) if type(op) is str else None
     if checks is None or not isinstance(op, str):
-        raise _error(rid, ErrorCode.UNKNOWN_OP, f"unknown op {op!r}; known: {sorted(REQUESTS)}")
+        raise _error(rid, ErrorCode.UNKNOWN_OP, f"unknown op {op!r}; known: {sorted(OPS)}")
     present = 2  # "op" and "id"
     for name, types, required, non_negative in checks:
         if name not in req:
@@ -165,13 +261,12 @@ def check_request(req: Any) -> tuple[int, str, dict[str, Any]]:
         present += 1
         value = req[name]
         if type(value) not in types:
-            want = " or ".join("nil" if t is type(None) else t.__name__ for t in types)
-            raise _error(rid, ErrorCode.BAD_REQUEST,
-                         f"{op}: field '{name}' must be {want}, got {type(value).__name__}")
+            raise _error(rid, ErrorCode.BAD_REQUEST, f"{op}: field '{name}' must be "
+                         f"{_type_names(types, ' or ')}, got {type(value).__name__}")
         if non_negative and type(value) is int and not 0 <= value <= OFFSET_MAX:
             raise _error(rid, ErrorCode.BAD_REQUEST, f"{op}: field '{name}' is out of range")
     if len(req) != present:
-        extra = set(req) - set(REQUESTS[op]) - {"op", "id"}
+        extra = set(req) - _NAMES[op] - {"op", "id"}
         raise _error(rid, ErrorCode.BAD_REQUEST, f"{op}: unknown fields {sorted(map(repr, extra))}")
     for name, limit in _BOUNDED[op]:
         value = req.get(name)
@@ -180,19 +275,33 @@ def check_request(req: Any) -> tuple[int, str, dict[str, Any]]:
     return rid, op, req
 
 
-def unpack_replies(frame: bytes) -> list[dict[str, Any]]:
-    """Every reply map of a frame (the node may join several into one)."""
-    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(frame) or 1)
-    unpacker.feed(frame)
-    replies = []
-    end = 0
-    for reply in unpacker:
-        end = unpacker.tell()
-        if type(reply) is dict:
-            replies.append(reply)
-    if end != len(frame):
-        raise ValueError("reply frame ends inside a message")
-    return replies
+def _type_names(types: tuple[type, ...], sep: str) -> str:
+    return sep.join("nil" if t is type(None) else t.__name__ for t in types)
+
+
+def _error(rid: int, code: ErrorCode, text: str) -> NodeError:
+    err = NodeError(text, code)
+    err.request_id = rid  # type: ignore[attr-defined]
+    return err
+
+
+def check_name(what: str, name: str) -> None:
+    if not NAME_RE.match(name):
+        raise BadRequest(
+            f"{what} {name!r} is not valid: 1-200 characters of letters, digits, '.', '_' or '-', "
+            f"starting with a letter or digit", ErrorCode.INVALID_NAME)
+
+
+def ok(rid: int, **fields: Any) -> bytes:
+    """A reply: ``fields`` (in the order the table lists them), then ``id`` and ``ok``."""
+    fields["id"] = rid
+    fields["ok"] = True
+    return bytes(msgpack.packb(fields, use_bin_type=True))
+
+
+def error(rid: int, code: int, text: str) -> bytes:
+    return bytes(msgpack.packb({"id": rid, "ok": False, "code": int(code), "error": text},
+                               use_bin_type=True))
 
 
 def join_frames(frames: list[bytes], bytes_max: int = REPLY_FRAME_BYTES_MAX) -> list[bytes]:
@@ -214,25 +323,97 @@ def join_frames(frames: list[bytes], bytes_max: int = REPLY_FRAME_BYTES_MAX) -> 
     return out
 
 
-def _error(rid: int, code: ErrorCode, text: str) -> NodeError:
-    err = NodeError(text, code)
-    err.request_id = rid  # type: ignore[attr-defined]
-    return err
+# ---- the client's side ---------------------------------------------------------------
 
 
-def check_name(what: str, name: str) -> None:
-    if not NAME_RE.match(name):
-        raise BadRequest(
-            f"{what} {name!r} is not valid: 1-200 characters of letters, digits, '.', '_' or '-', "
-            f"starting with a letter or digit", ErrorCode.INVALID_NAME)
+def request_map(op: str, rid: int, fields: Mapping[str, Any],
+                id_first: bool = False) -> dict[str, Any]:
+    """The request map of ``op`` with ``fields``, their keys in the table's order, then
+    ``op`` and ``id``; or ``op`` and ``id`` first with ``id_first`` (the Pipeline's order:
+    both are kept as they were, and so are the bytes on the wire). Raises ``NodeError`` for
+    an unknown op, or a field that is unknown or missing, as the node would; values are the
+    node's to check."""
+    orders = _ORDERS.get(op)
+    if orders is None:
+        raise NodeError(f"unknown op {op!r}; known: {sorted(OPS)}", ErrorCode.UNKNOWN_OP)
+    if tuple(fields) not in orders:  # not in the table's order, or not the op's fields
+        extra = fields.keys() - _NAMES[op]
+        if extra:
+            raise BadRequest(f"{op}: unknown fields {sorted(map(repr, extra))}")
+        for f in OPS[op].request:
+            if f.required and f.name not in fields:
+                raise BadRequest(f"{op}: missing field '{f.name}'")
+        fields = {f.name: fields[f.name] for f in OPS[op].request if f.name in fields}
+    return {"op": op, "id": rid, **fields} if id_first else {**fields, "op": op, "id": rid}
 
 
-def ok(rid: int, **fields: Any) -> bytes:
-    fields["id"] = rid
-    fields["ok"] = True
-    return bytes(msgpack.packb(fields, use_bin_type=True))
+def check_reply(op: str, reply: Mapping[str, Any]) -> None:
+    """Raise ``NodeError`` (INTERNAL) if a successful reply to ``op`` lacks a field the
+    table says it carries."""
+    missing = [f.name for f in OPS[op].reply if f.required and f.name not in reply]
+    if missing:
+        raise NodeError(f"the reply to {op} lacks {missing}", ErrorCode.INTERNAL)
 
 
-def error(rid: int, code: int, text: str) -> bytes:
-    return bytes(msgpack.packb({"id": rid, "ok": False, "code": int(code), "error": text},
-                               use_bin_type=True))
+def unpack_replies(frame: bytes) -> list[dict[str, Any]]:
+    """Every reply map of a frame (the node may join several into one)."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(frame) or 1)
+    unpacker.feed(frame)
+    replies = []
+    end = 0
+    for reply in unpacker:
+        end = unpacker.tell()
+        if type(reply) is dict:
+            replies.append(reply)
+    if end != len(frame):
+        raise ValueError("reply frame ends inside a message")
+    return replies
+
+
+# ---- the docs ------------------------------------------------------------------------
+
+_MSGPACK_NAMES = {int: "int", str: "str", bytes: "bin", type(None): "nil", list: "array",
+                  dict: "map"}
+
+
+def describe_field(f: Field) -> str:
+    """A field's name, msgpack type and bounds, as the protocol's table shows them."""
+    kind = (f"[[{', '.join(f.row)}], ...]" if f.row
+            else " or ".join(_MSGPACK_NAMES[t] for t in f.types))
+    text = f"`{f.name}`{'' if f.required else '?'} {kind}"
+    if f.non_negative:
+        text += " ≥ 0"
+    if f.len_max:
+        text += f" of ≤ {f.len_max} {'chars' if f.types == (str,) else 'bytes'}"
+    return text
+
+
+def describe() -> str:
+    """The protocol's table in markdown, as docs/ARCHITECTURE.md carries it: every op with
+    its request and reply fields (``?``: optional), then what each field means."""
+    lines = ["| op | request fields | reply fields | does |", "| --- | --- | --- | --- |"]
+    meanings: dict[str, list[tuple[str, list[str]]]] = {}  # name → [(meaning, ops)]
+    for op in OPS.values():
+        request = "; ".join(describe_field(f) for f in op.request) or "—"
+        reply = "; ".join(describe_field(f) for f in op.reply)
+        does = op.doc + ("" if op.retry else " (the client does not retry it)")
+        lines.append(f"| `{op.name}` | {request} | {reply} | {does} |")
+        for side, fields in (("request", op.request), ("reply", op.reply)):
+            for f in fields:
+                seen = meanings.setdefault(f"{f.name}` ({side}", [])
+                for doc, ops in seen:
+                    if doc == f.doc:
+                        ops.append(op.name)
+                        break
+                else:
+                    seen.append((f.doc, [op.name]))
+    lines.append("")
+    for key, docs in meanings.items():
+        for doc, ops in docs:
+            where = f", {', '.join(ops)}" if len(docs) > 1 else ""
+            lines.append(f"- `{key}{where}): {doc}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(describe(), end="")
