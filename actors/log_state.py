@@ -284,7 +284,7 @@ class LogState:
 
     def restore(self, snap: dict[str, Any]) -> None:
         form = snap.get("format")
-        if form not in (1, self.SNAPSHOT_FORMAT):
+        if form != self.SNAPSHOT_FORMAT:
             raise ValueError(f"snapshot format {form} is not {self.SNAPSHOT_FORMAT}")
         self.last_lsn = snap["last_lsn"]
         self.catalog_lsn = snap["catalog_lsn"]
@@ -297,12 +297,7 @@ class LogState:
             self.by_id[tid] = topic
         self.next_offset = {(tid, p): off for tid, p, off in snap["next_offset"]}
         self.producers.clear()
-        for pid, max_seq, results in snap["producers"]:
-            if form == 1:
-                window = {seq: msgpack.packb([lsn, parts], use_bin_type=True)
-                          for seq, lsn, parts in results}
-            else:
-                window = dict(results)
+        for pid, max_seq, window in snap["producers"]:
             low = max(0, max_seq - self.window + 1)
             self.producers[pid] = ProducerWindow(max_seq, low,
                                                  {s: r for s, r in window.items() if s >= low})
