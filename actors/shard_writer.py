@@ -273,7 +273,7 @@ class ShardWriter(Actor):
             case Read() | ReadByKey() | ReadByTag() | OffsetForTimestamp() | CommittedOffset():
                 self.perform(self.state.read(msg, time.monotonic()))
             case _:
-                self.perform(self.state.unexpected(msg))
+                self.unexpected(msg)
 
     def on_tick(self, now: float) -> None:
         self.perform(self.state.tick(now))  # reads behind: read the log for them first

@@ -158,12 +158,3 @@ class WriterState:
         if isinstance(msg, Progress):
             self.progress.refused()
         return []
-
-    def unexpected(self, msg: Message) -> list[WriterInstruction]:
-        """A message a shard writer does not handle: answered if it is a request, logged."""
-        name = type(msg).__name__
-        log.error("shard writer got an unexpected %s", name)
-        corr = getattr(msg, "corr", None)
-        if isinstance(corr, int):
-            return [error_reply(corr, ErrorCode.BAD_REQUEST, f"a shard writer does not handle {name}")]
-        return []

@@ -15,7 +15,13 @@ import zmq
 
 from actors.base import ActorContext, mailbox_address
 from actors.cache_manager import CacheManager
-from actors.roles import CACHE_MANAGER, FRONT_DOOR, LOG_MANAGER, TRANSACTION_MANAGER
+from actors.roles import (
+    CACHE_MANAGER,
+    FRONT_DOOR,
+    LOG_MANAGER,
+    TRANSACTION_MANAGER,
+    writer_role,
+)
 from config import load_config
 from node.local import LocalNode
 from node.supervisor import run_dir_for
@@ -71,7 +77,7 @@ def test_unexpected_messages_do_not_restart_an_actor_and_the_node_keeps_serving(
     with node.client() as c:
         c.create_topic("t")
         c.produce("t", b"before")
-    roles = [LOG_MANAGER, TRANSACTION_MANAGER, CACHE_MANAGER, FRONT_DOOR]
+    roles = [LOG_MANAGER, TRANSACTION_MANAGER, CACHE_MANAGER, FRONT_DOOR, writer_role(0)]
     pids = {a["role"]: a["pid"] for a in _status(node)["actors"]}
     run_dir = run_dir_for(node.data_dir)
     for role in roles:

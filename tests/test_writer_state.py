@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 from actors.instructions import Apply, Flush, ReadLog, Send, Serve
-from actors.roles import CACHE_MANAGER, FRONT_DOOR
+from actors.roles import CACHE_MANAGER
 from actors.writer_state import WriterState, error_reply
 from wire.errors import ErrorCode
 from wire.messages import (
     CommittedOffset,
-    ErrorReply,
     Flushed,
     Progress,
     Read,
     ReadByKey,
-    Stats,
-    StatusRequest,
 )
 
 WAIT_S = 10.0
@@ -216,19 +213,3 @@ def test_a_refused_reply_is_dropped() -> None:
     reply = error_reply(1, ErrorCode.BUSY, "x")
     assert s.refused(reply.msg) == []
     assert s.idle(now=1.0) == [progress(10)]  # untouched: the first report is due anyway
-
-
-# ---- messages it does not handle ---------------------------------------------------------
-
-
-def test_an_unexpected_request_is_answered_bad_request() -> None:
-    s = state()
-    assert s.unexpected(StatusRequest(7)) == [
-        Send(FRONT_DOOR, ErrorReply(7, ErrorCode.BAD_REQUEST,
-                                    "a shard writer does not handle StatusRequest"),
-             wait_ms=100)]
-
-
-def test_an_unexpected_message_without_corr_is_only_logged() -> None:
-    s = state()
-    assert s.unexpected(Stats("log", 1, {})) == []
