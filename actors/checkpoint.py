@@ -8,8 +8,8 @@
     flush       log manager → cache manager → every shard writer: FlushTo(L);
                 each applies to at least L, flushes RocksDB, answers Flushed(its LSN)
     truncate    when all have flushed ≥ L: write the log manager's state snapshot, then
-                delete the segments wholly below min(L, oldest needed) + 1, fsync the dir;
-                the shell does this off its commit path and reports back (``truncated``)
+                delete the segments wholly below min(L, oldest needed) + 1 (no directory
+                fsync: actors/wal.py says why); the shell does this off its commit path and reports back (``truncated``)
     finished    log manager → transaction manager: CheckpointFinished; the gate opens
 
 ``Coordinator`` is the logic, with no I/O; it returns what the shell must do. A step that
