@@ -345,7 +345,7 @@ def test_a_scan_of_the_live_tail_stops_where_the_writer_is(seg: Path,
     rest = produces(4, 3, 10)
     seg.write_bytes(whole + rest[:30])
     real_pread = os.pread
-    grown = []
+    grown: list[int] = []  # the offset the segment grew at
 
     def pread(fd: int, n: int, offset: int) -> bytes:
         if offset == len(whole) + 1 and not grown:  # looking past the incomplete record
