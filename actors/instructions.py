@@ -14,15 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from wire.codec import Message
-from wire.messages import (
-    CommittedOffset,
-    OffsetForTimestamp,
-    ProduceRow,
-    Read,
-    ReadByKey,
-    ReadByTag,
-    Writes,
-)
+from wire.messages import ProduceRow, ReadRequest, Writes
 
 # ---- between actors ------------------------------------------------------------------
 
@@ -155,13 +147,9 @@ class Apply:
     data: bytes
 
 
-# A read a shard writer serves: each carries ``corr`` and ``lsn_min``.
-ReadRequest = Read | ReadByKey | ReadByTag | OffsetForTimestamp | CommittedOffset
-
-
 @dataclass(frozen=True, slots=True)
 class Serve:
-    """Answer a read from what the shards hold now."""
+    """Answer a read (each carries ``corr`` and ``lsn_min``) from what the shards hold now."""
 
     request: ReadRequest
 

@@ -28,7 +28,7 @@ from actors import faults, wal
 from actors.base import Actor, ActorContext, RefuseToStart, waiting_messages
 from actors.durable import fsync_dir, write_atomic
 from actors.flow import PROGRESS_BYTES_DIVISOR
-from actors.instructions import Apply, Flush, ReadLog, ReadRequest, Send, Serve
+from actors.instructions import Apply, Flush, ReadLog, Send, Serve
 from actors.roles import FRONT_DOOR, shard_owner, writer_index
 from actors.shard_store import (
     TOMBSTONE_SUFFIX,
@@ -52,6 +52,7 @@ from wire.messages import (
     Read,
     ReadByKey,
     ReadByTag,
+    ReadRequest,
     RecordsReply,
     ValueReply,
 )

@@ -31,11 +31,11 @@ import collections
 import logging
 
 from actors.flow import ProgressReport
-from actors.instructions import Apply, Flush, ReadLog, ReadRequest, Send, Serve
+from actors.instructions import Apply, Flush, ReadLog, Send, Serve
 from actors.roles import CACHE_MANAGER, FRONT_DOOR
 from wire.codec import Message
 from wire.errors import ErrorCode
-from wire.messages import ErrorReply, Flushed, Progress
+from wire.messages import ErrorReply, Flushed, Progress, ReadRequest
 
 log = logging.getLogger("shardnode")
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import random
+import shutil
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from node.client import NodeClient
@@ -47,9 +49,9 @@ restart_window_s = 1
 """
 
 
-def wait_until(what: str, cond: object, timeout_s: float) -> None:
+def wait_until(what: str, cond: Callable[[], bool], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    while not cond():  # type: ignore[operator]
+    while not cond():
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
         time.sleep(0.02)  # poll interval
@@ -117,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)
     print(f"crashtest seed {seed}, {args.trials} trials, kill {args.kill}", flush=True)
     rng = random.Random(seed)
-    tmp = tempfile.TemporaryDirectory(prefix="crashtest-")
-    base = args.data_dir or Path(tmp.name)
+    # A directory of our own, removed only when every trial passed: a failure keeps the
+    # evidence (a TemporaryDirectory would delete it anyway once garbage-collected).
+    base = args.data_dir or Path(tempfile.mkdtemp(prefix="crashtest-"))
     base.mkdir(parents=True, exist_ok=True)
     cfg = base / "crashtest.toml"
     cfg.write_text(CONFIG)
@@ -153,10 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             p.stop()
         if node.proc is not None:
             node.stop()
-    if failed:
-        tmp.cleanup = lambda: None  # type: ignore[method-assign]  # keep the evidence
-    else:
-        tmp.cleanup()
+    if not failed and args.data_dir is None:
+        shutil.rmtree(base)
     print(f"{passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 

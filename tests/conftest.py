@@ -8,14 +8,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
 from node.local import LocalNode
 
 
+class MakeNode(Protocol):
+    """The type of the ``make_node`` fixture (tests import it under ``TYPE_CHECKING``)."""
+
+    def __call__(self, config_text: str | None = None, data_dir: Path | None = None,
+                 env: dict[str, str] | None = None) -> LocalNode: ...
+
+
 @pytest.fixture
-def make_node(tmp_path: Path) -> Iterator[object]:
+def make_node(tmp_path: Path) -> Iterator[MakeNode]:
     """A factory: ``make_node(config_text=None)`` starts a node on ``tmp_path/data``."""
     started: list[LocalNode] = []
 
@@ -43,5 +51,5 @@ def make_node(tmp_path: Path) -> Iterator[object]:
 
 
 @pytest.fixture
-def node(make_node: object) -> LocalNode:
-    return make_node()  # type: ignore[operator, no-any-return]
+def node(make_node: MakeNode) -> LocalNode:
+    return make_node()

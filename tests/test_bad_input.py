@@ -38,7 +38,7 @@ def small_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNode]:
 
 @pytest.fixture
 def sock(small_node: LocalNode) -> Iterator[zmq.Socket[bytes]]:
-    s = zmq.Context.instance().socket(zmq.DEALER)
+    s: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     s.connect(small_node.endpoint)
     yield s
@@ -53,7 +53,7 @@ def ask(sock: zmq.Socket[bytes], *frames: bytes) -> dict[str, Any]:
 
 
 def req(**fields: Any) -> bytes:
-    return msgpack.packb(fields, use_bin_type=True)
+    return bytes(msgpack.packb(fields, use_bin_type=True))
 
 
 _SEQ = itertools.count(1)
@@ -155,7 +155,7 @@ def test_frame_over_the_limit(sock: zmq.Socket[bytes]) -> None:
 
 def test_huge_frame_is_cut_off_and_others_are_served(small_node: LocalNode,
                                                      sock: zmq.Socket[bytes]) -> None:
-    rogue = zmq.Context.instance().socket(zmq.DEALER)
+    rogue: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     rogue.setsockopt(zmq.LINGER, 0)
     rogue.connect(small_node.endpoint)
     try:

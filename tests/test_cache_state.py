@@ -13,7 +13,7 @@ from actors.log_state import LogState
 from config import load_config
 from wire import logrecord
 from wire.logrecord import Kind
-from wire.messages import Append, CreateTopic, DeleteTopic
+from wire.messages import Ack, Append, CreateTopic, DeleteTopic, LogRequest
 from wire.records import Record, pack_batch
 
 NOW = 1_700_000_000_000
@@ -35,7 +35,7 @@ class Log:
         self.seq = 0
         self.model: dict[tuple[int, int], list[list[Any]]] = {}  # expected rows per shard
 
-    def admit(self, msg: Any, now_ms: int = NOW) -> instructions.Log:
+    def admit(self, msg: LogRequest, now_ms: int = NOW) -> instructions.Log:
         out = self.state.admit(msg, now_ms)
         assert isinstance(out, instructions.Log), out
         self.group += out.record
@@ -53,7 +53,8 @@ class Log:
         """Log one batch; returns its first offset and extends the expected rows."""
         self.seq += 1
         out = self.admit(Append(self.seq, 1, self.seq,
-                                [[tid, partition, len(records), pack_batch(records)]]), now_ms)
+                                [(tid, partition, len(records), pack_batch(records))]), now_ms)
+        assert isinstance(out.reply, Ack), out.reply
         first = out.reply.parts[0][1]
         rows = self.model[(tid, partition)]
         assert len(rows) == first
@@ -69,6 +70,13 @@ class Log:
         """Hand the group written so far to the cache, as one LogGroup would."""
         cache.add_group(self.state.last_lsn, bytes(self.group))
         self.group = bytearray()
+
+
+def hit(cache: CacheState, shard: tuple[int, int], offset: int, max_records: int) -> list[Any]:
+    """The rows of a read the cache must answer (a miss fails the test)."""
+    rows = cache.read(shard, offset, max_records)
+    assert rows is not None, f"a miss at {shard} offset {offset}"
+    return rows
 
 
 def blob_group(lsn: int, tid: int, partition: int, first: int, values: list[bytes],
@@ -93,7 +101,7 @@ def test_a_read_returns_rows_with_per_record_timestamps_or_the_batch_timestamp()
     ], now_ms=NOW + 7)
     cache = CacheState(bytes_max=1 << 20)
     log.flush_to(cache)
-    rows = cache.read((tid, 1), 0, 100)
+    rows = hit(cache, (tid, 1), 0, 100)
     assert norm(rows) == log.model[(tid, 1)]
     # Spelled out for the timestamps: the batch's for records without one, else their own.
     assert [r[1] for r in rows] == [NOW + 7, NOW + 7, NOW - 5000, 42, NOW + 7]
@@ -165,17 +173,17 @@ def test_offsets_before_what_the_cache_saw_are_misses() -> None:
     cache.add_group(7, blob_group(7, 1, 0, 10, [b"a", b"b", b"c", b"d", b"e"]))
     for offset in (0, 9):
         assert cache.read((1, 0), offset, 10) is None
-    assert [r[0] for r in cache.read((1, 0), 10, 10)] == [10, 11, 12, 13, 14]
+    assert [r[0] for r in hit(cache, (1, 0), 10, 10)] == [10, 11, 12, 13, 14]
 
 
 def test_a_read_stops_at_a_hole_and_a_hole_is_a_miss() -> None:
     cache = CacheState(bytes_max=1 << 20)
     cache.add_group(1, blob_group(1, 1, 0, 0, [b"0", b"1", b"2"]))
     cache.add_group(3, blob_group(3, 1, 0, 6, [b"6", b"7"]))  # offsets 3..5 never seen
-    assert [r[0] for r in cache.read((1, 0), 1, 100)] == [1, 2]
+    assert [r[0] for r in hit(cache, (1, 0), 1, 100)] == [1, 2]
     for offset in (3, 4, 5):
         assert cache.read((1, 0), offset, 100) is None
-    assert [r[4] for r in cache.read((1, 0), 6, 100)] == [b"6", b"7"]
+    assert [r[4] for r in hit(cache, (1, 0), 6, 100)] == [b"6", b"7"]
     assert cache.read((1, 0), 8, 100) == []
 
 
@@ -198,7 +206,7 @@ def test_eviction_keeps_bytes_within_the_limit_and_drops_the_oldest() -> None:
     for i in range(3):
         assert cache.read((1, 0), 4 * i, 4) is None, i
     for i in range(3, 6):
-        assert [r[0] for r in cache.read((1, 0), 4 * i, 4)] == list(range(4 * i, 4 * i + 4))
+        assert [r[0] for r in hit(cache, (1, 0), 4 * i, 4)] == list(range(4 * i, 4 * i + 4))
 
 
 def test_an_entry_that_was_read_gets_a_second_chance() -> None:
@@ -212,8 +220,8 @@ def test_an_entry_that_was_read_gets_a_second_chance() -> None:
     assert cache.bytes <= cache.bytes_max
     # A was accessed before B arrived, so pure LRU would drop A; A has a hit, B has none.
     assert cache.read((1, 0), 2, 10) is None
-    assert [r[0] for r in cache.read((1, 0), 0, 2)] == [0, 1]
-    assert [r[0] for r in cache.read((1, 0), 4, 10)] == [4, 5]
+    assert [r[0] for r in hit(cache, (1, 0), 0, 2)] == [0, 1]
+    assert [r[0] for r in hit(cache, (1, 0), 4, 10)] == [4, 5]
 
 
 def test_an_entry_larger_than_the_cache_is_not_kept() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -15,6 +15,9 @@ from actors.faults import fired_dir
 from node.client import NodeClient
 from node.local import LocalNode
 from wire.errors import ErrorCode, NodeError
+
+if TYPE_CHECKING:
+    from tests.conftest import MakeNode
 
 SMALL = """
 [limits]
@@ -57,7 +60,9 @@ def stored(c: NodeClient) -> list[bytes]:
         off = 0
         while recs := c.read("t", p, off, 1000):
             out += [r.value for r in recs]
-            off = recs[-1].offset + 1  # type: ignore[operator]
+            last = recs[-1].offset
+            assert last is not None  # records read back carry their offset
+            off = last + 1
     return out
 
 
@@ -81,7 +86,8 @@ def txn_figures(status: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("mode", ["fuzzy", "blocking"])
-def test_checkpoint_truncates_the_log_and_keeps_every_record(make_node: Any, mode: str) -> None:
+def test_checkpoint_truncates_the_log_and_keeps_every_record(make_node: MakeNode,
+                                                              mode: str) -> None:
     node = make_node(config(mode, ckpt=64 * 1024 * 1024))
     with node.client() as c:
         c.create_topic("t", partitions=2)
@@ -110,7 +116,8 @@ def test_checkpoint_truncates_the_log_and_keeps_every_record(make_node: Any, mod
         assert c.produce("t", b"more", partition=0)[1] == 35 * 100
 
 
-def test_writes_held_at_a_blocking_checkpoints_gate_go_on_when_it_opens(make_node: Any) -> None:
+def test_writes_held_at_a_blocking_checkpoints_gate_go_on_when_it_opens(
+        make_node: MakeNode) -> None:
     """Produce requests arriving while a blocking checkpoint holds the gate wait in the
     transaction manager and are logged after it: each acknowledged record is stored once."""
     node = make_node(config("blocking", ckpt=1024 * 1024))
@@ -148,7 +155,7 @@ def test_writes_held_at_a_blocking_checkpoints_gate_go_on_when_it_opens(make_nod
 
 
 def test_checkpoints_take_turns_between_the_snapshot_slots_across_restarts(
-        make_node: Any) -> None:
+        make_node: MakeNode) -> None:
     node = make_node(config("fuzzy", ckpt=64 * 1024 * 1024))
     log_dir = node.data_dir / "log"
     slots = []
@@ -171,7 +178,7 @@ def test_checkpoints_take_turns_between_the_snapshot_slots_across_restarts(
         assert sorted(stored(c)) == sorted(values)
 
 
-def test_log_stays_bounded_under_endless_load(make_node: Any) -> None:
+def test_log_stays_bounded_under_endless_load(make_node: MakeNode) -> None:
     ckpt = 2 * 1024 * 1024
     node = make_node(config("fuzzy", ckpt=ckpt))
     peak = 0
@@ -195,7 +202,7 @@ def test_log_stays_bounded_under_endless_load(make_node: Any) -> None:
     "checkpoint.after_truncate",
     "writer.after_flush",
 ])
-def test_crash_at_each_step_of_the_handshake(make_node: Any, point: str) -> None:
+def test_crash_at_each_step_of_the_handshake(make_node: MakeNode, point: str) -> None:
     node = make_node(config("fuzzy", ckpt=64 * 1024 * 1024), env={"SHARDNODE_FAULTS": point})
     with node.client(timeout_ms=20_000) as c:
         c.create_topic("t", partitions=2)
@@ -217,7 +224,7 @@ def test_crash_at_each_step_of_the_handshake(make_node: Any, point: str) -> None
         assert sorted(stored(c)) == sorted(values)
 
 
-def test_fsync_failure_is_fatal_to_the_log_manager_and_recovered(make_node: Any) -> None:
+def test_fsync_failure_is_fatal_to_the_log_manager_and_recovered(make_node: MakeNode) -> None:
     node = make_node(config(), env={"SHARDNODE_FAULTS": "log.fsync"})
     with node.client(timeout_ms=20_000) as c:
         with contextlib.suppress(NodeError):
@@ -243,7 +250,7 @@ def test_rest_for_one_restarts_those_after_the_dead_actor(node: LocalNode) -> No
         assert after[role] != before[role], f"{role} should have been restarted"
 
 
-def test_too_many_restarts_stop_the_node(make_node: Any) -> None:
+def test_too_many_restarts_stop_the_node(make_node: MakeNode) -> None:
     node = make_node("[supervisor]\nrestarts_max = 2\nrestart_window_s = 600\n")
     for _ in range(3):
         pid = node.kill_actor("writer-1")

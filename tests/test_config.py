@@ -120,7 +120,7 @@ def test_an_empty_file_gives_the_defaults(tmp_path: Path) -> None:
 def test_config_is_frozen() -> None:
     cfg = load_config()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.node.port = 1  # type: ignore[misc]
+        cfg.node.port = 1  # type: ignore[misc]  # assigning a frozen field, on purpose
 
 
 # ---- errors that name the key ------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgpack
 
@@ -14,6 +14,9 @@ from node.client import NodeClient
 from node.crashcheck import PIPELINED_IN_FLIGHT, PipelinedProducer, Producer, check
 from node.local import LocalNode
 from wire.errors import NodeError
+
+if TYPE_CHECKING:
+    from tests.conftest import MakeNode
 
 CONFIG = """
 [limits]
@@ -50,6 +53,11 @@ def restarted(node: LocalNode, role: str, old_pid: int) -> Callable[[], bool]:
     return check
 
 
+def progressed(prods: list[Producer], batches: int) -> Callable[[], bool]:
+    """Whether every producer has done ``batches`` batches."""
+    return lambda: min(p.done_batches for p in prods) >= batches
+
+
 def start_producers(node: LocalNode, batches: int = 60, batch: int = 50) -> list[Producer]:
     with node.client() as c:
         c.create_topic(TOPIC, partitions=PARTITIONS)
@@ -75,12 +83,12 @@ def finish(prods: list[Producer]) -> None:
         assert p.error is None, repr(p.error)
 
 
-def kill_actor_under_load(make_node: Any, tmp_path: Path, role: str, kills: int = 2) -> None:
+def kill_actor_under_load(make_node: MakeNode, tmp_path: Path, role: str, kills: int = 2) -> None:
     node = make_node(CONFIG)
     prods = start_producers(node)
     for k in range(kills):
         target = (k + 1) * 15
-        wait_until("progress", lambda t=target: min(p.done_batches for p in prods) >= t)
+        wait_until("progress", progressed(prods, target))
         pid = node.kill_actor(role)
         wait_until(f"{role} restart", restarted(node, role, pid))
     finish(prods)
@@ -93,28 +101,28 @@ def kill_actor_under_load(make_node: Any, tmp_path: Path, role: str, kills: int 
         assert verify(c, prods) == written(prods)
 
 
-def test_kill_log_manager_under_load(make_node: Any, tmp_path: Path) -> None:
+def test_kill_log_manager_under_load(make_node: MakeNode, tmp_path: Path) -> None:
     kill_actor_under_load(make_node, tmp_path, "log")
 
 
-def test_kill_shard_writer_under_load(make_node: Any, tmp_path: Path) -> None:
+def test_kill_shard_writer_under_load(make_node: MakeNode, tmp_path: Path) -> None:
     kill_actor_under_load(make_node, tmp_path, "writer-0")
 
 
-def test_kill_cache_manager_under_load(make_node: Any, tmp_path: Path) -> None:
+def test_kill_cache_manager_under_load(make_node: MakeNode, tmp_path: Path) -> None:
     kill_actor_under_load(make_node, tmp_path, "cache", kills=1)
 
 
-def test_kill_front_door_under_load(make_node: Any, tmp_path: Path) -> None:
+def test_kill_front_door_under_load(make_node: MakeNode, tmp_path: Path) -> None:
     kill_actor_under_load(make_node, tmp_path, "front", kills=1)
 
 
-def test_kill_whole_node_under_load(make_node: Any, tmp_path: Path) -> None:
+def test_kill_whole_node_under_load(make_node: MakeNode, tmp_path: Path) -> None:
     node = make_node(CONFIG)
     prods = start_producers(node)
     for round_ in range(2):
         target = (round_ + 1) * 15
-        wait_until("progress", lambda t=target: min(p.done_batches for p in prods) >= t)
+        wait_until("progress", progressed(prods, target))
         node.kill()
         node.start()  # same data dir and port; producers retry into the new node
     finish(prods)
@@ -122,7 +130,7 @@ def test_kill_whole_node_under_load(make_node: Any, tmp_path: Path) -> None:
         assert verify(c, prods) == written(prods)
 
 
-def test_retry_after_lost_ack_does_not_duplicate(make_node: Any, tmp_path: Path) -> None:
+def test_retry_after_lost_ack_does_not_duplicate(make_node: MakeNode, tmp_path: Path) -> None:
     node = make_node(CONFIG)
     with node.client(producer_id=4242) as c:
         c.create_topic("t")
@@ -140,7 +148,7 @@ def test_retry_after_lost_ack_does_not_duplicate(make_node: Any, tmp_path: Path)
         assert c.call("produce", **fields)["parts"] == [[0, 1, 1]]
 
 
-def test_writer_replays_log_after_kill(make_node: Any, tmp_path: Path) -> None:
+def test_writer_replays_log_after_kill(make_node: MakeNode, tmp_path: Path) -> None:
     """Records a writer had applied only in memory (RocksDB WAL is off) come back from the log."""
     node = make_node(CONFIG)
     with node.client() as c:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import pytest
@@ -29,6 +29,9 @@ from wire import codec
 from wire.errors import ErrorCode
 from wire.messages import ErrorReply, Stats, StatusRequest
 from wire.protocol import unpack_replies
+
+if TYPE_CHECKING:
+    from tests.conftest import MakeNode
 
 WAIT_S = 20.0
 
@@ -72,7 +75,7 @@ def _figures(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_unexpected_messages_do_not_restart_an_actor_and_the_node_keeps_serving(
-        make_node: Any) -> None:
+        make_node: MakeNode) -> None:
     node: LocalNode = make_node('[log]\ncheckpoint_mode = "blocking"\n')  # every actor in play
     with node.client() as c:
         c.create_topic("t")
@@ -124,7 +127,7 @@ def _ask_frame(node: LocalNode, requests: list[dict[str, Any]]) -> dict[int, dic
 
 
 @pytest.mark.parametrize("mode", ["fuzzy", "blocking"])
-def test_writes_of_one_burst_are_admitted_in_the_order_they_came(make_node: Any,
+def test_writes_of_one_burst_are_admitted_in_the_order_they_came(make_node: MakeNode,
                                                                  mode: str) -> None:
     """Produce requests and other writes travel apart in a burst (``Writes``); the log
     manager still admits them in request order, with or without the transaction manager."""

@@ -71,15 +71,17 @@ def test_produce_to_a_named_partition_goes_on_whole() -> None:
     s = state()
     (out,) = s.request(ID, produce([b"a", b"b"], partition=2), now=0.0)
     assert parts_of(out) == [(1, 2, 2, msgpack.packb([b"a", b"b"]))]
-    assert out.corr in s.pending
+    assert isinstance(out, Produce) and out.corr in s.pending
 
 
 def test_a_retried_split_batch_is_placed_as_the_first_attempt() -> None:
     s = state()
-    recs = [[b"a", b"k1", [], None], b"no-key", [b"c", b"k2", [], None]]
+    recs: list[bytes | list[object]] = [[b"a", b"k1", [], None], b"no-key",
+                                        [b"c", b"k2", [], None]]
     (first,) = s.request(ID, produce(recs, seq=5), now=0.0)
     (again,) = s.request(ID, produce(recs, seq=5), now=0.0)
     assert parts_of(first) == parts_of(again)
+    assert isinstance(first, Produce) and isinstance(again, Produce)
     assert s.pending[first.corr].assign == s.pending[again.corr].assign
 
 
@@ -92,8 +94,9 @@ def test_keyless_batches_go_round_robin() -> None:
 def test_keyed_batch_is_split_by_key_hash_in_record_order() -> None:
     s = state()
     keys = [f"k{i}".encode() for i in range(12)]
-    recs = [[f"v{i}".encode(), k, [], None] for i, k in enumerate(keys)]
+    recs: list[list[object]] = [[f"v{i}".encode(), k, [], None] for i, k in enumerate(keys)]
     (out,) = s.request(ID, produce(recs), now=0.0)
+    assert isinstance(out, Produce)
     want = [zlib.crc32(k) % 4 for k in keys]
     assert s.pending[out.corr].assign == want
     for _tid, p, count, blob in parts_of(out):

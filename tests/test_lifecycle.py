@@ -6,7 +6,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import psutil
@@ -18,6 +18,9 @@ from node.local import LocalNode, NodeFailed
 from wire import logrecord
 from wire.errors import ErrorCode
 from wire.protocol import unpack_replies
+
+if TYPE_CHECKING:
+    from tests.conftest import MakeNode
 
 
 def segment(data_dir: Path) -> Path:
@@ -35,7 +38,7 @@ def fill(node: LocalNode, n: int = 20) -> list[bytes]:
     return values
 
 
-def test_torn_tail_is_cut_off_and_the_node_starts(make_node: Any, tmp_path: Path) -> None:
+def test_torn_tail_is_cut_off_and_the_node_starts(make_node: MakeNode, tmp_path: Path) -> None:
     node = make_node()
     values = fill(node)
     node.kill()
@@ -53,7 +56,7 @@ def test_torn_tail_is_cut_off_and_the_node_starts(make_node: Any, tmp_path: Path
     assert torn_cut["recovery_ms"] >= 0
 
 
-def test_corrupt_record_followed_by_good_ones_refuses_to_start(make_node: Any,
+def test_corrupt_record_followed_by_good_ones_refuses_to_start(make_node: MakeNode,
                                                                 tmp_path: Path) -> None:
     node = make_node()
     fill(node)
@@ -101,11 +104,11 @@ def test_actors_exit_when_the_supervisor_dies(node: LocalNode) -> None:
     node.proc = None
 
 
-def test_full_node_answers_busy_and_keeps_serving(make_node: Any) -> None:
+def test_full_node_answers_busy_and_keeps_serving(make_node: MakeNode) -> None:
     node = make_node("[limits]\npending_requests_max = 4\n")
     with node.client() as c:
         c.create_topic("t")
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(node.endpoint)
     try:
@@ -152,7 +155,7 @@ def test_node_started_by_a_harness_stops_when_the_harness_dies(tmp_path: Path) -
     assert "the process that started the node exited" in (tmp_path / "n.log").read_text()
 
 
-def test_writer_count_changes_only_after_a_clean_stop(make_node: Any, tmp_path: Path) -> None:
+def test_writer_count_changes_only_after_a_clean_stop(make_node: MakeNode, tmp_path: Path) -> None:
     three = "[node]\nwriters = 3\n"
     node = make_node()
     with node.client() as c:
@@ -202,7 +205,7 @@ def test_waiting_for_a_slow_node_asks_only_once_it_listens(tmp_path: Path) -> No
     waiter = threading.Thread(target=lambda: result.update(waiting.wait_ready(timeout_s=30)))
     waiter.start()
     time.sleep(30 * READY_POLL_MS / 1000)  # ok-sleep: let ~30 asks pass while nothing listens
-    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     router.bind(waiting.endpoint)
     try:
@@ -226,7 +229,7 @@ def test_waiting_for_a_slow_node_asks_only_once_it_listens(tmp_path: Path) -> No
 
 
 def test_a_writer_busy_past_the_heartbeat_timeout_reports_and_is_not_killed(
-        make_node: Any) -> None:
+        make_node: MakeNode) -> None:
     """A writer whose work outlasts ``heartbeat_timeout_ms`` without going back to its loop
     (each log record here waits 0.25 s: the seam ``writer.slow_apply``) reports as it goes,
     so the supervisor does not take it for hung and kill it."""

@@ -3,7 +3,7 @@ never silently dropped."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import pytest
@@ -12,12 +12,15 @@ import zmq
 from wire.protocol import unpack_replies
 from wire.records import Record
 
+if TYPE_CHECKING:
+    from tests.conftest import MakeNode
 
-def test_many_maximum_size_produces_at_once_all_succeed(make_node: Any) -> None:
+
+def test_many_maximum_size_produces_at_once_all_succeed(make_node: MakeNode) -> None:
     node = make_node()
     with node.client() as c:
         c.create_topic("big", partitions=2)
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(node.endpoint)
     try:
@@ -38,7 +41,7 @@ def test_many_maximum_size_produces_at_once_all_succeed(make_node: Any) -> None:
         assert sum(len(c.read("big", p, 0, 10)) for p in range(2)) >= 2
 
 
-def test_reads_are_capped_by_bytes(make_node: Any) -> None:
+def test_reads_are_capped_by_bytes(make_node: MakeNode) -> None:
     node = make_node("[limits]\nread_bytes_max = 2097152\n")
     value = b"x" * 500_000
     with node.client() as c:
@@ -58,7 +61,7 @@ def test_reads_are_capped_by_bytes(make_node: Any) -> None:
 
 @pytest.mark.parametrize("stalled", ["writers", "cache"])
 def test_groups_for_a_stalled_receiver_are_bounded_in_bytes_and_read_back_from_the_log(
-        make_node: Any, stalled: str) -> None:
+        make_node: MakeNode, stalled: str) -> None:
     """A writer (or the cache manager, and so every writer behind it) that stops taking
     groups gets no more than ``group_bytes_queued_max`` queued; the rest it reads from the
     log files once it goes on, though no group follows the ones it missed."""
@@ -119,5 +122,7 @@ heartbeat_timeout_ms = 120000
             offset = 0
             while recs := c.read_by_tag("t", p, "x", offset=offset):
                 got += [r.value for r in recs]
-                offset = recs[-1].offset + 1
+                last = recs[-1].offset
+                assert last is not None  # records read back carry their offset
+                offset = last + 1
         assert sorted(got) == values

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import os
 import random
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
@@ -29,6 +30,8 @@ from wire.messages import (
     Done,
     ErrorReply,
     ListTopics,
+    LogRequest,
+    PartRow,
     TopicsReply,
 )
 from wire.protocol import Topic
@@ -37,7 +40,7 @@ NOW = 1_700_000_000_000
 
 
 def blob(n: int, tag: str = "v") -> bytes:
-    return msgpack.packb([f"{tag}{i}".encode() for i in range(n)], use_bin_type=True)
+    return bytes(msgpack.packb([f"{tag}{i}".encode() for i in range(n)], use_bin_type=True))
 
 
 def only_entry(p: Log) -> Any:
@@ -76,7 +79,7 @@ class Driver:
         self.log = bytearray()
         self.corr = 0
 
-    def admit(self, msg: Any, now_ms: int = NOW) -> Any:
+    def admit(self, msg: LogRequest, now_ms: int = NOW) -> Any:
         """What the state logs (a ``Log``), or the message it answers with at once."""
         out = answer(self.state.admit(msg, now_ms))
         if isinstance(out, Log) and out.record:
@@ -92,7 +95,7 @@ class Driver:
         assert isinstance(out, Log), out
         return self.state.topics[name].topic_id
 
-    def append(self, pid: int, seq: int, parts: list[list[Any]], now_ms: int = NOW) -> Any:
+    def append(self, pid: int, seq: int, parts: Sequence[PartRow], now_ms: int = NOW) -> Any:
         return self.admit(Append(self.next_corr(), pid, seq, parts), now_ms)
 
 
@@ -145,7 +148,8 @@ def test_topic_ids_are_distinct_and_never_reused() -> None:
         (DeleteTopic(1, "missing"), ErrorCode.UNKNOWN_TOPIC),
     ],
 )
-def test_bad_topic_requests_are_answered_and_change_nothing(msg: Any, code: ErrorCode) -> None:
+def test_bad_topic_requests_are_answered_and_change_nothing(msg: LogRequest,
+                                                            code: ErrorCode) -> None:
     d = Driver()
     d.create("taken", 1)
     before = snapshot(d.state)
@@ -168,7 +172,7 @@ def test_delete_topic_forgets_it_and_its_offsets() -> None:
     d = Driver()
     keep = d.create("keep", 2)
     gone = d.create("gone", 2)
-    d.append(1, 0, [[gone, 0, 3, blob(3)]])
+    d.append(1, 0, [(gone, 0, 3, blob(3))])
     out = d.admit(DeleteTopic(9, "gone"))
     assert isinstance(out, Log) and out.catalog_changed
     assert out.reply == Done(9, out.lsn)
@@ -177,11 +181,11 @@ def test_delete_topic_forgets_it_and_its_offsets() -> None:
     assert "gone" not in d.state.topics and gone not in d.state.by_id
     assert all(k[0] != gone for k in d.state.next_offset)
     assert d.state.catalog() == Catalog(out.lsn, [Topic("keep", 2, keep)], out.lsn)
-    err = d.append(1, 1, [[gone, 0, 1, blob(1)]])
+    err = d.append(1, 1, [(gone, 0, 1, blob(1))])
     assert isinstance(err, ErrorReply) and err.code == ErrorCode.UNKNOWN_TOPIC
     again = d.create("gone", 2)
     assert again != gone
-    ack = d.append(1, 2, [[again, 0, 2, blob(2)]]).reply
+    ack = d.append(1, 2, [(again, 0, 2, blob(2))]).reply
     assert ack.parts == [(0, 0, 2)]  # a new topic of the same name starts at offset 0
 
 
@@ -210,11 +214,12 @@ def test_lsns_increase_by_one_across_every_kind_of_record() -> None:
     lsns = []
     tid = d.create("t", 2)
     lsns.append(d.state.last_lsn)
-    for msg in [Append(1, 1, 0, [[tid, 0, 1, blob(1)]]),
-                CommitOffset(2, "g", tid, 0, 1),
-                CreateTopic(3, "u", 1),
-                Append(4, 1, 1, [[tid, 1, 2, blob(2)]]),
-                DeleteTopic(5, "u")]:
+    msgs: list[LogRequest] = [Append(1, 1, 0, [(tid, 0, 1, blob(1))]),
+                              CommitOffset(2, "g", tid, 0, 1),
+                              CreateTopic(3, "u", 1),
+                              Append(4, 1, 1, [(tid, 1, 2, blob(2))]),
+                              DeleteTopic(5, "u")]
+    for msg in msgs:
         out = d.admit(msg)
         assert isinstance(out, Log)
         assert only_entry(out).lsn == out.lsn == out.reply.lsn
@@ -235,7 +240,7 @@ def test_offsets_are_contiguous_per_partition() -> None:
             expected[(tid, p)] = 0
     for seq in range(200):
         shards = rng.sample(sorted(expected), rng.randint(1, min(3, len(expected))))
-        parts = [[tid, p, rng.randint(1, 5), b"\x90"] for tid, p in shards]
+        parts = [(tid, p, rng.randint(1, 5), b"\x90") for tid, p in shards]
         ts = NOW + seq
         out = d.append(pid=seq % 3, seq=seq // 3, parts=parts, now_ms=ts)
         assert isinstance(out, Log), out
@@ -255,8 +260,8 @@ def test_offsets_are_contiguous_per_partition() -> None:
 def test_parts_of_one_append_land_on_their_own_partitions() -> None:
     d = Driver()
     tid = d.create("t", 3)
-    d.append(1, 0, [[tid, 2, 4, blob(4)]])
-    out = d.append(1, 1, [[tid, 0, 2, blob(2)], [tid, 2, 3, blob(3)]])
+    d.append(1, 0, [(tid, 2, 4, blob(4))])
+    out = d.append(1, 1, [(tid, 0, 2, blob(2)), (tid, 2, 3, blob(3))])
     assert out.reply.parts == [(0, 0, 2), (2, 4, 3)]
     assert (d.state.next_offset[(tid, 0)], d.state.next_offset[(tid, 1)],
             d.state.next_offset[(tid, 2)]) == (2, 0, 7)
@@ -265,24 +270,24 @@ def test_parts_of_one_append_land_on_their_own_partitions() -> None:
 @pytest.mark.parametrize(
     ("bad_part", "code"),
     [
-        (lambda tid: [tid + 100, 0, 1, b"\x90"], ErrorCode.UNKNOWN_TOPIC),
-        (lambda tid: [tid, 2, 1, b"\x90"], ErrorCode.UNKNOWN_PARTITION),
-        (lambda tid: [tid, -1, 1, b"\x90"], ErrorCode.UNKNOWN_PARTITION),
+        (lambda tid: (tid + 100, 0, 1, b"\x90"), ErrorCode.UNKNOWN_TOPIC),
+        (lambda tid: (tid, 2, 1, b"\x90"), ErrorCode.UNKNOWN_PARTITION),
+        (lambda tid: (tid, -1, 1, b"\x90"), ErrorCode.UNKNOWN_PARTITION),
     ],
     ids=["unknown-topic", "partition-past-end", "negative-partition"],
 )
 @pytest.mark.parametrize("new_producer", [False, True], ids=["known-producer", "new-producer"])
 def test_an_append_to_an_unknown_shard_is_refused_and_changes_nothing(
-        bad_part: Any, code: ErrorCode, new_producer: bool) -> None:
+        bad_part: Callable[[int], PartRow], code: ErrorCode, new_producer: bool) -> None:
     d = Driver()
     tid = d.create("t", 2)
-    d.append(1, 0, [[tid, 0, 3, blob(3)]])
-    d.append(2, 0, [[tid, 1, 1, blob(1)]])
+    d.append(1, 0, [(tid, 0, 3, blob(3))])
+    d.append(2, 0, [(tid, 1, 1, blob(1))])
     before = snapshot(d.state)
     logged = bytes(d.log)
     pid = 3 if new_producer else 1
     # The bad part comes after a good one: the good one must not take offsets either.
-    out = d.append(pid, 1, [[tid, 0, 2, blob(2)], bad_part(tid)])
+    out = d.append(pid, 1, [(tid, 0, 2, blob(2)), bad_part(tid)])
     assert isinstance(out, ErrorReply)
     assert (out.corr, out.code) == (d.corr, code)
     # Everything but the producers' LRU order (a known producer being touched is fine):
@@ -290,7 +295,7 @@ def test_an_append_to_an_unknown_shard_is_refused_and_changes_nothing(
     assert snapshot(d.state)[:7] == before[:7]
     assert bytes(d.log) == logged
     # The same sequence number, corrected, is a new request, not a duplicate.
-    ok = d.append(pid, 1, [[tid, 0, 2, blob(2)]])
+    ok = d.append(pid, 1, [(tid, 0, 2, blob(2))])
     assert isinstance(ok, Log) and ok.record
     assert ok.reply.parts == [(0, 3, 2)]
 
@@ -298,9 +303,9 @@ def test_an_append_to_an_unknown_shard_is_refused_and_changes_nothing(
 def test_a_refused_append_does_not_evict_another_producers_window() -> None:
     d = Driver(producers_max=1)
     tid = d.create("t", 1)
-    first = d.append(1, 0, [[tid, 0, 1, blob(1)]])
-    assert isinstance(d.append(2, 0, [[tid + 1, 0, 1, blob(1)]]), ErrorReply)
-    retry = d.append(1, 0, [[tid, 0, 1, blob(1)]])
+    first = d.append(1, 0, [(tid, 0, 1, blob(1))])
+    assert isinstance(d.append(2, 0, [(tid + 1, 0, 1, blob(1))]), ErrorReply)
+    retry = d.append(1, 0, [(tid, 0, 1, blob(1))])
     assert retry.record == b"", "producer 1's retry was logged twice"
     assert retry.reply.lsn == first.lsn
 
@@ -308,12 +313,12 @@ def test_a_refused_append_does_not_evict_another_producers_window() -> None:
 def test_a_duplicate_gets_the_original_ack_and_logs_nothing() -> None:
     d = Driver()
     tid = d.create("t", 2)
-    orig = d.append(7, 0, [[tid, 0, 2, blob(2)], [tid, 1, 1, blob(1)]])
-    d.append(7, 1, [[tid, 0, 5, blob(5)]])
-    d.append(8, 0, [[tid, 0, 1, blob(1)]])
+    orig = d.append(7, 0, [(tid, 0, 2, blob(2)), (tid, 1, 1, blob(1))])
+    d.append(7, 1, [(tid, 0, 5, blob(5))])
+    d.append(8, 0, [(tid, 0, 1, blob(1))])
     before = snapshot(d.state)
     logged = bytes(d.log)
-    dup = d.append(7, 0, [[tid, 0, 2, blob(2)], [tid, 1, 1, blob(1)]])
+    dup = d.append(7, 0, [(tid, 0, 2, blob(2)), (tid, 1, 1, blob(1))])
     assert isinstance(dup, Log)
     assert dup.record == b""
     assert dup.lsn == orig.lsn
@@ -327,8 +332,8 @@ def test_a_duplicate_gets_the_original_ack_and_logs_nothing() -> None:
 def test_the_same_seq_from_another_producer_is_not_a_duplicate() -> None:
     d = Driver()
     tid = d.create("t", 1)
-    a = d.append(1, 0, [[tid, 0, 1, blob(1)]])
-    b = d.append(2, 0, [[tid, 0, 1, blob(1)]])
+    a = d.append(1, 0, [(tid, 0, 1, blob(1))])
+    b = d.append(2, 0, [(tid, 0, 1, blob(1))])
     assert b.record and b.lsn == a.lsn + 1
     assert b.reply.parts == [(0, 1, 1)]
 
@@ -340,15 +345,15 @@ def test_a_seq_older_than_the_window_is_stale(window: int) -> None:
     acks = {}
     last = 3 * window + 2
     for seq in range(last + 1):
-        acks[seq] = d.append(5, seq, [[tid, 0, 1, blob(1)]])
+        acks[seq] = d.append(5, seq, [(tid, 0, 1, blob(1))])
     before = snapshot(d.state)
     # The `window` most recent sequence numbers are remembered; older ones are stale.
     for seq in range(last - window + 1, last + 1):
-        dup = d.append(5, seq, [[tid, 0, 1, blob(1)]])
+        dup = d.append(5, seq, [(tid, 0, 1, blob(1))])
         assert isinstance(dup, Log) and dup.record == b"", seq
         assert dup.lsn == acks[seq].lsn
     for seq in (0, last - window):
-        out = d.append(5, seq, [[tid, 0, 1, blob(1)]])
+        out = d.append(5, seq, [(tid, 0, 1, blob(1))])
         assert isinstance(out, ErrorReply), seq
         assert out.code == ErrorCode.STALE_SEQUENCE
     assert snapshot(d.state)[:7] == before[:7]
@@ -357,10 +362,10 @@ def test_a_seq_older_than_the_window_is_stale(window: int) -> None:
 def test_a_never_seen_seq_older_than_the_window_is_stale() -> None:
     d = Driver(window=4)
     tid = d.create("t", 1)
-    d.append(5, 100, [[tid, 0, 1, blob(1)]])
-    out = d.append(5, 96, [[tid, 0, 1, blob(1)]])
+    d.append(5, 100, [(tid, 0, 1, blob(1))])
+    out = d.append(5, 96, [(tid, 0, 1, blob(1))])
     assert isinstance(out, ErrorReply) and out.code == ErrorCode.STALE_SEQUENCE
-    assert isinstance(d.append(5, 97, [[tid, 0, 1, blob(1)]]), Log)
+    assert isinstance(d.append(5, 97, [(tid, 0, 1, blob(1))]), Log)
 
 
 def test_a_window_holds_at_most_window_entries_through_jumps_and_gaps() -> None:
@@ -368,26 +373,26 @@ def test_a_window_holds_at_most_window_entries_through_jumps_and_gaps() -> None:
     tid = d.create("t", 1)
     seqs = [*range(0, 20), 25, 23, 1_000_000, 999_995, *range(1_000_001, 1_000_030, 3)]
     for seq in seqs:
-        assert isinstance(d.append(6, seq, [[tid, 0, 1, blob(1)]]), Log), seq
+        assert isinstance(d.append(6, seq, [(tid, 0, 1, blob(1))]), Log), seq
         win = d.state.producers[6]
         assert sorted(win.results) == sorted(s for s in set(seqs[:seqs.index(seq) + 1])
                                              if s > win.max_seq - 8), seq
-    again = d.append(6, 999_995, [[tid, 0, 1, blob(1)]])
+    again = d.append(6, 999_995, [(tid, 0, 1, blob(1))])
     assert isinstance(again, ErrorReply) and again.code == ErrorCode.STALE_SEQUENCE
 
 
 def test_out_of_order_seqs_inside_the_window_are_accepted_once() -> None:
     d = Driver(window=8)
     tid = d.create("t", 1)
-    d.append(3, 0, [[tid, 0, 1, blob(1)]])
-    d.append(3, 4, [[tid, 0, 1, blob(1)]])
-    late = d.append(3, 2, [[tid, 0, 3, blob(3)]])
+    d.append(3, 0, [(tid, 0, 1, blob(1))])
+    d.append(3, 4, [(tid, 0, 1, blob(1))])
+    late = d.append(3, 2, [(tid, 0, 3, blob(3))])
     assert isinstance(late, Log) and late.record
     assert late.reply.parts == [(0, 2, 3)]
-    again = d.append(3, 2, [[tid, 0, 3, blob(3)]])
+    again = d.append(3, 2, [(tid, 0, 3, blob(3))])
     assert again.record == b"" and again.reply.lsn == late.lsn
     assert again.reply.parts == late.reply.parts
-    other = d.append(3, 1, [[tid, 0, 1, blob(1)]])
+    other = d.append(3, 1, [(tid, 0, 1, blob(1))])
     assert other.record and other.reply.parts == [(0, 5, 1)]
     assert d.state.next_offset[(tid, 0)] == 6
 
@@ -395,15 +400,15 @@ def test_out_of_order_seqs_inside_the_window_are_accepted_once() -> None:
 def test_producers_max_evicts_the_least_recently_used_producer() -> None:
     d = Driver(producers_max=2)
     tid = d.create("t", 1)
-    a0 = d.append(1, 0, [[tid, 0, 1, blob(1)]])
-    d.append(2, 0, [[tid, 0, 1, blob(1)]])
+    a0 = d.append(1, 0, [(tid, 0, 1, blob(1))])
+    d.append(2, 0, [(tid, 0, 1, blob(1))])
     # A duplicate counts as use: producer 1 is now the most recent, producer 2 the least.
-    assert d.append(1, 0, [[tid, 0, 1, blob(1)]]).record == b""
-    d.append(3, 0, [[tid, 0, 1, blob(1)]])
+    assert d.append(1, 0, [(tid, 0, 1, blob(1))]).record == b""
+    d.append(3, 0, [(tid, 0, 1, blob(1))])
     assert set(d.state.producers) == {1, 3}
-    a_retry = d.append(1, 0, [[tid, 0, 1, blob(1)]])
+    a_retry = d.append(1, 0, [(tid, 0, 1, blob(1))])
     assert a_retry.record == b"" and a_retry.lsn == a0.lsn  # still remembered
-    b_retry = d.append(2, 0, [[tid, 0, 1, blob(1)]])
+    b_retry = d.append(2, 0, [(tid, 0, 1, blob(1))])
     assert b_retry.record != b""  # forgotten: logged again
     assert len(d.state.producers) == 2
 
@@ -418,13 +423,13 @@ def test_producer_entries_max_forgets_the_least_recently_used_producers() -> Non
     first = {}
     for pid in (1, 2, 3):
         for seq in range(4):
-            out = d.append(pid, seq, [[tid, 0, 1, blob(1)]])
+            out = d.append(pid, seq, [(tid, 0, 1, blob(1))])
             first[(pid, seq)] = out.lsn
             assert d.state.entries == entries_in_windows(d.state) <= 10
     # 12 entries would not fit: producer 1, the least recently used, was forgotten whole.
     assert list(d.state.producers) == [2, 3] and d.state.entries == 8
-    assert d.append(1, 3, [[tid, 0, 1, blob(1)]]).record != b""  # logged again
-    retry = d.append(3, 3, [[tid, 0, 1, blob(1)]])
+    assert d.append(1, 3, [(tid, 0, 1, blob(1))]).record != b""  # logged again
+    retry = d.append(3, 3, [(tid, 0, 1, blob(1))])
     assert retry.record == b"" and retry.lsn == first[(3, 3)]  # remembered: answered as before
     assert d.state.entries == entries_in_windows(d.state) <= 10
 
@@ -438,7 +443,7 @@ def test_producer_entries_are_counted_through_gaps_jumps_and_evictions() -> None
     for _ in range(2000):
         pid = rng.randrange(10)
         seq = rng.choice([rng.randrange(40), rng.randrange(1000)])  # gaps, retries, jumps
-        d.append(pid, seq, [[tid, rng.randrange(2), 1, blob(1)]])
+        d.append(pid, seq, [(tid, rng.randrange(2), 1, blob(1))])
         assert d.state.entries == entries_in_windows(d.state) <= 17
         assert len(d.state.producers) <= 6
     restored = log_state(producers_max=3, producer_window_max=5, producer_entries_max=8)
@@ -454,7 +459,7 @@ def test_producer_entries_are_counted_through_gaps_jumps_and_evictions() -> None
 def test_commit_offset_logs_and_checks_its_shard() -> None:
     d = Driver()
     tid = d.create("t", 2)
-    d.append(1, 0, [[tid, 0, 4, blob(4)]])
+    d.append(1, 0, [(tid, 0, 4, blob(4))])
     out = d.admit(CommitOffset(40, "grp", tid, 0, 4))  # == end: allowed
     assert isinstance(out, Log) and out.reply == Done(40, out.lsn)
     e = only_entry(out)
@@ -485,7 +490,7 @@ def _history(d: Driver, rng: random.Random) -> dict[tuple[int, int], Any]:
         topic = keep if step < 60 or rng.random() < 0.7 else gone
         if topic not in d.state.by_id:
             topic = keep
-        parts = [[topic, p, rng.randint(1, 4), blob(1, f"s{step}")]
+        parts = [(topic, p, rng.randint(1, 4), blob(1, f"s{step}"))
                  for p in rng.sample(range(d.state.by_id[topic].partitions), 1)]
         roll = rng.random()
         if roll < 0.1 and seqs[pid] > 2:
@@ -545,13 +550,13 @@ def test_after_replay_retries_are_still_recognised_and_new_work_continues() -> N
         if seq not in win.results:
             continue  # fell out of the window before the "restart"
         remembered += 1
-        out = answer(fresh.admit(Append(999, pid, seq, [[1, 0, 1, blob(1)]]), NOW))
+        out = answer(fresh.admit(Append(999, pid, seq, [(1, 0, 1, blob(1))]), NOW))
         assert isinstance(out, Log) and out.record == b"", (pid, seq)
         assert out.reply == Ack(999, ack.lsn, ack.parts)
     assert remembered >= 5
     # The next request gets the same LSN and offsets from both states.
     keep = d.state.topics["keep"].topic_id
-    msg = Append(1000, 77, 0, [[keep, 0, 2, blob(2)], [keep, 2, 1, blob(1)]])
+    msg = Append(1000, 77, 0, [(keep, 0, 2, blob(2)), (keep, 2, 1, blob(1))])
     a, b = d.state.admit(msg, NOW), fresh.admit(msg, NOW)
     assert isinstance(a, Log) and isinstance(b, Log)
     assert (a.record, a.reply, a.lsn) == (b.record, b.reply, b.lsn)
@@ -587,12 +592,12 @@ def test_a_snapshot_restores_the_same_state_through_its_file_encoding() -> None:
     tid = d.create("orders", 3)
     for pid in (11, 12):
         for seq in range(7):  # more than the window: the oldest are evicted
-            d.append(pid, seq, [[tid, seq % 3, 1, blob(1)]])
+            d.append(pid, seq, [(tid, seq % 3, 1, blob(1))])
     d.admit(CommitOffset(d.next_corr(), "g", tid, 1, 5))
     snap = d.state.snapshot()
     offsets_then = dict(d.state.next_offset)
     data = logrecord.encode_snapshot(snap)
-    d.append(11, 7, [[tid, 0, 1, blob(1)]])  # changes after the snapshot stay out of it
+    d.append(11, 7, [(tid, 0, 1, blob(1))])  # changes after the snapshot stay out of it
     assert logrecord.encode_snapshot(snap) == data
 
     restored = log_state(producers_max=1000, producer_window_max=4)
@@ -602,7 +607,7 @@ def test_a_snapshot_restores_the_same_state_through_its_file_encoding() -> None:
     fresh.state = restored
     # Same answers as the original had at the snapshot: duplicates are known, in order.
     assert list(restored.producers[12].results) == [3, 4, 5, 6]
-    again = fresh.append(12, 6, [[tid, 0, 1, blob(1)]])
+    again = fresh.append(12, 6, [(tid, 0, 1, blob(1))])
     assert isinstance(again, Log) and not again.record  # a duplicate: nothing to log
     assert isinstance(again.reply, Ack)
     assert again.reply.parts == [tuple(p) for p in msgpack.unpackb(

@@ -20,6 +20,7 @@ from config import load_config
 from node.client import NodeClient
 from wire.errors import ErrorCode
 from wire.messages import (
+    Answer,
     Catalog,
     Done,
     ErrorReply,
@@ -59,7 +60,7 @@ def client(**reply: Any) -> tuple[NodeClient, RecordingSocket]:
     c = NodeClient("tcp://127.0.0.1:1", producer_id=77)
     c.sock.close(0)
     sock = RecordingSocket(reply)
-    c.sock = sock  # type: ignore[assignment]
+    c.sock = sock  # type: ignore[assignment]  # a stand-in for the zmq socket, on purpose
     return c, sock
 
 
@@ -144,8 +145,14 @@ def send(s: FrontDoorState, op: str, rid: int, **fields: Any) -> Produce | Reque
     return out
 
 
-def answer(s: FrontDoorState, out: Any, msg: Any) -> bytes:
-    assert isinstance(out, Request)
+def ask(s: FrontDoorState, op: str, rid: int, **fields: Any) -> Request:
+    """A request the front door passes on to an actor, to be answered with ``answer``."""
+    out = send(s, op, rid, **fields)
+    assert isinstance(out, Request), out
+    return out
+
+
+def answer(s: FrontDoorState, msg: Answer) -> bytes:
     (reply,) = s.answer(msg)
     assert isinstance(reply, Reply)
     return reply.frame
@@ -168,32 +175,32 @@ def test_produce_replies_keep_their_bytes(front: FrontDoorState) -> None:
 
 
 def test_answers_keep_their_bytes(front: FrontDoorState) -> None:
-    out = send(front, "list_topics", 13)
+    out = ask(front, "list_topics", 13)
     topics = [Topic("events", 4, 1), Topic("one", 1, 2)]
-    assert answer(front, out, TopicsReply(out.corr, topics)) == (
+    assert answer(front, TopicsReply(out.corr, topics)) == (
         b"\x83\xa6topics\x92\x93\xa6events\x04\x01\x93\xa3one\x01\x02\xa2id\r\xa2ok\xc3")
-    out = send(front, "read", 14, topic="events", partition=0, offset=0, max_records=10)
+    out = ask(front, "read", 14, topic="events", partition=0, offset=0, max_records=10)
     records = pack_read([[0, 1700000000000, b"k1", ["red"], b"hello"]])
-    assert answer(front, out, RecordsReply(out.corr, records, 40)) == (
+    assert answer(front, RecordsReply(out.corr, records, 40)) == (
         b"\x83\xa7records\xc4\x1c\x91\x95\x00\xcf\x00\x00\x01\x8b\xcf\xe5h\x00\xc4\x02k1\x91"
         b"\xa3red\xc4\x05hello\xa2id\x0e\xa2ok\xc3")
-    out = send(front, "create_topic", 15, name="orders", partitions=2)
-    assert answer(front, out, Done(out.corr, 43)) == b"\x83\xa3lsn+\xa2id\x0f\xa2ok\xc3"
-    out = send(front, "committed_offset", 16, group="g", topic="events", partition=0)
-    assert answer(front, out, ValueReply(out.corr, None)) == b"\x83\xa5value\xc0\xa2id\x10\xa2ok\xc3"
-    out = send(front, "offset_for_timestamp", 17, topic="events", partition=0, timestamp=5)
-    assert answer(front, out, ValueReply(out.corr, 12)) == b"\x83\xa5value\x0c\xa2id\x11\xa2ok\xc3"
-    out = send(front, "status", 21)
-    assert answer(front, out, StatusReply(out.corr, {"node": {"pid": 1}})) == (
+    out = ask(front, "create_topic", 15, name="orders", partitions=2)
+    assert answer(front, Done(out.corr, 43)) == b"\x83\xa3lsn+\xa2id\x0f\xa2ok\xc3"
+    out = ask(front, "committed_offset", 16, group="g", topic="events", partition=0)
+    assert answer(front, ValueReply(out.corr, None)) == b"\x83\xa5value\xc0\xa2id\x10\xa2ok\xc3"
+    out = ask(front, "offset_for_timestamp", 17, topic="events", partition=0, timestamp=5)
+    assert answer(front, ValueReply(out.corr, 12)) == b"\x83\xa5value\x0c\xa2id\x11\xa2ok\xc3"
+    out = ask(front, "status", 21)
+    assert answer(front, StatusReply(out.corr, {"node": {"pid": 1}})) == (
         b"\x83\xa6status\x81\xa4node\x81\xa3pid\x01\xa2id\x15\xa2ok\xc3")
 
 
 def test_error_replies_keep_their_bytes(front: FrontDoorState) -> None:
-    out = send(front, "delete_topic", 18, name="events")
+    asked = ask(front, "delete_topic", 18, name="events")
     text = "topic 'events' does not exist"
-    assert answer(front, out, ErrorReply(out.corr, int(ErrorCode.UNKNOWN_TOPIC), text)) == (
+    assert answer(front, ErrorReply(asked.corr, int(ErrorCode.UNKNOWN_TOPIC), text)) == (
         b"\x84\xa2id\x12\xa2ok\xc2\xa4code\n\xa5error\xbdtopic 'events' does not exist")
-    checked = {
+    checked: dict[tuple[str, int], dict[str, object]] = {
         ("fly", 19): {},
         ("read", 20): {"topic": "nope", "partition": 0, "offset": 0, "max_records": 1},
         ("read", 30): {"topic": "events", "partition": 0, "offset": 0},

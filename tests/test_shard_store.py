@@ -305,7 +305,9 @@ def test_a_store_of_the_current_format_opens(tmp_path: Path) -> None:
     st = ShardStore(path, 3, 1, memory())
     st.apply_produce(1, 0, 1, TS, pack_batch([b"a"]))
     st.finish(1)
-    assert U64.unpack(st.cf["meta"][b"format"])[0] == FORMAT_VERSION
+    stored = st.cf["meta"][b"format"]
+    assert isinstance(stored, bytes)
+    assert U64.unpack(stored)[0] == FORMAT_VERSION
     st.flush()
     st.close()
     st = ShardStore(path, 3, 1, memory())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from actors.instructions import Spawn, StopNode, Terminate
 from actors.process import EXIT_FAILED, EXIT_REFUSED
-from node.supervision import Phase, Supervision, start_stages
+from node.supervision import Phase, Supervision, SupervisorInstruction, start_stages
 
 ORDER = ["log", "txn", "cache", "writer-0", "writer-1", "front"]
 HEARTBEAT_S = 10.0
@@ -23,10 +23,11 @@ def spawns(*roles: str) -> list[Spawn]:
     return [Spawn(r) for r in roles]
 
 
-def run(p: Supervision, instructions: list[object], now: float) -> list[object]:
+def run(p: Supervision, instructions: list[SupervisorInstruction],
+        now: float) -> list[SupervisorInstruction]:
     """Carry out spawns as a shell would, each actor reporting at once; returns the
     instructions that came back after the first ones."""
-    out: list[object] = []
+    out: list[SupervisorInstruction] = []
     pending = list(instructions)
     while pending:
         ins = pending.pop(0)

@@ -27,34 +27,11 @@ from actors.wal import (
     segment_name,
 )
 from config import load_config
+from tests.logsamples import build, sample_bodies
 from wire import logrecord
 from wire.logrecord import HEADER_BYTES, Entry, Kind, encode
 
 CHUNKS = [1, 50, 100, SCAN_CHUNK_BYTES]  # 1 is a header: a chunk holds at least one
-
-
-def sample_bodies() -> list[tuple[Kind, Any]]:
-    blob = msgpack.packb([b"a", [b"b", b"k", ["t"], 5]], use_bin_type=True)
-    return [
-        (Kind.TOPIC_CREATE, [1, "orders", 4]),
-        (Kind.PRODUCE, [7, 0, 1_700_000_000_000, [[1, 0, 0, 2, blob], [1, 3, 0, 2, blob]]]),
-        (Kind.OFFSET_COMMIT, ["group-1", 1, 0, 2]),
-        (Kind.PRODUCE, [7, 1, 1_700_000_000_001, [[1, 0, 2, 1, b"\x91\xa1x" * 50]]]),
-        (Kind.TOPIC_DELETE, [1, "orders"]),
-    ]
-
-
-def build(first_lsn: int = 1,
-          bodies: list[tuple[Kind, Any]] | None = None) -> tuple[bytes, list[int]]:
-    """A segment's bytes and the start position of each record (plus the end, last)."""
-    bodies = sample_bodies() if bodies is None else bodies
-    buf = b""
-    starts = []
-    for i, (kind, body) in enumerate(bodies):
-        starts.append(len(buf))
-        buf += encode(first_lsn + i, kind, body)
-    starts.append(len(buf))
-    return buf, starts
 
 
 def produces(first_lsn: int, count: int, value_bytes: int) -> bytes:
@@ -345,7 +322,7 @@ def test_a_scan_of_the_live_tail_stops_where_the_writer_is(seg: Path,
     rest = produces(4, 3, 10)
     seg.write_bytes(whole + rest[:30])
     real_pread = os.pread
-    grown = []
+    grown: list[int] = []  # the offset the segment grew at
 
     def pread(fd: int, n: int, offset: int) -> bytes:
         if offset == len(whole) + 1 and not grown:  # looking past the incomplete record

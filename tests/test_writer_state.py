@@ -12,6 +12,7 @@ from wire.messages import (
     Progress,
     Read,
     ReadByKey,
+    ReadRequest,
 )
 
 WAIT_S = 10.0
@@ -119,7 +120,7 @@ def test_a_read_ahead_waits_until_its_lsn_is_applied() -> None:
 
 def test_waiting_reads_are_served_in_arrival_order() -> None:
     s = state(processed=10)
-    reads = [read(1, 14), read(2, 12), ReadByKey(3, 1, 0, b"k", 13)]
+    reads: list[ReadRequest] = [read(1, 14), read(2, 12), ReadByKey(3, 1, 0, b"k", 13)]
     for r in reads:
         s.read(r, now=0)
     assert s.applied(14) == [Serve(r) for r in reads]
