@@ -31,6 +31,14 @@ class ClientResult:
     late: int = 0  # paced: sends more than CKPT_LATE_S behind their schedule
     intervals: list[tuple[float, float]] = field(default_factory=list)  # checkpoints run
 
+    def took(self, t0: float, t: float, records: int, payload_bytes: int) -> None:
+        """A request sent at ``t0`` was answered at ``t``, with ``records`` records of
+        ``payload_bytes`` bytes in all."""
+        self.latencies_s.append(t - t0)
+        self.records += records
+        self.payload_bytes += payload_bytes
+        self.finished = max(self.finished, t)
+
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """Nearest-rank percentile (``q`` in 0..100) of ``values``; None when empty."""

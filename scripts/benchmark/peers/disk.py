@@ -33,10 +33,7 @@ def disk_synced_writes(job: Job, gate: Gate) -> ClientResult:
             t0 = time.monotonic()
             os.write(fd, data)
             os.fdatasync(fd)
-            res.finished = time.monotonic()
-            res.latencies_s.append(res.finished - t0)
-            res.records += 1
-            res.payload_bytes += job.size
+            res.took(t0, time.monotonic(), 1, job.size)
     finally:
         os.close(fd)
         path.unlink(missing_ok=True)

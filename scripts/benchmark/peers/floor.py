@@ -32,10 +32,7 @@ def floor_produce(job: Job, gate: Gate) -> ClientResult:
         while budget.next_count(res.records, 1):
             t0 = time.monotonic()
             db.put(key_of(res.records), value, sync)
-            res.finished = time.monotonic()
-            res.latencies_s.append(res.finished - t0)
-            res.records += 1
-            res.payload_bytes += job.size
+            res.took(t0, time.monotonic(), 1, job.size)
     finally:
         db.close()
     return res

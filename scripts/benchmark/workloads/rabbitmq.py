@@ -51,10 +51,7 @@ def rabbitmq_produce(job: Job, gate: Gate) -> ClientResult:
                 await asyncio.wait_for(
                     asyncio.gather(*(exchange.publish(m, queue) for m in messages[:n])),
                     timeout=CONFIRM_TIMEOUT_S)
-                res.finished = time.monotonic()
-                res.latencies_s.append(res.finished - t0)
-                res.records += n
-                res.payload_bytes += n * job.size
+                res.took(t0, time.monotonic(), n, n * job.size)
 
     asyncio.run(main())
     return res
@@ -83,11 +80,7 @@ def rabbitmq_produce_single(job: Job, gate: Gate) -> ClientResult:
                 while time.monotonic() < deadline:
                     t0 = time.monotonic()
                     await exchange.publish(message, queue, timeout=CONFIRM_TIMEOUT_S)
-                    t = time.monotonic()
-                    res.latencies_s.append(t - t0)
-                    res.records += 1
-                    res.payload_bytes += job.size
-                    res.finished = max(res.finished, t)
+                    res.took(t0, time.monotonic(), 1, job.size)
 
             await asyncio.wait_for(asyncio.gather(*(writer() for _ in range(job.concurrency))),
                                    timeout=job.seconds + DRAIN_TIMEOUT_S)

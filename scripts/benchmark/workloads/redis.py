@@ -48,10 +48,7 @@ def redis_produce(job: Job, gate: Gate) -> ClientResult:
             else:
                 pipe.hset(job.name, mapping=dict(zip(keys, values, strict=True)))
             replies = pipe.execute()
-            res.finished = time.monotonic()
-            res.latencies_s.append(res.finished - t0)
-            res.records += n
-            res.payload_bytes += n * job.size
+            res.took(t0, time.monotonic(), n, n * job.size)
             if keys is None:
                 res.last = replies[-1].decode()
     finally:
@@ -83,11 +80,7 @@ def redis_produce_single(job: Job, gate: Gate) -> ClientResult:
                 while time.monotonic() < deadline:
                     t0 = time.monotonic()
                     await r.xadd(stream, {b"v": value})
-                    t = time.monotonic()
-                    res.latencies_s.append(t - t0)
-                    res.records += 1
-                    res.payload_bytes += job.size
-                    res.finished = max(res.finished, t)
+                    res.took(t0, time.monotonic(), 1, job.size)
 
             await asyncio.wait_for(asyncio.gather(*(writer() for _ in range(job.concurrency))),
                                    timeout=job.seconds + DRAIN_TIMEOUT_S)
