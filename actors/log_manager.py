@@ -38,7 +38,7 @@ from actors.log_state import LogState
 from actors.process import EXIT_FSYNC_FAILED
 from actors.roles import CACHE_MANAGER, FRONT_DOOR, TRANSACTION_MANAGER, writes_role
 from actors.truncator import TruncateResult, Truncator
-from actors.wal import CorruptLog, SegmentWriter, recover, segments_bytes
+from actors.wal import CorruptLog, SegmentWriter, SnapshotRefused, recover, segments_bytes
 from wire import codec
 from wire.codec import Message
 from wire.errors import ErrorCode
@@ -118,7 +118,7 @@ class LogManager(Actor):
         t0 = time.monotonic()
         try:
             rec = recover(self.log_dir, self.state)
-        except CorruptLog as exc:
+        except (CorruptLog, SnapshotRefused) as exc:
             raise RefuseToStart(str(exc)) from None
         self.recovery_ms = (time.monotonic() - t0) * 1000
         self.replayed_bytes = rec.replayed_bytes

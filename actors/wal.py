@@ -67,6 +67,16 @@ class CorruptLog(Exception):
         self.position = position
 
 
+class SnapshotRefused(Exception):
+    """A snapshot that checks out but that this node cannot restore (written in another
+    format): the node refuses to start on it rather than crash on it at every restart."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"snapshot {path} cannot be restored: {reason}; it was written by "
+                         f"another version of shardnode, and no conversion exists")
+        self.path = path
+
+
 # ---- segments of a directory ------------------------------------------------------------
 
 
@@ -382,11 +392,16 @@ def recover(log_dir: Path, state: LogState, chunk_bytes: int = SCAN_CHUNK_BYTES)
     """Load the newest snapshot, replay every later record into ``state``, cut a torn tail.
 
     Reads each segment a chunk at a time (``SegmentScan``). Raises ``CorruptLog`` when
-    damage is followed by valid records or LSNs skip.
+    damage is followed by valid records or LSNs skip, ``SnapshotRefused`` when the snapshot
+    is of a format this node does not read.
     """
     snap, slot = load_snapshot(log_dir)
     if snap is not None:
-        state.restore(snap)
+        assert slot is not None
+        try:
+            state.restore(snap)
+        except ValueError as exc:
+            raise SnapshotRefused(log_dir / SNAPSHOT_SLOTS[slot], str(exc)) from None
     segments = list_segments(log_dir)
     if segments and segments[0][0] > state.last_lsn + 1:
         raise CorruptLog(segments[0][1], 0, f"the log starts at LSN {segments[0][0]} but the "

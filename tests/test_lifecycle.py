@@ -77,6 +77,26 @@ def test_corrupt_record_followed_by_good_ones_refuses_to_start(make_node: MakeNo
     assert seg.read_bytes() == bytes(data), "a corrupt log must not be modified"
 
 
+def test_a_snapshot_of_another_format_refuses_to_start(make_node: MakeNode,
+                                                       tmp_path: Path) -> None:
+    node = make_node()
+    fill(node)
+    node.stop()  # a clean stop checkpoints: the next start restores the snapshot
+    log_dir = node.data_dir / "log"
+    snap, slot = wal.load_snapshot(log_dir)
+    assert snap is not None and slot is not None
+    path = log_dir / wal.SNAPSHOT_SLOTS[slot]
+    wal.write_snapshot(log_dir, slot, logrecord.encode_snapshot({**snap, "format": 99}))
+    bad = LocalNode(node.data_dir, log_file=tmp_path / "bad.log")
+    with pytest.raises(NodeFailed):
+        bad.start(timeout_s=60)
+    assert bad.proc is not None and bad.proc.wait(30) == 1
+    text = (tmp_path / "bad.log").read_text()
+    assert f"snapshot {path} cannot be restored: snapshot format 99 is not 2" in text
+    assert "refused to start" in text
+    assert text.count("refuses to start") == 1, "refused once, not restarted in a loop"
+
+
 def test_sigint_stops_cleanly(node: LocalNode) -> None:
     fill(node, 3)
     members = node.processes()

@@ -22,6 +22,7 @@ from actors.wal import (
     SCAN_CHUNK_BYTES,
     CorruptLog,
     SegmentScan,
+    SnapshotRefused,
     list_segments,
     recover,
     segment_name,
@@ -471,6 +472,14 @@ def test_recovery_starts_after_the_snapshot(log_dir: Path) -> None:
     rec = recover(log_dir, again)
     assert rec.snapshot_slot == 1 and again.last_lsn == 9
     assert rec.replayed_bytes == len(produces(6, 4, 10))
+
+
+def test_recovery_refuses_a_snapshot_of_another_format(log_dir: Path) -> None:
+    snap = {**fresh_state().snapshot(), "format": 99}
+    wal.write_snapshot(log_dir, 0, logrecord.encode_snapshot(snap))
+    with pytest.raises(SnapshotRefused, match=r"checkpoint-0.snap cannot be restored: "
+                                              r"snapshot format 99 is not 2"):
+        recover(log_dir, fresh_state())
 
 
 def test_recovery_refuses_a_log_with_records_missing(log_dir: Path) -> None:
