@@ -99,7 +99,7 @@ def test_unexpected_messages_do_not_restart_an_actor_and_the_node_keeps_serving(
         if all(n == 2 for n in seen.values()):
             break
         assert time.monotonic() < deadline, f"unexpected messages counted: {seen}"
-        time.sleep(0.1)
+        time.sleep(0.1)  # ok-sleep: the poll interval of a loop with a deadline
     assert [(a["role"], a["restarts"]) for a in status["actors"] if a["restarts"]] == []
     assert {a["role"]: a["pid"] for a in status["actors"]} == pids
     log_text = node.log_file.read_text(errors="replace")

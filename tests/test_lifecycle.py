@@ -56,6 +56,17 @@ def test_torn_tail_is_cut_off_and_the_node_starts(make_node: MakeNode, tmp_path:
     assert torn_cut["recovery_ms"] >= 0
 
 
+def refused_start(data_dir: Path, log_file: Path) -> str:
+    """Start a node on ``data_dir`` that must refuse to start (exit 1, saying so); its log."""
+    bad = LocalNode(data_dir, log_file=log_file)
+    with pytest.raises(NodeFailed):
+        bad.start(timeout_s=60)
+    assert bad.proc is not None and bad.proc.wait(30) == 1
+    text = log_file.read_text()
+    assert "refused to start" in text
+    return text
+
+
 def test_corrupt_record_followed_by_good_ones_refuses_to_start(make_node: MakeNode,
                                                                 tmp_path: Path) -> None:
     node = make_node()
@@ -67,13 +78,8 @@ def test_corrupt_record_followed_by_good_ones_refuses_to_start(make_node: MakeNo
     victim = entries[len(entries) // 2]
     data[victim.position + logrecord.HEADER_BYTES] ^= 0xFF  # flip a byte of its body
     seg.write_bytes(bytes(data))
-    bad = LocalNode(node.data_dir, log_file=tmp_path / "bad.log")
-    with pytest.raises(NodeFailed):
-        bad.start(timeout_s=60)
-    assert bad.proc is not None and bad.proc.wait(30) == 1
-    text = (tmp_path / "bad.log").read_text()
+    text = refused_start(node.data_dir, tmp_path / "bad.log")
     assert f"{seg} is corrupt at byte {victim.position}" in text
-    assert "refused to start" in text
     assert seg.read_bytes() == bytes(data), "a corrupt log must not be modified"
 
 
@@ -87,13 +93,8 @@ def test_a_snapshot_of_another_format_refuses_to_start(make_node: MakeNode,
     assert snap is not None and slot is not None
     path = log_dir / wal.SNAPSHOT_SLOTS[slot]
     wal.write_snapshot(log_dir, slot, logrecord.encode_snapshot({**snap, "format": 99}))
-    bad = LocalNode(node.data_dir, log_file=tmp_path / "bad.log")
-    with pytest.raises(NodeFailed):
-        bad.start(timeout_s=60)
-    assert bad.proc is not None and bad.proc.wait(30) == 1
-    text = (tmp_path / "bad.log").read_text()
+    text = refused_start(node.data_dir, tmp_path / "bad.log")
     assert f"snapshot {path} cannot be restored: snapshot format 99 is not 2" in text
-    assert "refused to start" in text
     assert text.count("refuses to start") == 1, "refused once, not restarted in a loop"
 
 

@@ -68,6 +68,13 @@ class Budget:
         return batch
 
 
+
+def start_clock(job: Job, res: ClientResult) -> Budget:
+    """The go signal came: start the client's clock, and its budget."""
+    budget = Budget(job)
+    res.started = time.monotonic()
+    return budget
+
 class Payload:
     """The records of one client: ``batch`` fixed random values, or keyed records."""
 

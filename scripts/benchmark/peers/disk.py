@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..clients import Budget, Gate, Job, run_clients
+from ..clients import Gate, Job, run_clients, start_clock
 from ..measure import ClientResult, Measurement, Row
 from ..settings import DISK, DISK_SEQ_BYTES_MAX, MIB
 
@@ -27,8 +27,7 @@ def disk_synced_writes(job: Job, gate: Gate) -> ClientResult:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
     try:
         gate.wait()
-        budget = Budget(job)
-        res.started = time.monotonic()
+        budget = start_clock(job, res)
         while budget.next_count(res.records, 1):
             t0 = time.monotonic()
             os.write(fd, data)

@@ -8,7 +8,7 @@ import shutil
 import time
 from typing import TYPE_CHECKING
 
-from ..clients import Budget, Gate, Job, key_of, run_clients
+from ..clients import Gate, Job, key_of, run_clients, start_clock
 from ..measure import ClientResult, Measurement, Row
 from ..settings import FLOOR
 
@@ -27,8 +27,7 @@ def floor_produce(job: Job, gate: Gate) -> ClientResult:
     db = Rdict(job.target, Options(raw_mode=True))
     try:
         gate.wait()
-        budget = Budget(job)
-        res.started = time.monotonic()
+        budget = start_clock(job, res)
         while budget.next_count(res.records, 1):
             t0 = time.monotonic()
             db.put(key_of(res.records), value, sync)

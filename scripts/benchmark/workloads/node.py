@@ -10,7 +10,7 @@ import time
 from node.client import NodeClient, NodeError, Pipeline, Record
 from wire.records import pack_batch
 
-from ..clients import Budget, Gate, Job, Payload, key_of, value_of
+from ..clients import Gate, Job, Payload, key_of, start_clock, value_of
 from ..measure import ClientResult
 from ..settings import CKPT_LATE_S, CKPT_TIMEOUT_MS, DRAIN_TIMEOUT_S
 
@@ -23,8 +23,7 @@ def sn_produce(job: Job, gate: Gate) -> ClientResult:
     with NodeClient(job.target, timeout_ms=30_000) as c:
         c.partitions(job.name)
         gate.wait()
-        budget = Budget(job)
-        res.started = time.monotonic()
+        budget = start_clock(job, res)
         while n := budget.next_count(res.records, job.batch):
             keys, values = payload.batch(res.records, n)
             records: list[Record] | list[bytes] = values if keys is None else \
@@ -89,8 +88,7 @@ def sn_read_tail(job: Job, gate: Gate) -> ClientResult:
     res = ClientResult()
     with NodeClient(job.target, timeout_ms=30_000) as c:
         gate.wait()
-        budget = Budget(job)
-        res.started = time.monotonic()
+        budget = start_clock(job, res)
         while n := budget.next_count(res.records, job.batch):
             t0 = time.monotonic()
             records = c.read(job.name, job.partition, res.records, n)
@@ -112,8 +110,7 @@ def sn_read_key(job: Job, gate: Gate) -> ClientResult:
     with NodeClient(job.target, timeout_ms=30_000) as c:
         c.partitions(job.name)
         gate.wait()
-        budget = Budget(job)
-        res.started = time.monotonic()
+        budget = start_clock(job, res)
         while budget.next_count(res.records, 1):
             i = rng.randrange(job.keys)
             t0 = time.monotonic()

@@ -14,7 +14,7 @@ import asyncio
 import random
 import time
 
-from ..clients import Budget, Gate, Job, Payload
+from ..clients import Gate, Job, Payload, start_clock
 from ..measure import ClientResult
 from ..settings import DRAIN_TIMEOUT_S
 
@@ -44,8 +44,7 @@ def rabbitmq_produce(job: Job, gate: Gate) -> ClientResult:
             channel = await connection.channel(publisher_confirms=True)
             exchange = channel.default_exchange
             await asyncio.to_thread(gate.wait)
-            budget = Budget(job)
-            res.started = time.monotonic()
+            budget = start_clock(job, res)
             while n := budget.next_count(res.records, job.batch):
                 t0 = time.monotonic()
                 await asyncio.wait_for(
@@ -105,8 +104,7 @@ def rabbitmq_read_tail(job: Job, gate: Gate) -> ClientResult:
             await channel.set_qos(prefetch_count=2 * job.batch)
             queue = await channel.get_queue(queue_of(job))
             await asyncio.to_thread(gate.wait)
-            budget = Budget(job)
-            res.started = time.monotonic()
+            budget = start_clock(job, res)
             async with queue.iterator(timeout=CONFIRM_TIMEOUT_S) as deliveries:
                 while n := budget.next_count(res.records, job.batch):
                     t0 = time.monotonic()

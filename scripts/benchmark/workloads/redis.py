@@ -9,7 +9,7 @@ import random
 import time
 from typing import cast
 
-from ..clients import Budget, Gate, Job, Payload, key_of, value_of
+from ..clients import Gate, Job, Payload, key_of, start_clock, value_of
 from ..measure import ClientResult
 from ..settings import DRAIN_TIMEOUT_S
 
@@ -35,8 +35,7 @@ def redis_produce(job: Job, gate: Gate) -> ClientResult:
     try:
         r.ping()
         gate.wait()
-        budget = Budget(job)
-        res.started = time.monotonic()
+        budget = start_clock(job, res)
         stream = _stream(job)
         while n := budget.next_count(res.records, job.batch):
             keys, values = payload.batch(res.records, n)
@@ -101,8 +100,7 @@ def redis_read_tail(job: Job, gate: Gate) -> ClientResult:
     try:
         r.ping()
         gate.wait()
-        budget = Budget(job)
-        res.started = time.monotonic()
+        budget = start_clock(job, res)
         start = "-"
         while n := budget.next_count(res.records, job.batch):
             t0 = time.monotonic()
@@ -131,8 +129,7 @@ def redis_read_key(job: Job, gate: Gate) -> ClientResult:
     try:
         r.ping()
         gate.wait()
-        budget = Budget(job)
-        res.started = time.monotonic()
+        budget = start_clock(job, res)
         while budget.next_count(res.records, 1):
             i = rng.randrange(job.keys)
             t0 = time.monotonic()
