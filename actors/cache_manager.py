@@ -85,6 +85,7 @@ class CacheManager(Actor):
             log.warning("missed log groups %d..%d; clearing the cache",
                         self.state.seen_lsn + 1, msg.first_lsn - 1)
             self.state.clear()
+            self.state.commit_lsn = msg.first_lsn - 1  # they may have held commits
         frame = self.current_frame
         for w in self.writers:
             # A writer that is behind (bytes queued, or a full mailbox) or restarting
@@ -105,6 +106,7 @@ class CacheManager(Actor):
         log.warning("missed log groups up to %d; clearing the cache", msg.lsn)
         self.state.clear()
         self.state.seen_lsn = msg.lsn
+        self.state.commit_lsn = msg.lsn  # they may have held commits
         for w in self.writers:
             self.send(w, msg, wait_ms=200)
 
@@ -138,8 +140,8 @@ class CacheManager(Actor):
         if rows is None:
             self.forward(msg)
             return
-        self.send(FRONT_DOOR, RecordsReply(msg.corr, pack_read(rows), self.state.seen_lsn),
-                  wait_ms=100)
+        self.send(FRONT_DOOR, RecordsReply(msg.corr, pack_read(rows), self.state.seen_lsn,
+                                           self.state.commit_lsn), wait_ms=100)
 
     def forward(self, msg: ReadRequest) -> None:
         self.forwarded += 1

@@ -81,6 +81,7 @@ class CacheState:
         self.starts: dict[Shard, Starts] = {}  # first offsets of cached entries, per shard
         self.end: dict[Shard, int] = {}  # next offset of each shard, as far as seen
         self.seen_lsn = 0  # last LSN of the groups seen since this cache started
+        self.commit_lsn = 0  # the last transaction commit seen
         self.hits = 0
         self.misses = 0
         self.evictions = 0
@@ -93,6 +94,14 @@ class CacheState:
                 _pid, _seq, ts, parts = msgpack.unpackb(entry.payload, raw=False)
                 for topic_id, partition, first, count, blob in parts:
                     self._add((topic_id, partition), Entry(first, count, ts, blob))
+            elif entry.kind == Kind.COMMIT:
+                # A transaction's records are not cached (they were staged in the shards):
+                # its offsets are a gap here, which reads go past to the shard writer.
+                _txn, placed, _offsets = entry.body()
+                for topic_id, partition, first, count in placed:
+                    shard = (topic_id, partition)
+                    self.end[shard] = max(self.end.get(shard, 0), first + count)
+                self.commit_lsn = entry.lsn
             elif entry.kind == Kind.TOPIC_DELETE:
                 topic_id, _name = entry.body()
                 self.drop_topic(topic_id)

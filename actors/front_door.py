@@ -31,6 +31,9 @@ from wire.messages import (
     Ack,
     Acks,
     Catalog,
+    CommitOffset,
+    CreateTopic,
+    DeleteTopic,
     Done,
     ErrorReply,
     Hello,
@@ -39,11 +42,18 @@ from wire.messages import (
     RecordsReply,
     StatusReply,
     TopicsReply,
+    TxnCommitted,
+    TxnId,
+    TxnsReply,
+    TxnWritten,
     ValueReply,
     Writes,
 )
 
 log = logging.getLogger("shardnode")
+
+# The writes other than produce, which ride in a write burst (``Writes``) at their place.
+BURST_WRITES = (CreateTopic, DeleteTopic, CommitOffset)
 
 CLIENT_BURST_MAX = 1024  # client requests read per poll before looking at the mailbox
 
@@ -95,8 +105,9 @@ class FrontDoor(Actor):
                     # decode per request in the log manager.
                     self.write_corrs.append(corr)
                     self.write_produces.append(request)
-                case Request(role, corr, msg) if role == self.state.writes_to:
-                    # Any other request for that actor goes in the burst too, at its place.
+                case Request(role, corr, msg) if (role == self.state.writes_to
+                                                   and isinstance(msg, BURST_WRITES)):
+                    # The other writes to that actor go in the burst too, at their place.
                     self.write_others.append((len(self.write_corrs), codec.encode(msg)))
                     self.write_corrs.append(corr)
                 case Request(role, corr, msg):
@@ -162,7 +173,7 @@ class FrontDoor(Actor):
             case Catalog():
                 self.state.catalog(msg)
             case (Ack() | Done() | RecordsReply() | ValueReply() | TopicsReply() | StatusReply()
-                  | ErrorReply()):
+                  | ErrorReply() | TxnId() | TxnWritten() | TxnCommitted() | TxnsReply()):
                 self.perform(self.state.answer(msg))
             case _:
                 self.unexpected(msg)

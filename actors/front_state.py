@@ -23,6 +23,7 @@ from actors.roles import (
     CACHE_MANAGER,
     LOG_MANAGER,
     SUPERVISOR,
+    TRANSACTION_MANAGER,
     key_partition,
     shard_owner,
     writer_role,
@@ -54,6 +55,14 @@ from wire.messages import (
     StatusReply,
     StatusRequest,
     TopicsReply,
+    TxnBegin,
+    TxnCommitted,
+    TxnId,
+    TxnList,
+    TxnsReply,
+    TxnStep,
+    TxnWrite,
+    TxnWritten,
     ValueReply,
 )
 from wire.protocol import Topic
@@ -79,6 +88,7 @@ class Waiting:
     rid: int
     deadline: float
     assign: list[int] | None = None  # produce split by key: the partition of each record
+    parts: list[list[int]] | None = None  # txn_produce: [partition, count] of each part
 
 
 class FrontDoorState:
@@ -107,8 +117,20 @@ class FrontDoorState:
             "list_topics": self.list_topics,
             "checkpoint": self.checkpoint,
             "status": self.status,
+            "txn_begin": self.txn_begin,
+            "txn_commit_offset": self.txn_commit_offset,
+            "txn_commit": lambda req: self.txn_step(req, "commit"),
+            "txn_abort": lambda req: self.txn_step(req, "rollback"),
+            "xa_start": self.txn_begin,
+            "xa_end": lambda req: self.txn_step(req, "end"),
+            "xa_prepare": lambda req: self.txn_step(req, "prepare"),
+            "xa_commit": lambda req: self.txn_step(
+                req, "commit_one_phase" if req.get("one_phase") else "commit"),
+            "xa_rollback": lambda req: self.txn_step(req, "rollback"),
+            "xa_recover": lambda _req: (TRANSACTION_MANAGER, lambda c: TxnList(c, True)),
+            "txn_list": lambda _req: (TRANSACTION_MANAGER, lambda c: TxnList(c, False)),
         }
-        missing = protocol.OPS.keys() - self.routes.keys() - {"produce"}
+        missing = protocol.OPS.keys() - self.routes.keys() - {"produce", "txn_produce"}
         assert not missing, f"ops of wire.protocol.OPS with no route: {sorted(missing)}"
         # Ops that take longer than a request: a checkpoint flushes every shard.
         self.timeouts_ms = {"checkpoint": 3 * self.checkpoint_timeout_ms}
@@ -177,6 +199,8 @@ class FrontDoorState:
         try:
             if op == "produce":  # the hot path
                 return self.produce(identity, rid, req, now)
+            if op == "txn_produce":
+                return self.txn_produce(identity, rid, req, now)
             role, make = self.routes[op](req)
             corr = self.wait(identity, rid, now, timeout_ms=self.timeouts_ms.get(op))
             return Request(role, corr, make(corr))
@@ -242,6 +266,16 @@ class FrontDoorState:
         return min(n, self.lim.read_records_max)
 
     def produce(self, identity: bytes, rid: int, req: dict[str, Any], now: float) -> Produce:
+        # Round-robin by the producer's sequence number: a retry of the same request
+        # places its records exactly as the first attempt did.
+        parts, assign = self.split(req, req["producer_id"] + req["seq"])
+        corr = self.wait(identity, rid, now, assign)
+        return Produce(corr, (req["producer_id"], req["seq"], parts))
+
+    def split(self, req: dict[str, Any], rr: int) -> tuple[list[PartRow], list[int] | None]:
+        """A produce's records checked and split by partition: the parts, and the partition
+        of each record when the batch was split by key. ``rr`` picks the partition of
+        keyless records."""
         name = req["topic"]
         t = self.topic(name)
         topic_id, partitions = t.topic_id, t.partitions
@@ -252,29 +286,43 @@ class FrontDoorState:
         parts: list[PartRow]
         if partition is not None:
             self.partition(name, partition)
-            parts = [(topic_id, partition, len(items), blob)]
-        else:
-            keys = [key_of(it) for it in items]
-            # Round-robin by the producer's sequence number: a retry of the same request
-            # places its records exactly as the first attempt did.
-            rr = req["producer_id"] + req["seq"]
-            if partitions == 1 or all(k is None for k in keys):
-                parts = [(topic_id, rr % partitions, len(items), blob)]
-            else:
-                # By key hash; records without a key go to this batch's round-robin pick.
-                assign = [rr % partitions if k is None else key_partition(k, partitions)
-                          for k in keys]
-                split: dict[int, list[Any]] = {}
-                for p, item in zip(assign, items, strict=True):
-                    split.setdefault(p, []).append(item)
-                if len(split) == 1:
-                    parts = [(topic_id, assign[0], len(items), blob)]
-                    assign = None
-                else:
-                    parts = [(topic_id, p, len(recs), msgpack.packb(recs, use_bin_type=True))
-                             for p, recs in sorted(split.items())]
+            return [(topic_id, partition, len(items), blob)], None
+        keys = [key_of(it) for it in items]
+        if partitions == 1 or all(k is None for k in keys):
+            return [(topic_id, rr % partitions, len(items), blob)], None
+        # By key hash; records without a key go to this batch's round-robin pick.
+        assign = [rr % partitions if k is None else key_partition(k, partitions) for k in keys]
+        split: dict[int, list[Any]] = {}
+        for p, item in zip(assign, items, strict=True):
+            split.setdefault(p, []).append(item)
+        if len(split) == 1:
+            return [(topic_id, assign[0], len(items), blob)], None
+        parts = [(topic_id, p, len(recs), msgpack.packb(recs, use_bin_type=True))
+                 for p, recs in sorted(split.items())]
+        return parts, assign
+
+    # ---- transactions: to the transaction manager -------------------------------------
+
+    def txn_produce(self, identity: bytes, rid: int, req: dict[str, Any], now: float) -> Request:
+        txn, seq = req["txn"], req["seq"]
+        parts, assign = self.split(req, txn + seq)
         corr = self.wait(identity, rid, now, assign)
-        return Produce(corr, (req["producer_id"], req["seq"], parts))
+        self.pending[corr].parts = [[p, n] for _t, p, n, _b in parts]
+        return Request(TRANSACTION_MANAGER, corr, TxnWrite(corr, txn, seq, parts, ()))
+
+    def txn_commit_offset(self, req: dict[str, Any]) -> Target:
+        group, offset, txn, seq = req["group"], req["offset"], req["txn"], req["seq"]
+        protocol.check_name("group name", group)
+        tid, p = self.partition(req["topic"], req["partition"])
+        return TRANSACTION_MANAGER, lambda c: TxnWrite(c, txn, seq, (), ((group, tid, p, offset),))
+
+    def txn_begin(self, req: dict[str, Any]) -> Target:
+        timeout_ms, xid = req.get("timeout_ms", 0), req.get("xid")
+        return TRANSACTION_MANAGER, lambda c: TxnBegin(c, timeout_ms, xid)
+
+    def txn_step(self, req: dict[str, Any], step: str) -> Target:
+        txn, xid = req.get("txn", 0), req.get("xid")
+        return TRANSACTION_MANAGER, lambda c: TxnStep(c, txn, xid, step)
 
     # ---- answers ----------------------------------------------------------------------
 
@@ -310,10 +358,28 @@ class FrontDoorState:
             case Done(lsn=lsn):
                 self.lsn_seen = max(self.lsn_seen, lsn)
                 frame = protocol.ok(w.rid, lsn=lsn)
-            case RecordsReply(records=records):
+            case RecordsReply(records=records, commit_lsn=commit_lsn):
+                # Every read after this one waits for the transactions this one saw: no
+                # reader sees a transaction in one partition and not in another.
+                self.lsn_seen = max(self.lsn_seen, commit_lsn)
                 frame = protocol.ok(w.rid, records=records)
-            case ValueReply(value=value):
+            case ValueReply(value=value, commit_lsn=commit_lsn):
+                self.lsn_seen = max(self.lsn_seen, commit_lsn)
                 frame = protocol.ok(w.rid, value=value)
+            case TxnId(txn=txn):
+                frame = protocol.ok(w.rid, txn=txn)
+            case TxnWritten(records=records):
+                if w.parts is None:
+                    frame = protocol.ok(w.rid, records=records)
+                elif w.assign is None:
+                    frame = protocol.ok(w.rid, records=records, parts=w.parts)
+                else:
+                    frame = protocol.ok(w.rid, records=records, parts=w.parts, assign=w.assign)
+            case TxnCommitted(lsn=lsn, parts=parts):
+                self.lsn_seen = max(self.lsn_seen, lsn)
+                frame = protocol.ok(w.rid, lsn=lsn, parts=parts)
+            case TxnsReply(field=name, rows=rows):
+                frame = protocol.ok(w.rid, **{name: rows})
             case TopicsReply(topics=topics):
                 frame = protocol.ok(w.rid, topics=topics)
             case StatusReply(status=status):

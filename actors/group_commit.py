@@ -105,7 +105,7 @@ class GroupCommit:
     def ended_group(self, group: list[Log]) -> None:
         """A group's requests were answered."""
         if self.track_ended:
-            self.ended.extend(p.reply.corr for p in group)
+            self.ended.extend(p.reply.corr for p in group if p.reply is not None)
 
     def tell_due(self, now: float, checkpoint_waits: bool) -> bool:
         """Whether to tell the transaction manager now which requests ended."""

@@ -82,6 +82,9 @@ class Log:
     reply: Any
     lsn: int
     catalog_changed: bool = False
+    # Send ``reply`` at once rather than after the fsync: a record staged in a transaction,
+    # which only the durable commit after it makes count (``actors/txn_ledger.py``).
+    early: bool = False
 
 
 # ---- the checkpoint handshake (actors/checkpoint.py) ---------------------------------

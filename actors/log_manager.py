@@ -66,6 +66,11 @@ from wire.messages import (
     LogGroup,
     LogRequest,
     Progress,
+    TxnAppend,
+    TxnResolve,
+    TxnStart,
+    TxnSync,
+    TxnTable,
     Writes,
 )
 
@@ -172,8 +177,12 @@ class LogManager(Actor):
         match msg:
             case Writes():  # a burst of write requests: most messages
                 self.admit_writes(msg)
-            case Append() | CreateTopic() | DeleteTopic() | CommitOffset() | ListTopics():
+            case (Append() | CreateTopic() | DeleteTopic() | CommitOffset() | ListTopics()
+                  | TxnStart() | TxnAppend() | TxnResolve()):
                 self.admit(msg)
+            case TxnSync(role):
+                opened, outcomes = self.state.txns.table()
+                self.send(role, TxnTable(opened, outcomes, self.state.txns.next_txn), wait_ms=1000)
             case Hello(role):
                 if role == CACHE_MANAGER:
                     self.to_cache.reset()  # a new cache manager: nothing of ours is in its queue
@@ -214,10 +223,18 @@ class LogManager(Actor):
     def admit(self, msg: LogRequest) -> None:
         self.admitted(self.state.admit(msg, int(time.time() * 1000)))
 
-    def admitted(self, out: Log | Send) -> None:
+    def admitted(self, out: Log | Send | None) -> None:
         """Queue a request's record for the next group commit, or answer it at once."""
         match out:
+            case None:
+                pass
             case Log():
+                if out.early:
+                    # Staged in a transaction: answered now; its commit record, durable
+                    # after it in the log, is what is acknowledged as durable.
+                    if out.reply is not None:
+                        self.send(FRONT_DOOR, out.reply, wait_ms=1000)
+                    out.reply = None
                 if self.policy.add(out):
                     self.flush_queue()
             case Send(role, msg, wait_ms):
@@ -289,11 +306,10 @@ class LogManager(Actor):
         for p in group:
             if type(p.reply) is Ack:
                 acks.append((p.reply.corr, p.reply.lsn, p.reply.parts))
-            else:
+                if p.record:
+                    self.window_records += sum(part[2] for part in p.reply.parts)
+            elif p.reply is not None:  # else answered when it was admitted, or by no one
                 replies.append(codec.encode(p.reply))
-            parts = getattr(p.reply, "parts", None)
-            if parts and p.record:
-                self.window_records += sum(part[2] for part in parts)
         self.policy.ended_group(group)
         # If the front door is gone, its clients time out and retry (produce is idempotent).
         for start, end in chunks([ACK_ROW_BYTES + ACK_PART_BYTES * len(row[2]) for row in acks],

@@ -23,6 +23,7 @@ import msgpack
 
 from actors.instructions import Log, Send
 from actors.roles import FRONT_DOOR
+from actors.txn_ledger import Outcome, TxnLedger
 from config import NodeConfig
 from wire import logrecord
 from wire.codec import Message
@@ -42,8 +43,16 @@ from wire.messages import (
     PartRow,
     PlacedRow,
     TopicsReply,
+    TxnAppend,
+    TxnCommitted,
+    TxnId,
+    TxnPartRow,
+    TxnResolve,
+    TxnStart,
+    TxnWritten,
 )
 from wire.protocol import NAME_RE, Topic
+from wire.xid import Xid
 
 ANSWER_WAIT_MS = 1000  # an answer waits this long for room in the front door's mailbox
 
@@ -79,13 +88,19 @@ class LogState:
         self.catalog_lsn = 0
         self.shards_max = cfg.limits.shards_max
         self.partitions_max = cfg.limits.partitions_max
+        self.txns = TxnLedger(cfg.txn.outcomes_max)
 
     # ---- requests -------------------------------------------------------------------
 
-    def admit(self, msg: LogRequest, now_ms: int) -> Log | Send:
-        """A record to log (and the answer once it is durable), or an answer to send now."""
+    def admit(self, msg: LogRequest, now_ms: int) -> Log | Send | None:
+        """A record to log (and the answer once it is durable), or an answer to send now;
+        None when there is nothing to do or say."""
         out = self._admit(msg, now_ms)
-        return out if isinstance(out, Log) else Send(FRONT_DOOR, out, ANSWER_WAIT_MS)
+        if out is None or isinstance(out, Log):
+            return out
+        if getattr(out, "corr", 1) == 0:
+            return None  # no one waits for it (a transaction rolled back at its timeout)
+        return Send(FRONT_DOOR, out, ANSWER_WAIT_MS)
 
     def append(self, corr: int, producer_id: int, seq: int, parts: Sequence[PartRow],
                now_ms: int) -> Log | Send:
@@ -93,7 +108,7 @@ class LogState:
         out = self._append(corr, producer_id, seq, parts, now_ms)
         return out if isinstance(out, Log) else Send(FRONT_DOOR, out, ANSWER_WAIT_MS)
 
-    def _admit(self, msg: LogRequest, now_ms: int) -> Log | Message:
+    def _admit(self, msg: LogRequest, now_ms: int) -> Log | Message | None:
         match msg:
             case Append(corr, producer_id, seq, parts):
                 return self._append(corr, producer_id, seq, parts, now_ms)
@@ -105,6 +120,12 @@ class LogState:
                 return self._commit_offset(msg)
             case ListTopics(corr):
                 return TopicsReply(corr, sorted(self.topics.values(), key=lambda t: t.name))
+            case TxnStart():
+                return self._txn_start(msg)
+            case TxnAppend():
+                return self._txn_append(msg, now_ms)
+            case TxnResolve():
+                return self._txn_resolve(msg)
             case _:
                 assert_never(msg)
 
@@ -238,6 +259,123 @@ class LogState:
                                   [msg.group, msg.topic_id, msg.partition, msg.offset])
         return Log(record, Done(msg.corr, self.last_lsn), self.last_lsn)
 
+    # ---- transactions (the ledger: actors/txn_ledger.py) ----------------------------
+
+    def _txn_start(self, msg: TxnStart) -> Log | Message:
+        if msg.txn in self.txns.open or msg.txn in self.txns.outcomes:
+            return ErrorReply(msg.corr, ErrorCode.TXN_STATE, f"transaction {msg.txn} exists")
+        self.last_lsn += 1
+        if msg.xid is None:
+            record = logrecord.encode(self.last_lsn, Kind.TX_START, [msg.txn])
+            xid = None
+        else:
+            xid = Xid(*msg.xid)
+            record = logrecord.encode(self.last_lsn, Kind.DTX_START, [msg.txn, *xid])
+        self.txns.start(msg.txn, xid, self.last_lsn)
+        return Log(record, TxnId(msg.corr, msg.txn) if msg.corr else None, self.last_lsn,
+                   early=True)
+
+    def _txn_append(self, msg: TxnAppend, now_ms: int) -> Log | Message:
+        st = self.txns.open.get(msg.txn)
+        if st is None or st.prepared:
+            return ErrorReply(msg.corr, ErrorCode.TXN_STATE,
+                              f"transaction {msg.txn} is not open in the log")
+        # A topic deleted since the front door checked: its part is dropped, as the topic's
+        # records would be at its deletion.
+        parts = [row for row in msg.parts if row[0] in self.by_id
+                 and 0 <= row[1] < self.by_id[row[0]].partitions]
+        for group, topic_id, partition, offset in msg.offsets:
+            end = self.next_offset.get((topic_id, partition))
+            if end is None:
+                return ErrorReply(msg.corr, ErrorCode.UNKNOWN_TOPIC,
+                                  f"topic id {topic_id} partition {partition} does not exist")
+            if offset > end:
+                return ErrorReply(msg.corr, ErrorCode.BAD_REQUEST,
+                                  f"offset {offset} of group {group!r} is past the end "
+                                  f"({end}) of the partition")
+        self.last_lsn += 1
+        self.txns.write(msg.txn, parts, msg.offsets)
+        record = logrecord.encode(self.last_lsn, Kind.TXN_WRITE,
+                                  [msg.txn, now_ms, parts, msg.offsets])
+        return Log(record, TxnWritten(msg.corr, self.last_lsn, st.records), self.last_lsn,
+                   early=True)
+
+    def _txn_resolve(self, msg: TxnResolve) -> Log | Message | None:
+        txn, corr = msg.txn, msg.corr
+        done = self.txns.outcomes.get(txn)
+        if done is not None:  # a retry after a lost answer: the first outcome again
+            if msg.step == "commit" and done.committed:
+                return Log(b"", TxnCommitted(corr, done.lsn, done.parts), done.lsn)
+            if msg.step == "rollback" and not done.committed:
+                return Log(b"", Done(corr, done.lsn), done.lsn)
+            return ErrorReply(corr, ErrorCode.TXN_STATE, f"transaction {txn} was "
+                              f"{'committed' if done.committed else 'rolled back'} already")
+        st = self.txns.open.get(txn)
+        if st is None:
+            return ErrorReply(corr, ErrorCode.TXN_UNKNOWN, f"transaction {txn} is not in the "
+                              f"log (finished long ago, or rolled back at a restart)")
+        self.last_lsn += 1
+        lsn = self.last_lsn
+        reply: Message | None
+        if msg.step == "prepare":
+            self.txns.prepare(txn)
+            record = logrecord.encode(lsn, Kind.PREPARE, [txn])
+            reply = Done(corr, lsn)
+        elif msg.step == "commit":
+            placed, rows = self._place(st.counts)
+            offsets = [[g, t, p, o] for (g, t, p), o in st.offsets.items()
+                       if (t, p) in self.next_offset]
+            record = logrecord.encode(lsn, Kind.COMMIT, [txn, placed, offsets])
+            self.txns.finish(txn, Outcome(True, lsn, rows, st.xid))
+            reply = TxnCommitted(corr, lsn, rows)
+        else:
+            record = logrecord.encode(lsn, Kind.ROLLBACK, [txn, [[t, p] for t, p in st.counts]])
+            self.txns.finish(txn, Outcome(False, lsn, [], st.xid))
+            reply = Done(corr, lsn)
+        return Log(record, reply if corr else None, lsn)
+
+    def _place(self, counts: dict[tuple[int, int], int]
+               ) -> tuple[list[list[int]], list[TxnPartRow]]:
+        """Offsets for a commit's records: contiguous in each shard, from its next offset.
+        Shards of topics deleted since are left out (their records went with the topic)."""
+        placed: list[list[int]] = []
+        rows: list[TxnPartRow] = []
+        for (topic_id, partition), count in counts.items():
+            first = self.next_offset.get((topic_id, partition))
+            if first is None or count == 0:
+                continue
+            self.next_offset[(topic_id, partition)] = first + count
+            placed.append([topic_id, partition, first, count])
+            rows.append((self.by_id[topic_id].name, partition, first, count))
+        return placed, rows
+
+    def _replay_txn(self, entry: logrecord.Entry) -> None:
+        kind, lsn = entry.kind, entry.lsn
+        if kind == Kind.TXN_WRITE:
+            txn, _ts, parts, offsets = entry.body()
+            if txn in self.txns.open:
+                self.txns.write(txn, parts, offsets)
+            return
+        body = entry.body()
+        txn = body[0]
+        if kind == Kind.TX_START:
+            self.txns.start(txn, None, lsn)
+        elif kind == Kind.DTX_START:
+            self.txns.start(txn, Xid(*body[1:]), lsn)
+        elif kind == Kind.PREPARE:
+            if txn in self.txns.open:
+                self.txns.prepare(txn)
+        elif kind == Kind.COMMIT:
+            rows: list[TxnPartRow] = []
+            for topic_id, partition, first, count in body[1]:
+                key = (topic_id, partition)
+                if key in self.next_offset:
+                    self.next_offset[key] = first + count
+                    rows.append((self.by_id[topic_id].name, partition, first, count))
+            self.txns.finish(txn, Outcome(True, lsn, rows, self.txns.xid_of(txn)))
+        else:  # ROLLBACK
+            self.txns.finish(txn, Outcome(False, lsn, [], self.txns.xid_of(txn)))
+
     # ---- catalog --------------------------------------------------------------------
 
     def _apply_create(self, topic: Topic, lsn: int) -> None:
@@ -261,9 +399,10 @@ class LogState:
 
     # ---- snapshots ------------------------------------------------------------------
 
-    # 2: each window a map seq → the packed [lsn, parts]. 1 (still read): each window a list
-    # of [seq, lsn, parts].
-    SNAPSHOT_FORMAT = 2
+    # 3: with the transactions' ledger. 2 (still read: no transactions): each window a map
+    # seq → the packed [lsn, parts].
+    SNAPSHOT_FORMAT = 3
+    SNAPSHOT_FORMATS_READ = (2, 3)
 
     def snapshot(self) -> dict[str, Any]:
         """Everything needed to go on from ``last_lsn`` without the records before it.
@@ -280,12 +419,13 @@ class LogState:
             "topics": [[t.topic_id, t.name, t.partitions] for t in self.by_id.values()],
             "next_offset": [[tid, p, off] for (tid, p), off in self.next_offset.items()],
             "producers": [[pid, w.max_seq, w.results.copy()] for pid, w in self.producers.items()],
+            **self.txns.snapshot(),
         }
 
     def restore(self, snap: dict[str, Any]) -> None:
         form = snap.get("format")
-        if form != self.SNAPSHOT_FORMAT:
-            raise ValueError(f"snapshot format {form} is not {self.SNAPSHOT_FORMAT}")
+        if form not in self.SNAPSHOT_FORMATS_READ:
+            raise ValueError(f"snapshot format {form} is not one of {self.SNAPSHOT_FORMATS_READ}")
         self.last_lsn = snap["last_lsn"]
         self.catalog_lsn = snap["catalog_lsn"]
         self.next_topic_id = snap["next_topic_id"]
@@ -306,6 +446,7 @@ class LogState:
         while len(self.producers) > self.producers_max:
             self._forget_oldest()
         self._bound_entries()
+        self.txns.restore(snap)
 
     # ---- recovery -------------------------------------------------------------------
 
@@ -332,5 +473,7 @@ class LogState:
             self._apply_delete(topic_id, entry.lsn)
         elif kind == Kind.OFFSET_COMMIT:
             pass  # applied by the shard writers; nothing for the log manager to remember
+        elif Kind.TX_START <= kind <= Kind.ROLLBACK:
+            self._replay_txn(entry)
         else:
             raise ValueError(f"unknown record kind {kind} at LSN {entry.lsn}")

@@ -7,7 +7,13 @@ Column families (keys are big-endian so that byte order is numeric order):
     tags      len u16 | tag utf-8 | offset u64    → b""
     time      running max timestamp u64 | offset  → b""   (written when the max grows)
     groups    consumer group utf-8                → committed offset u64
+    staged    txn u64 | lsn u64 | part u16        → msgpack [timestamp_ms, count, blob]
     meta      b"applied_lsn", b"next_offset", b"max_ts" (+1; 0 = none), b"format" → u64
+
+``staged`` holds the records of open and prepared transactions: invisible to every read,
+without offsets. A commit moves them into ``records`` (with the indexes) at the offsets its
+log record gives, in one batch with the applied LSN; a rollback deletes them. Kept here,
+they are flushed with the shard at a checkpoint, so the log need not keep them.
 
 Every applied log record goes into one WriteBatch together with the new ``applied_lsn``,
 so after a crash the shard is exactly as of some LSN and replay from the log continues
@@ -33,7 +39,8 @@ from config import ShardsConfig
 U64 = struct.Struct(">Q")
 TAG_LEN = struct.Struct(">H")
 FORMAT_VERSION = 1
-DATA_CFS = ("records", "keys", "tags", "time", "groups")
+DATA_CFS = ("records", "keys", "tags", "time", "groups", "staged")
+STAGED_KEY = struct.Struct(">QQH")  # txn, lsn, part
 CFS = (*DATA_CFS, "meta")
 
 
@@ -136,7 +143,13 @@ class ShardStore:
         if first != self.next_offset:
             raise RuntimeError(f"shard {self.shard}: record at LSN {lsn} starts at offset "
                                f"{first}, but the shard's next offset is {self.next_offset}")
-        wb = self._wb()
+        self._put_records(self._wb(), first, batch_ts, blob)
+        self.batch_lsn = lsn
+        return count
+
+    def _put_records(self, wb: rocksdict.WriteBatch, first: int, batch_ts: int,
+                     blob: bytes) -> None:
+        """The records of ``blob`` at offsets from ``first``, with their index entries."""
         h_rec, h_keys, h_tags, h_time = self.h["records"], self.h["keys"], self.h["tags"], self.h["time"]
         pack = msgpack.packb
         max_ts = self.max_ts
@@ -163,8 +176,69 @@ class ShardStore:
             offset += 1
         self.max_ts = max_ts
         self.next_offset = offset
+
+    # ---- transactions ---------------------------------------------------------------
+
+    def apply_staged(self, lsn: int, txn: int, part: int, batch_ts: int, count: int,
+                     blob: bytes) -> None:
+        """Stage a transaction's records: kept, invisible, until its commit or rollback."""
+        if lsn <= self.applied_lsn:
+            return
+        self._wb().put(STAGED_KEY.pack(txn, lsn, part),
+                       msgpack.packb((batch_ts, count, blob), use_bin_type=True), self.h["staged"])
+        self.batch_lsn = lsn
+
+    def _staged(self, txn: int) -> list[tuple[bytes, bytes]]:
+        """The staged entries of ``txn``, in the order they were logged. What this group
+        staged is written first, so that the iterator sees it."""
+        if self.batch is not None:
+            self.finish(self.batch_lsn)
+        prefix = U64.pack(txn)
+        it = self.cf["staged"].iter()
+        it.seek(prefix)
+        found = []
+        while it.valid() and it.key().startswith(prefix):
+            found.append((it.key(), it.value()))
+            it.next()
+        return found
+
+    def apply_commit(self, lsn: int, txn: int, first: int, count: int) -> int:
+        """Move ``txn``'s staged records into the shard at offsets ``first`` on, in one batch
+        with the applied LSN; returns how many (0 if already applied)."""
+        if lsn <= self.applied_lsn:
+            return 0
+        if first != self.next_offset:
+            raise RuntimeError(f"shard {self.shard}: commit of transaction {txn} at LSN {lsn} "
+                               f"starts at offset {first}, but the next offset is "
+                               f"{self.next_offset}")
+        staged = self._staged(txn)
+        wb = self._wb()
+        h_staged = self.h["staged"]
+        offset = first
+        for key, raw in staged:
+            batch_ts, n, blob = msgpack.unpackb(raw, raw=False)
+            self._put_records(wb, offset, batch_ts, blob)
+            offset += n
+            wb.delete(key, h_staged)
+        if offset - first != count:
+            raise RuntimeError(f"shard {self.shard}: transaction {txn} committed {count} records "
+                               f"at LSN {lsn}, but {offset - first} are staged here")
         self.batch_lsn = lsn
         return count
+
+    def apply_rollback(self, lsn: int, txn: int) -> None:
+        """Drop ``txn``'s staged records."""
+        if lsn <= self.applied_lsn:
+            return
+        staged = self._staged(txn)
+        wb = self._wb()
+        for key, _raw in staged:
+            wb.delete(key, self.h["staged"])
+        self.batch_lsn = lsn
+
+    def staged_count(self) -> int:
+        """Entries staged by unfinished transactions (for status and tests)."""
+        return sum(1 for _ in self.cf["staged"].keys())  # noqa: SIM118 (an iterator of keys)
 
     def apply_offset_commit(self, lsn: int, group: str, offset: int) -> None:
         if lsn <= self.applied_lsn:

@@ -62,6 +62,8 @@ log = logging.getLogger("shardnode")
 
 Shard = tuple[int, int]
 PARKED_READS_MAX = 10000
+TXN_KINDS = (Kind.TX_START, Kind.DTX_START, Kind.TXN_WRITE, Kind.PREPARE, Kind.COMMIT,
+             Kind.ROLLBACK)
 SLOW_APPLY_S = 0.25  # with the seam writer.slow_apply armed: the wait before each log record
 
 
@@ -85,6 +87,8 @@ class ShardWriter(Actor):
         # compares every record with it, so it is a plain attribute); the state hears of
         # every change through ``WriterState.applied``.
         self.processed_lsn = 0
+        # The last transaction commit gone through: a read's answer says it reflects it.
+        self.commit_lsn = 0
         self.catalog_lsn = 0  # every catalog change at or below this LSN is applied
         self.applied_records = 0
         self.caught_up_bytes = 0
@@ -119,6 +123,8 @@ class ShardWriter(Actor):
         self.processed_lsn = floor
         t0 = time.monotonic()
         self.perform(self.state.recover(floor))
+        # Commits below here were applied before this start: a read may reflect any of them.
+        self.commit_lsn = self.processed_lsn
         self.recovery_ms = (time.monotonic() - t0) * 1000
         log.info("%d shards open; replayed the log from LSN %d to %d (%d bytes) in %.0f ms",
                  len(self.stores), floor + 1, self.processed_lsn, self.caught_up_bytes,
@@ -216,6 +222,8 @@ class ShardWriter(Actor):
                 if store is not None:
                     store.apply_offset_commit(e.lsn, group, offset)
                     touched.add(store)
+            elif e.kind in TXN_KINDS:
+                self.apply_txn(e, touched)
             elif e.kind in (Kind.TOPIC_CREATE, Kind.TOPIC_DELETE):
                 for store in touched:  # catalog changes apply in LSN order
                     store.finish(store.batch_lsn)
@@ -225,6 +233,39 @@ class ShardWriter(Actor):
             store.finish(store.batch_lsn)
         self.processed_lsn = last
         self.perform(self.state.applied(last))
+
+    def apply_txn(self, e: Entry, touched: set[ShardStore]) -> None:
+        """A transaction's record: stage its records, commit them (offsets, visible), or
+        drop them, in the shards here (``actors/shard_store.py``)."""
+        kind = e.kind
+        if kind == Kind.TXN_WRITE:
+            txn, ts, parts, offsets = msgpack.unpackb(e.payload, raw=False)
+            for i, (topic_id, partition, count, blob) in enumerate(parts):
+                store = self.stores.get((topic_id, partition))
+                if store is not None:
+                    store.apply_staged(e.lsn, txn, i, ts, count, blob)
+                    touched.add(store)
+        elif kind == Kind.COMMIT:
+            txn, placed, offsets = e.body()
+            for topic_id, partition, first, count in placed:
+                store = self.stores.get((topic_id, partition))
+                if store is not None:
+                    self.applied_records += store.apply_commit(e.lsn, txn, first, count)
+                    touched.add(store)
+            for group, topic_id, partition, offset in offsets:
+                store = self.stores.get((topic_id, partition))
+                if store is not None:
+                    store.apply_offset_commit(e.lsn, group, offset)
+                    touched.add(store)
+            self.commit_lsn = e.lsn
+        elif kind == Kind.ROLLBACK:
+            txn, shards = e.body()
+            for topic_id, partition in shards:
+                store = self.stores.get((topic_id, partition))
+                if store is not None:
+                    store.apply_rollback(e.lsn, txn)
+                    touched.add(store)
+        # TX_START, DTX_START, PREPARE: nothing in the shards
 
     def on_idle(self) -> None:
         self.perform(self.state.idle(time.monotonic()))
@@ -314,21 +355,21 @@ class ShardWriter(Actor):
         if store is None:
             return error_reply(msg.corr, ErrorCode.UNKNOWN_TOPIC,
                                f"no shard t{msg.topic_id}-p{msg.partition} (topic deleted?)")
-        lsn, bytes_max = self.processed_lsn, self.cfg.limits.read_bytes_max
+        lsn, bytes_max, clsn = self.processed_lsn, self.cfg.limits.read_bytes_max, self.commit_lsn
         reply: Message
         match msg:
             case Read():
                 rows = store.read(msg.offset, msg.max_records, bytes_max)
-                reply = RecordsReply(msg.corr, pack_read(rows), lsn)
+                reply = RecordsReply(msg.corr, pack_read(rows), lsn, clsn)
             case ReadByKey():
-                reply = RecordsReply(msg.corr, pack_read(store.read_by_key(msg.key)), lsn)
+                reply = RecordsReply(msg.corr, pack_read(store.read_by_key(msg.key)), lsn, clsn)
             case ReadByTag():
                 rows = store.read_by_tag(msg.tag, msg.offset, msg.max_records, bytes_max)
-                reply = RecordsReply(msg.corr, pack_read(rows), lsn)
+                reply = RecordsReply(msg.corr, pack_read(rows), lsn, clsn)
             case OffsetForTimestamp():
-                reply = ValueReply(msg.corr, store.offset_for_timestamp(msg.timestamp))
+                reply = ValueReply(msg.corr, store.offset_for_timestamp(msg.timestamp), clsn)
             case CommittedOffset():
-                reply = ValueReply(msg.corr, store.committed_offset(msg.group))
+                reply = ValueReply(msg.corr, store.committed_offset(msg.group), clsn)
             case _:
                 assert_never(msg)
         return Send(FRONT_DOOR, reply, wait_ms=REPLY_WAIT_MS)

@@ -1,4 +1,10 @@
-"""The transaction manager actor: store transactions, and the checkpoint gate.
+"""The transaction manager actor: clients' transactions and XA branches, store transactions,
+and the checkpoint gate.
+
+Clients' transaction calls come here from the front door; the logic
+(``actors/transactions.py``) decides, and what is to be logged goes on to the log manager,
+which answers the client through the front door. At start it asks the log manager which
+transactions the log holds (``TxnSync``) and answers UNAVAILABLE until it knows.
 
 When checkpoints are ``blocking``, write requests from the front door pass through here on
 their way to the log manager (a burst of them as one ``Writes`` message), so that the gate
@@ -15,16 +21,20 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
+import secrets
 import time
+from collections.abc import Sequence
 from typing import Any, assert_never
 
 import msgpack
 
 from actors.base import Actor, ActorContext
-from actors.instructions import Forward, Send
-from actors.roles import LOG_MANAGER
+from actors.instructions import Forward, Request, Send
+from actors.roles import FRONT_DOOR, LOG_MANAGER
+from actors.transactions import Transactions
 from actors.txn_state import TxnState, busy
 from wire.codec import Message
+from wire.errors import ErrorCode
 from wire.messages import (
     CheckpointFinished,
     CheckpointRequest,
@@ -32,11 +42,21 @@ from wire.messages import (
     CreateTopic,
     DeleteTopic,
     Ended,
+    ErrorReply,
+    TxnBegin,
+    TxnList,
+    TxnStep,
+    TxnSync,
+    TxnTable,
+    TxnWrite,
     Writes,
 )
 
 log = logging.getLogger("shardnode")
 
+SYNC_RETRY_S = 1.0  # ask the log manager again for its transactions if no answer came
+GATE_TEXT = ("a blocking checkpoint is waiting for open transactions to end; begin this one "
+             "after it (retry)")
 CORRS_READ_BYTES = 8192  # read this much of a burst at a time to find its correlation ids
 WRITES_ARRAY_LEN = 1 + len(dataclasses.fields(Writes))  # its tag, then its fields: corrs first
 
@@ -59,12 +79,24 @@ def writes_corrs(frame: bytes) -> list[int] | None:
 class TransactionManager(Actor):
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
-        self.state = TxnState(self.cfg.log.checkpoint_mode, self.cfg.transactions.held_requests_max,
+        # Ids of this incarnation start at a random point: an id handed out just before a
+        # crash, whose start never reached the log, is not handed to another client after it.
+        self.txns = Transactions(self.cfg.txn, first_id=secrets.randbits(30) << 32 | 1)
+        self.state = TxnState(self.cfg.log.checkpoint_mode, self.cfg.txn.held_requests_max,
                               stale_s=2 * self.cfg.limits.request_timeout_ms / 1000,
-                              gate_s_max=2 * self.cfg.log.checkpoint_timeout_ms / 1000)
+                              gate_s_max=2 * self.cfg.log.checkpoint_timeout_ms / 1000,
+                              open_transactions=self.txns.open_count)
+        self.sync_asked = 0.0
         self.incoming: list[Writes] = []  # bursts read whole (the gate was closed), in order
         self.passing: list[tuple[list[int], bytes]] = []  # bursts begun, to pass on as they came
         self.gate_closed_at = 0.0
+
+    def on_start(self) -> None:
+        self.ask_sync()
+
+    def ask_sync(self) -> None:
+        self.sync_asked = time.monotonic()
+        self.send(LOG_MANAGER, TxnSync(self.role), wait_ms=1000)
 
     def handle_frame(self, frame: bytes) -> None:
         corrs = writes_corrs(frame)
@@ -80,6 +112,23 @@ class TransactionManager(Actor):
             case CreateTopic(corr) | DeleteTopic(corr) | CommitOffset(corr):
                 # A write request sent alone: a burst of one, as its encoded message.
                 self.incoming.append(Writes([corr], [], [(0, self.current_frame)]))
+            case TxnBegin(corr):
+                if self.state.gate is not None:
+                    self.perform([Send(FRONT_DOOR, ErrorReply(corr, ErrorCode.BUSY, GATE_TEXT),
+                                       wait_ms=100)])
+                else:
+                    self.perform(self.txns.begin(msg, time.monotonic()))
+            case TxnWrite():
+                self.perform(self.txns.write(msg, time.monotonic()))
+            case TxnStep():
+                self.perform(self.txns.step(msg, time.monotonic()))
+                self.perform(self.state.recheck())
+            case TxnList():
+                self.perform(self.txns.listing(msg, time.monotonic()))
+            case TxnTable():
+                self.perform(self.txns.sync(msg, time.monotonic()))
+                log.info("transactions: %d prepared in doubt, %d open rolled back at start",
+                         len(self.txns.live), len(msg.open) - len(self.txns.live))
             case Ended(corrs):
                 self.perform(self.state.end(corrs))
             case CheckpointRequest(ckpt_id):
@@ -108,11 +157,18 @@ class TransactionManager(Actor):
             self.perform(self.state.requests(Writes.join(incoming), time.monotonic()))
 
     def on_tick(self, now: float) -> None:
+        if not self.txns.synced and now - self.sync_asked > SYNC_RETRY_S:
+            self.ask_sync()  # the log manager was restarting
+        self.perform(self.txns.tick(now))
         self.perform(self.state.tick(now))
 
-    def perform(self, instructions: list[Forward | Send]) -> None:
+    def perform(self, instructions: Sequence[Forward | Send | Request]) -> None:
         for ins in instructions:
             match ins:
+                case Request(role, corr, msg):
+                    if not self.send(role, msg, wait_ms=1000):
+                        self.txns.unsent(msg)
+                        self.perform([busy(corr)])
                 case Forward(role, writes):
                     unsent = self.send_writes(role, writes, wait_ms=1000)
                     if unsent:
@@ -127,6 +183,7 @@ class TransactionManager(Actor):
     def figures(self) -> dict[str, Any]:
         s = self.state
         return {
+            **self.txns.figures(),
             "active": len(s.active),
             "held": s.held_count,
             "held_total": s.held_total,

@@ -8,11 +8,14 @@ trip per record.
 
 During a ``blocking`` checkpoint (SwiftMQ's) the gate is closed: new transactions are held
 back, and once the active ones have ended the manager says ready. In ``fuzzy`` mode it says
-ready at once, with the oldest LSN an active transaction still needs (none, today: a store
-transaction's records reach the log only when it ends).
+ready at once, with the oldest LSN an active transaction still needs (none: see
+``oldest_lsn``). Clients' transactions (``actors/transactions.py``) are checked here too: a
+blocking checkpoint also waits for those open and not prepared.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from actors.instructions import Forward, Send
 from actors.roles import FRONT_DOOR, LOG_MANAGER
@@ -30,9 +33,13 @@ def busy(corr: int) -> Send:
 
 class TxnState:
     def __init__(self, mode: str, held_max: int, stale_s: float,
-                 gate_s_max: float) -> None:
+                 gate_s_max: float, open_transactions: Callable[[], int] = lambda: 0) -> None:
         assert mode in ("fuzzy", "blocking")
         self.mode = mode
+        # Clients' transactions open and not prepared (actors/transactions.py): a blocking
+        # checkpoint waits for them too; prepared ones it does not wait for (they may stay
+        # in doubt for days), as their staged records are in the shards it flushes.
+        self.open_transactions = open_transactions
         self.held_max = held_max
         self.stale_s = stale_s  # an active transaction older than this was lost with its request
         self.active: dict[int, float] = {}  # corr → when it began
@@ -48,8 +55,17 @@ class TxnState:
         self.expired = 0
 
     def oldest_lsn(self) -> int:
-        """The oldest LSN an active transaction still needs; 0 when none needs any."""
+        """The oldest LSN an active transaction still needs; 0 when none needs any.
+
+        None does: a store transaction's record reaches the log only in the group commit
+        that ends it, and what a client's transaction staged is applied to the shards'
+        ``staged`` column family, which the checkpoint flushes before it truncates, while
+        its state is in the log manager's snapshot (docs/ARCHITECTURE.md, "Transactions")."""
         return 0
+
+    def recheck(self) -> list[Forward | Send]:
+        """A client's transaction ended: a closed gate may now say ready."""
+        return self._maybe_ready()
 
     def requests(self, writes: Writes, now: float) -> list[Forward | Send]:
         """New write requests from the front door: begun and passed on, or held back while
@@ -119,7 +135,8 @@ class TxnState:
 
     def _maybe_ready(self) -> list[Forward | Send]:
         # The gate stays closed until the checkpoint finishes; ready is said once.
-        if self.gate is not None and not self.active and not self.ready_sent:
+        if (self.gate is not None and not self.active and not self.ready_sent
+                and not self.open_transactions()):
             self.ready_sent = True
             return [self._ready(self.gate)]
         return []

@@ -9,7 +9,7 @@ from config.schema import (
     NodeSection,
     ShardsConfig,
     SupervisorConfig,
-    TransactionsConfig,
+    TxnConfig,
     load_config,
 )
 
@@ -22,6 +22,6 @@ __all__ = [
     "NodeSection",
     "ShardsConfig",
     "SupervisorConfig",
-    "TransactionsConfig",
+    "TxnConfig",
     "load_config",
 ]

@@ -61,8 +61,14 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
-class TransactionsConfig:
+class TxnConfig:
     held_requests_max: int
+    open_max: int
+    records_max: int
+    bytes_max: int
+    timeout_ms: int
+    timeout_ms_max: int
+    outcomes_max: int
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,7 @@ class NodeConfig:
     node: NodeSection
     limits: LimitsConfig
     log: LogConfig
-    transactions: TransactionsConfig
+    txn: TxnConfig
     shards: ShardsConfig
     cache: CacheConfig
     supervisor: SupervisorConfig
@@ -112,7 +118,7 @@ _SECTION_TYPES: dict[str, type] = {
     "node": NodeSection,
     "limits": LimitsConfig,
     "log": LogConfig,
-    "transactions": TransactionsConfig,
+    "txn": TxnConfig,
     "shards": ShardsConfig,
     "cache": CacheConfig,
     "supervisor": SupervisorConfig,
@@ -214,6 +220,16 @@ def validate(cfg: NodeConfig) -> None:
     if cfg.shards.write_buffer_bytes * 2 > cfg.shards.memtable_bytes_max:
         raise ConfigError("shards.memtable_bytes_max must hold at least two of "
                           "shards.write_buffer_bytes: one memtable fills while another flushes")
+    txn = cfg.txn
+    if txn.timeout_ms > txn.timeout_ms_max:
+        raise ConfigError(f"txn.timeout_ms must not exceed txn.timeout_ms_max: "
+                          f"{txn.timeout_ms} > {txn.timeout_ms_max}")
+    if txn.records_max < lim.batch_records_max:
+        raise ConfigError("txn.records_max must hold at least one batch of "
+                          f"limits.batch_records_max: {txn.records_max} < {lim.batch_records_max}")
+    if txn.bytes_max < lim.frame_bytes_max:
+        raise ConfigError("txn.bytes_max must hold at least one request of "
+                          f"limits.frame_bytes_max: {txn.bytes_max} < {lim.frame_bytes_max}")
     if cfg.cache.bytes_max < lim.value_bytes_max:
         raise ConfigError("cache.bytes_max must hold at least one record of limits.value_bytes_max")
 

@@ -28,6 +28,7 @@ import msgpack
 import zmq
 
 from actors.roles import key_partition
+from node.transaction import Transaction, TxnInfo, TxnResult, result_of
 from wire.errors import Busy, ErrorCode, NodeError, RequestTimeout, Unavailable, error_for
 from wire.protocol import (
     DEFAULT_PORT,
@@ -39,13 +40,15 @@ from wire.protocol import (
     unpack_replies,
 )
 from wire.records import Record, pack_batch, to_wire, unpack_read
+from wire.xid import Xid
 
 # The node remembers each producer's last 1 024 sequence numbers (``[log]
 # producer_window_max``); a producer with more requests in flight could not have a retry of
 # the oldest told apart from a new write.
 PIPELINE_IN_FLIGHT_MAX = 1024
 
-__all__ = ["NodeClient", "NodeError", "Pipeline", "Record", "TopicInfo"]
+__all__ = ["NodeClient", "NodeError", "Pipeline", "Record", "TopicInfo", "Transaction",
+           "TxnInfo", "TxnResult", "Xid"]
 
 DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{DEFAULT_PORT}"
 _RETRYABLE = (ErrorCode.BUSY, ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE)
@@ -239,6 +242,47 @@ class NodeClient:
 
     def pipeline(self, in_flight_max: int = PIPELINE_IN_FLIGHT_MAX) -> Pipeline:
         return Pipeline(self, in_flight_max)
+
+    # ---- transactions (node/transaction.py) ---------------------------------------
+
+    def transaction(self, timeout_ms: int | None = None) -> Transaction:
+        """Begin a local transaction; use it as a context manager (commit on leaving the
+        block, roll back on an exception), or call ``commit()`` / ``abort()``. The node
+        rolls it back if it is still open after ``timeout_ms`` (default: ``[txn]``)."""
+        fields = {} if timeout_ms is None else {"timeout_ms": timeout_ms}
+        return Transaction(self, int(self.call("txn_begin", **fields)["txn"]))
+
+    def xa_start(self, xid: Xid, timeout_ms: int | None = None) -> Transaction:
+        """Begin an XA branch; stage work through the returned transaction, then
+        ``xa_end``, ``xa_prepare`` and ``xa_commit`` (or ``xa_rollback``)."""
+        fields: dict[str, Any] = {"xid": list(xid)}
+        if timeout_ms is not None:
+            fields["timeout_ms"] = timeout_ms
+        return Transaction(self, int(self.call("xa_start", **fields)["txn"]), xid)
+
+    def xa_end(self, xid: Xid) -> None:
+        self.call("xa_end", xid=list(xid))
+
+    def xa_prepare(self, xid: Xid) -> int:
+        """Phase one: the branch is durable and in doubt; returns the Prepare record's LSN."""
+        return int(self.call("xa_prepare", xid=list(xid))["lsn"])
+
+    def xa_commit(self, xid: Xid, one_phase: bool = False) -> TxnResult:
+        fields: dict[str, Any] = {"xid": list(xid)}
+        if one_phase:
+            fields["one_phase"] = True
+        return result_of(self.call("xa_commit", **fields))
+
+    def xa_rollback(self, xid: Xid) -> None:
+        self.call("xa_rollback", xid=list(xid))
+
+    def xa_recover(self) -> list[Xid]:
+        """The prepared branches, in doubt until committed or rolled back."""
+        return [Xid(*row) for row in self.call("xa_recover")["xids"]]
+
+    def txn_list(self) -> list[TxnInfo]:
+        """The open and prepared transactions."""
+        return [TxnInfo(*row) for row in self.call("txn_list")["txns"]]
 
 
 class Pipeline:

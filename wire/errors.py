@@ -25,7 +25,21 @@ class ErrorCode(enum.IntEnum):
     BUSY = 30  # a bounded queue is full; retry later
     TIMEOUT = 31  # the node did not finish the request in time; retry (produce is idempotent)
     UNAVAILABLE = 32  # an actor the request needs is restarting or stopping
+    # Local transactions
+    TXN_UNKNOWN = 40  # no such transaction (never begun, or finished long ago)
+    TXN_STATE = 41  # not allowed in the transaction's state (produce after commit, ...)
+    TXN_TIMED_OUT = 42  # open past its timeout: it was rolled back
+    TXN_LIMIT = 43  # over a limit of [txn]: open transactions, records or bytes
+    TXN_ABORTED = 44  # rolled back by the node (it restarted before the commit)
     INTERNAL = 50
+    # XA (the X/Open XA specification's names)
+    XAER_NOTA = 60  # the xid is not known
+    XAER_PROTO = 61  # the call came in the wrong state of the branch
+    XAER_DUPID = 62  # the xid is in use already
+    XAER_INVAL = 63  # invalid arguments (an xid over 64 bytes, ...)
+    XA_RBTIMEOUT = 64  # rolled back: the branch was open past its timeout
+    XA_RBROLLBACK = 65  # rolled back by the node for an unspecified reason (a restart)
+    XAER_RMERR = 66  # the resource manager failed the call
 
 
 class NodeError(Exception):
@@ -75,6 +89,58 @@ class Unavailable(NodeError):
     code = ErrorCode.UNAVAILABLE
 
 
+class TransactionError(NodeError):
+    """A local transaction's call failed; ``code`` says why (the TXN_* codes)."""
+
+    code = ErrorCode.TXN_STATE
+
+
+class UnknownTransaction(TransactionError):
+    code = ErrorCode.TXN_UNKNOWN
+
+
+class TransactionTimedOut(TransactionError):
+    code = ErrorCode.TXN_TIMED_OUT
+
+
+class TransactionLimit(TransactionError):
+    code = ErrorCode.TXN_LIMIT
+
+
+class TransactionAborted(TransactionError):
+    code = ErrorCode.TXN_ABORTED
+
+
+class XAError(NodeError):
+    """An XA call failed; ``code`` is the XA specification's error (XAER_*, XA_RB*)."""
+
+    code = ErrorCode.XAER_RMERR
+
+
+class XAERNota(XAError):
+    code = ErrorCode.XAER_NOTA
+
+
+class XAERProto(XAError):
+    code = ErrorCode.XAER_PROTO
+
+
+class XAERDupid(XAError):
+    code = ErrorCode.XAER_DUPID
+
+
+class XAERInval(XAError):
+    code = ErrorCode.XAER_INVAL
+
+
+class XARBTimeout(XAError):
+    code = ErrorCode.XA_RBTIMEOUT
+
+
+class XARBRollback(XAError):
+    code = ErrorCode.XA_RBROLLBACK
+
+
 _BY_CODE: dict[ErrorCode, type[NodeError]] = {
     ErrorCode.BAD_REQUEST: BadRequest,
     ErrorCode.UNKNOWN_TOPIC: UnknownTopic,
@@ -84,6 +150,18 @@ _BY_CODE: dict[ErrorCode, type[NodeError]] = {
     ErrorCode.BUSY: Busy,
     ErrorCode.TIMEOUT: RequestTimeout,
     ErrorCode.UNAVAILABLE: Unavailable,
+    ErrorCode.TXN_UNKNOWN: UnknownTransaction,
+    ErrorCode.TXN_STATE: TransactionError,
+    ErrorCode.TXN_TIMED_OUT: TransactionTimedOut,
+    ErrorCode.TXN_LIMIT: TransactionLimit,
+    ErrorCode.TXN_ABORTED: TransactionAborted,
+    ErrorCode.XAER_NOTA: XAERNota,
+    ErrorCode.XAER_PROTO: XAERProto,
+    ErrorCode.XAER_DUPID: XAERDupid,
+    ErrorCode.XAER_INVAL: XAERInval,
+    ErrorCode.XA_RBTIMEOUT: XARBTimeout,
+    ErrorCode.XA_RBROLLBACK: XARBRollback,
+    ErrorCode.XAER_RMERR: XAError,
 }
 
 

@@ -14,6 +14,19 @@ Bodies, by kind (msgpack arrays, fields in this order):
     TOPIC_DELETE   [topic_id, name]
     OFFSET_COMMIT  [group, topic_id, partition, offset]
 
+Transactions (Qpid CLFS's transaction records; ``actors/txn_ledger.py`` writes and reads them):
+
+    TX_START       [txn]                                      a local transaction began
+    DTX_START      [txn, format_id, global_id, branch_id]     an XA branch began (its xid)
+    TXN_WRITE      [txn, timestamp_ms, [[topic_id, partition, count, blob], ...],
+                    [[group, topic_id, partition, offset], ...]]
+                   records and consumer offsets staged in it: no offsets yet, invisible
+    PREPARE        [txn]                                      phase one of two: durable, in doubt
+    COMMIT         [txn, [[topic_id, partition, first_offset, count], ...],
+                    [[group, topic_id, partition, offset], ...]]
+                   the staged records take these offsets and become visible, with the offsets
+    ROLLBACK       [txn, [[topic_id, partition], ...]]        the staged records are dropped
+
 ``blob`` is the packed records array exactly as the client sent it (see ``wire.records``).
 
 A snapshot (the log manager's state as of an LSN, written at each checkpoint) is a 12-byte
@@ -52,6 +65,12 @@ class Kind(enum.IntEnum):
     TOPIC_CREATE = 2
     TOPIC_DELETE = 3
     OFFSET_COMMIT = 4
+    TX_START = 5
+    DTX_START = 6
+    TXN_WRITE = 7
+    PREPARE = 8
+    COMMIT = 9
+    ROLLBACK = 10
 
 
 def encode(lsn: int, kind: Kind, body: Any) -> bytes:

@@ -6,7 +6,8 @@ client sent, untouched until the shard writer decodes it once to build its index
 
 Tags are grouped by the actor that receives the message:
 1x log manager, 2x front door, 3x cache manager, 4x shard writer, 5x supervisor, 6x any actor,
-7x transaction manager and the checkpoint handshake.
+7x transaction manager and the checkpoint handshake, 8x transactions on their way to the log
+manager, 9x transactions' answers to the front door.
 
 Rows inside messages are typed. A topic is a ``Topic`` (``wire.protocol``, the layout
 ``list_topics`` answers with) wherever it travels. The produce path's rows, several per
@@ -40,6 +41,13 @@ layout of ``wire.protocol.Placed``, which the client's reply carries as it is.""
 
 AckRow = tuple[int, int, Sequence[PlacedRow]]
 """A durable produce request in ``Acks``: (corr, lsn, parts), an ``Ack``'s fields."""
+
+OffsetRow = tuple[str, int, int, int]
+"""A consumer offset committed in a transaction: (group, topic_id, partition, offset)."""
+
+TxnPartRow = tuple[str, int, int, int]
+"""Where a committed transaction's records landed in one partition: (topic, partition,
+first_offset, count), as the client's ``txn_commit`` reply carries it."""
 
 OtherWrite = tuple[int, bytes]
 """A request of a ``Writes`` burst that is not a produce: (its place in the burst, the
@@ -159,6 +167,9 @@ class RecordsReply(Message):
     corr: int
     records: bytes
     lsn: int  # the applied LSN the answer reflects
+    # The LSN of the last transaction commit the answer reflects: the front door makes every
+    # read after it wait for that commit, so no reader sees part of a transaction.
+    commit_lsn: int = 0
 
 
 @message(25)
@@ -167,6 +178,7 @@ class ValueReply(Message):
 
     corr: int
     value: int | None
+    commit_lsn: int = 0  # the last transaction commit the answer reflects (see RecordsReply)
 
 
 @message(26)
@@ -306,8 +318,7 @@ class Stop(Message):
 # admits (``LogState.admit``), and the answers the front door matches to a waiting client
 # (``FrontDoorState.answer``).
 ReadRequest = Read | ReadByKey | ReadByTag | OffsetForTimestamp | CommittedOffset
-LogRequest = Append | CreateTopic | DeleteTopic | CommitOffset | ListTopics
-Answer = Ack | Done | TopicsReply | ErrorReply | RecordsReply | ValueReply | StatusReply
+# ``Answer`` (below, after the transactions' answers) is what the front door matches.
 
 
 # ---- the transaction manager and the checkpoint handshake -----------------------------
@@ -413,3 +424,142 @@ class Flushed(Message):
     ckpt_id: int
     role: str
     lsn: int
+
+
+# ---- transactions: front door → transaction manager ----------------------------------
+
+
+@message(77)
+class TxnBegin(Message):
+    """Begin a transaction (``xid``: an XA branch, ``[format_id, global_id, branch_id]``)."""
+
+    corr: int
+    timeout_ms: int
+    xid: list[Any] | None
+
+
+@message(78, arrays=tuple)
+class TxnWrite(Message):
+    """Records (``parts``, as a produce's) and consumer offsets to stage in a transaction.
+    ``seq`` numbers the transaction's writes from 0: a retry is recognised."""
+
+    corr: int
+    txn: int
+    seq: int
+    parts: Sequence[PartRow]
+    offsets: Sequence[OffsetRow]
+
+
+@message(79)
+class TxnStep(Message):
+    """End, prepare, commit, commit in one phase, or roll back a transaction, named by its
+    id (``txn``) or by its xid (``txn`` 0)."""
+
+    corr: int
+    txn: int
+    xid: list[Any] | None
+    step: str  # one of TXN_STEPS
+
+
+TXN_STEPS = ("end", "prepare", "commit", "commit_one_phase", "rollback")
+
+
+@message(80)
+class TxnList(Message):
+    """The open and prepared transactions (``prepared_only``: the xids in doubt)."""
+
+    corr: int
+    prepared_only: bool
+
+
+# ---- transactions: transaction manager → log manager ---------------------------------
+
+
+@message(81)
+class TxnStart(Message):
+    """Log the start of transaction ``txn`` (Tx-Start, or Dtx-Start with its xid); answer
+    ``TxnId`` at once (corr 0: no answer)."""
+
+    corr: int
+    txn: int
+    xid: list[Any] | None
+
+
+@message(82, arrays=tuple)
+class TxnAppend(Message):
+    """Log records and offsets staged in ``txn``; answer ``TxnWritten`` once queued."""
+
+    corr: int
+    txn: int
+    parts: Sequence[PartRow]
+    offsets: Sequence[OffsetRow]
+
+
+@message(83)
+class TxnResolve(Message):
+    """Log ``step`` ("prepare", "commit" or "rollback") of ``txn``; answer once durable
+    (corr 0: no answer). A commit already logged is answered with its first outcome."""
+
+    corr: int
+    txn: int
+    step: str
+
+
+@message(84)
+class TxnSync(Message):
+    """Transaction manager → log manager, at its start: which transactions does the log
+    hold? Answered with ``TxnTable``."""
+
+    role: str
+
+
+@message(85)
+class TxnTable(Message):
+    """The transactions the log holds: ``open`` rows ``[txn, xid or nil, prepared, records,
+    bytes, [[topic_id, partition], ...], first_lsn]`` and recent ``outcomes`` rows ``[txn, xid or nil,
+    committed]``; ``next_txn`` is above every id the log has seen."""
+
+    open: list[list[Any]]
+    outcomes: list[list[Any]]
+    next_txn: int
+
+
+# ---- transactions: answers to the front door -----------------------------------------
+
+
+@message(90)
+class TxnId(Message):
+    corr: int
+    txn: int
+
+
+@message(91)
+class TxnWritten(Message):
+    """Staged (in the log's queue: durable with the commit that follows it)."""
+
+    corr: int
+    lsn: int
+    records: int  # the transaction's records so far
+
+
+@message(92)
+class TxnCommitted(Message):
+    corr: int
+    lsn: int
+    parts: list[TxnPartRow]
+
+
+@message(93)
+class TxnsReply(Message):
+    """Rows ``[txn, xid, state, age_ms, records, bytes, partitions]`` (xid printed, or ""),
+    or the prepared branches' xids ``[format_id, global_id, branch_id]``."""
+
+    corr: int
+    field: str  # the reply field that carries the rows: "txns", or "xids" (xa_recover)
+    rows: list[list[Any]]
+
+
+Answer = (Ack | Done | TopicsReply | ErrorReply | RecordsReply | ValueReply | StatusReply
+          | TxnId | TxnWritten | TxnCommitted | TxnsReply)
+LogRequest = (Append | CreateTopic | DeleteTopic | CommitOffset | ListTopics
+              | TxnStart | TxnAppend | TxnResolve)

@@ -112,6 +112,21 @@ RECORDS_READ = Field("records", _BIN, "packed array of `[offset, timestamp_ms, k
                      "value]`, in offset order")
 VALUE = Field("value", (int, type(None)), "the offset, or nil for none")
 
+TXN = Field("txn", _INT, "the transaction's id, as `txn_begin` or `xa_start` answered it",
+            non_negative=True)
+TXN_SEQ = Field("seq", _INT, "the transaction's writes numbered from 0: a retry with the same "
+                "one is answered as the first attempt was, and not staged twice", non_negative=True)
+TIMEOUT_MS = Field("timeout_ms", _INT, "roll the transaction back if it is not committed, "
+                   "ended or prepared within this many ms (default and maximum: `[txn]`)",
+                   required=False, non_negative=True)
+XID = Field("xid", _ARRAY, "an XA transaction id: format id, global id and branch id "
+            "(each id ≤ 64 bytes)", row=("format_id", "global_id", "branch_id"))
+TXN_RECORDS = Field("records", _INT, "the records staged in the transaction so far")
+TXN_PARTS = Field("parts", _ARRAY, "where the records landed, one row per partition, "
+                  "offsets contiguous in each", row=("topic", "partition", "first_offset",
+                                                     "record_count"))
+LOGGED = Field("lsn", _INT, "the LSN of the durable record")
+
 OPS: dict[str, Op] = {op.name: op for op in (
     Op("produce", "append a batch of records; answered once it is durable",
        request=(TOPIC,
@@ -162,6 +177,58 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("checkpoint", "run a checkpoint now",
        request=(),
        reply=(Field("lsn", _INT, "the LSN up to which every shard is durable"),)),
+    # ---- transactions (node/transaction.py is the client's side) ----
+    Op("txn_begin", "begin a local transaction", retry=False,
+       request=(TIMEOUT_MS,),
+       reply=(TXN,)),
+    Op("txn_produce", "stage a batch of records in a transaction: logged now, invisible and "
+       "without offsets until the commit",
+       request=(TXN, TXN_SEQ, TOPIC,
+                Field("records", _BIN, "packed array of records, as `produce` takes them"),
+                Field("partition", (int, type(None)), "partition; absent or nil: by key "
+                      "hash, keyless records round-robin", required=False, non_negative=True)),
+       reply=(TXN_RECORDS,
+              Field("parts", _ARRAY, "how many records went to each partition",
+                    row=("partition", "record_count")),
+              Field("assign", _ARRAY, "the partition of each record, in batch order, when "
+                    "the batch was split by key", required=False))),
+    Op("txn_commit_offset", "stage a consumer group's offset in a transaction: committed "
+       "with its records (read-process-write exactly once)",
+       request=(TXN, TXN_SEQ, GROUP, TOPIC, PARTITION, OFFSET),
+       reply=(TXN_RECORDS,)),
+    Op("txn_commit", "commit a transaction: answered once its commit record is durable; "
+       "a retry answers the same",
+       request=(TXN,),
+       reply=(LOGGED, TXN_PARTS)),
+    Op("txn_abort", "roll a transaction back: nothing of it is ever visible",
+       request=(TXN,),
+       reply=(LOGGED,)),
+    Op("xa_start", "begin an XA transaction branch", retry=False,
+       request=(XID, TIMEOUT_MS),
+       reply=(TXN,)),
+    Op("xa_end", "end the branch's work: it may be prepared or committed in one phase next",
+       retry=False, request=(XID,),
+       reply=(TXN,)),
+    Op("xa_prepare", "prepare the branch: durable and in doubt until commit or rollback; "
+       "it never times out", retry=False,
+       request=(XID,),
+       reply=(LOGGED,)),
+    Op("xa_commit", "commit the branch (prepared, or ended with `one_phase`); a retry "
+       "answers the same",
+       request=(XID, Field("one_phase", (bool,), "commit an ended branch without preparing it",
+                           required=False)),
+       reply=(LOGGED, TXN_PARTS)),
+    Op("xa_rollback", "roll the branch back",
+       request=(XID,),
+       reply=(LOGGED,)),
+    Op("xa_recover", "the prepared branches, in doubt",
+       request=(),
+       reply=(Field("xids", _ARRAY, "one row per prepared branch",
+                    row=("format_id", "global_id", "branch_id")),)),
+    Op("txn_list", "the open and prepared transactions",
+       request=(),
+       reply=(Field("txns", _ARRAY, "one row per transaction",
+                    row=("txn", "xid", "state", "age_ms", "records", "bytes", "partitions")),)),
 )}
 
 # The table unrolled per op once, so that checking a request is one pass over its fields:
@@ -373,7 +440,7 @@ def unpack_replies(frame: bytes) -> list[dict[str, Any]]:
 # ---- the docs ------------------------------------------------------------------------
 
 _MSGPACK_NAMES = {int: "int", str: "str", bytes: "bin", type(None): "nil", list: "array",
-                  dict: "map"}
+                  dict: "map", bool: "bool"}
 
 
 def describe_field(f: Field) -> str:
