@@ -27,6 +27,10 @@ from wire.messages import (
     RecordsReply,
     StatusReply,
     TopicsReply,
+    TxnCommitted,
+    TxnId,
+    TxnsReply,
+    TxnWritten,
     ValueReply,
 )
 from wire.protocol import OPS, Topic
@@ -246,6 +250,21 @@ EXAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
                          lambda c: ValueReply(c, 3)),
     "status": ({}, lambda c: StatusReply(c, {"pid": 1})),
     "checkpoint": ({}, lambda c: Done(c, 5)),
+    "txn_begin": ({"timeout_ms": 1000}, lambda c: TxnId(c, 77)),
+    "txn_produce": ({"txn": 77, "seq": 0, "topic": "t", "records": msgpack.packb([b"a"]),
+                     "partition": 1}, lambda c: TxnWritten(c, 5, 1)),
+    "txn_commit_offset": ({"txn": 77, "seq": 1, "group": "g", "topic": "t", "partition": 0,
+                           "offset": 0}, lambda c: TxnWritten(c, 5, 1)),
+    "txn_commit": ({"txn": 77}, lambda c: TxnCommitted(c, 6, [("t", 1, 0, 1)])),
+    "txn_abort": ({"txn": 77}, lambda c: Done(c, 6)),
+    "xa_start": ({"xid": [1, b"g", b"b"]}, lambda c: TxnId(c, 78)),
+    "xa_end": ({"xid": [1, b"g", b"b"]}, lambda c: TxnId(c, 78)),
+    "xa_prepare": ({"xid": [1, b"g", b"b"]}, lambda c: Done(c, 7)),
+    "xa_commit": ({"xid": [1, b"g", b"b"], "one_phase": False},
+                  lambda c: TxnCommitted(c, 8, [])),
+    "xa_rollback": ({"xid": [1, b"g", b"b"]}, lambda c: Done(c, 7)),
+    "xa_recover": ({}, lambda c: TxnsReply(c, "xids", [[1, b"g", b"b"]])),
+    "txn_list": ({}, lambda c: TxnsReply(c, "txns", [[77, "", "active", 5, 1, 10, 1]])),
 }
 
 
@@ -264,4 +283,21 @@ def test_every_op_of_the_table_is_routed_and_answered_with_its_reply_fields(op: 
 
 
 def test_the_routes_cover_the_table() -> None:
-    assert set(state().routes) | {"produce"} == set(OPS)
+    assert set(state().routes) | {"produce", "txn_produce"} == set(OPS)
+
+
+def test_reads_after_a_read_wait_for_the_commits_it_saw() -> None:
+    """A read's answer names the last transaction commit it reflects; every read routed after
+    it waits for that commit, wherever it goes, so no reader sees a transaction in one
+    partition and then misses it in another."""
+    s = state()
+    (first,) = s.request(ID, req("read", topic="t", partition=0, offset=0, max_records=5), 0.0)
+    assert isinstance(first, Request) and isinstance(first.msg, Read) and first.msg.lsn_min == 7
+    s.answer(RecordsReply(first.corr, msgpack.packb([]), 90, commit_lsn=55))
+    (by_offset,) = s.request(ID, req("read", topic="t", partition=1, offset=0, max_records=5), 0.0)
+    (by_key,) = s.request(ID, req("read_by_key", topic="t", partition=2, key=b"k"), 0.0)
+    assert isinstance(by_offset, Request) and isinstance(by_key, Request)
+    assert by_offset.msg.lsn_min == 55 and by_key.msg.lsn_min == 55  # type: ignore[attr-defined]
+    s.answer(ValueReply(by_key.corr, None, commit_lsn=60))  # committed offsets too
+    (after,) = s.request(ID, req("read", topic="t", partition=3, offset=0, max_records=5), 0.0)
+    assert isinstance(after, Request) and after.msg.lsn_min == 60  # type: ignore[attr-defined]

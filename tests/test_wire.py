@@ -14,7 +14,7 @@ import msgpack
 import pytest
 
 import wire.messages  # noqa: F401  (registers every message type)
-from wire import codec
+from wire import codec, errors
 from wire.codec import CodecError
 from wire.errors import (
     BadRequest,
@@ -55,6 +55,8 @@ def pack(obj: Any) -> bytes:
 def _sample(tp: Any, i: int, use_none: bool) -> Any:
     """A value of annotation ``tp``, distinct for each field index ``i``."""
     origin = typing.get_origin(tp)
+    if tp is bool:
+        return i % 2 == 0
     if tp is int:
         return [7, -3, 2**63 - 1, 0, 123456789][i % 5] + i * 1000
     if tp is str:
@@ -226,6 +228,20 @@ VALID_REQUESTS: dict[str, dict[str, Any]] = {
     "commit_offset": {"group": "g1", "topic": "orders", "partition": 0, "offset": OFFSET_MAX},
     "committed_offset": {"group": "g1", "topic": "orders", "partition": 0},
     "status": {},
+    "txn_begin": {"timeout_ms": 60_000},
+    "txn_produce": {"txn": 5, "seq": 0, "topic": "orders", "records": pack([b"a"]),
+                    "partition": 1},
+    "txn_commit_offset": {"txn": 5, "seq": 1, "group": "g1", "topic": "orders",
+                          "partition": 0, "offset": 3},
+    "txn_commit": {"txn": 5},
+    "txn_abort": {"txn": 5},
+    "xa_start": {"xid": [1, b"order-17", b"a"], "timeout_ms": 1000},
+    "xa_end": {"xid": [1, b"order-17", b"a"]},
+    "xa_prepare": {"xid": [1, b"order-17", b"a"]},
+    "xa_commit": {"xid": [1, b"order-17", b"a"], "one_phase": True},
+    "xa_rollback": {"xid": [1, b"order-17", b"a"]},
+    "xa_recover": {},
+    "txn_list": {},
 }
 
 
@@ -331,6 +347,10 @@ def _wrong_value(value: Any) -> list[Any]:
         return [b"orders", 1, None, ["orders"]]
     if type(value) is bytes:
         return ["k1", 1, None, [b"k1"]]
+    if type(value) is list:
+        return ["x", 1, None, b"x", {"a": 1}]
+    if type(value) is bool:
+        return [1, "true", None, [True]]
     raise AssertionError(value)
 
 
@@ -547,6 +567,18 @@ EXPECTED_CLASS: dict[ErrorCode, type[NodeError]] = {
     ErrorCode.TIMEOUT: RequestTimeout,
     ErrorCode.UNAVAILABLE: Unavailable,
     ErrorCode.INTERNAL: NodeError,
+    ErrorCode.TXN_UNKNOWN: errors.UnknownTransaction,
+    ErrorCode.TXN_STATE: errors.TransactionError,
+    ErrorCode.TXN_TIMED_OUT: errors.TransactionTimedOut,
+    ErrorCode.TXN_LIMIT: errors.TransactionLimit,
+    ErrorCode.TXN_ABORTED: errors.TransactionAborted,
+    ErrorCode.XAER_NOTA: errors.XAERNota,
+    ErrorCode.XAER_PROTO: errors.XAERProto,
+    ErrorCode.XAER_DUPID: errors.XAERDupid,
+    ErrorCode.XAER_INVAL: errors.XAERInval,
+    ErrorCode.XA_RBTIMEOUT: errors.XARBTimeout,
+    ErrorCode.XA_RBROLLBACK: errors.XARBRollback,
+    ErrorCode.XAER_RMERR: errors.XAError,
 }
 
 

@@ -542,11 +542,11 @@ class TxnWritten(Message):
     records: int  # the transaction's records so far
 
 
-@message(92)
+@message(92, arrays=tuple)
 class TxnCommitted(Message):
     corr: int
     lsn: int
-    parts: list[TxnPartRow]
+    parts: Sequence[TxnPartRow]
 
 
 @message(93)

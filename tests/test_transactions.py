@@ -1,0 +1,301 @@
+"""The transaction manager's state machine (actors/transactions.py) and the log's ledger of
+transactions (actors/txn_ledger.py, through actors/log_state.py), without processes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgpack
+import pytest
+
+from actors.instructions import Log, Request, Send
+from actors.log_state import LogState
+from actors.roles import FRONT_DOOR, LOG_MANAGER
+from actors.transactions import Phase, Transactions
+from config import load_config
+from wire import logrecord
+from wire.errors import ErrorCode
+from wire.logrecord import Kind
+from wire.messages import (
+    CreateTopic,
+    Done,
+    ErrorReply,
+    TxnAppend,
+    TxnBegin,
+    TxnCommitted,
+    TxnId,
+    TxnList,
+    TxnResolve,
+    TxnsReply,
+    TxnStart,
+    TxnStep,
+    TxnTable,
+    TxnWrite,
+    TxnWritten,
+)
+from wire.xid import Xid, parse
+
+CFG = load_config()
+BLOB = msgpack.packb([b"a", b"b"], use_bin_type=True)
+XID = Xid(1, b"order-17", b"shard-a")
+
+
+def machine(**txn: int) -> Transactions:
+    t = Transactions(dataclasses.replace(CFG.txn, **txn), first_id=100)
+    t.sync(TxnTable([], [], 1), now=0.0)
+    return t
+
+
+def sent(out: list[Request | Send]) -> list[object]:
+    return [o.msg for o in out]
+
+
+def error_code(out: list[Request | Send]) -> int:
+    (o,) = out
+    assert isinstance(o, Send) and o.role == FRONT_DOOR and isinstance(o.msg, ErrorReply), out
+    return o.msg.code
+
+
+def begin(t: Transactions, corr: int = 1, xid: Xid | None = None, timeout_ms: int = 0,
+          now: float = 0.0) -> int:
+    (out,) = t.begin(TxnBegin(corr, timeout_ms, None if xid is None else list(xid)), now)
+    assert isinstance(out, Request) and out.role == LOG_MANAGER, out
+    assert isinstance(out.msg, TxnStart)
+    return out.msg.txn
+
+
+def write(t: Transactions, txn: int, seq: int, corr: int = 2, now: float = 0.0) -> list[Request | Send]:
+    return t.write(TxnWrite(corr, txn, seq, ((1, 0, 2, BLOB),), ()), now)
+
+
+def step(t: Transactions, step: str, txn: int = 0, xid: Xid | None = None,
+         corr: int = 3) -> list[Request | Send]:
+    return t.step(TxnStep(corr, txn, None if xid is None else list(xid), step), 0.0)
+
+
+# ---- local transactions ----------------------------------------------------------------
+
+
+def test_local_transaction_begins_writes_and_commits() -> None:
+    t = machine()
+    txn = begin(t)
+    (req,) = write(t, txn, 0)
+    assert isinstance(req, Request) and isinstance(req.msg, TxnAppend)
+    assert t.live[txn].records == 2 and t.live[txn].seq == 1
+    (req,) = step(t, "commit", txn)
+    assert isinstance(req, Request) and req.msg == TxnResolve(3, txn, "commit")
+    assert txn not in t.live and t.finished[txn].phase is Phase.COMMITTED
+
+
+def test_a_retried_write_is_answered_not_staged_again() -> None:
+    t = machine()
+    txn = begin(t)
+    write(t, txn, 0)
+    (again,) = write(t, txn, 0)
+    assert isinstance(again, Send) and isinstance(again.msg, TxnWritten)
+    assert t.live[txn].records == 2
+    assert error_code(write(t, txn, 5)) == ErrorCode.BAD_REQUEST  # a gap
+
+
+def test_misuse_gets_clear_errors() -> None:
+    t = machine()
+    assert error_code(write(t, 999, 0)) == ErrorCode.TXN_UNKNOWN
+    txn = begin(t)
+    step(t, "commit", txn)
+    assert error_code(write(t, txn, 0)) == ErrorCode.TXN_STATE  # produce after commit
+    assert error_code(step(t, "rollback", txn)) == ErrorCode.TXN_STATE  # abort after commit
+    other = begin(t, corr=5)
+    step(t, "rollback", other)
+    assert error_code(step(t, "commit", other)) == ErrorCode.TXN_STATE  # commit after abort
+    assert error_code(step(t, "prepare", begin(t, corr=6))) == ErrorCode.TXN_STATE
+
+
+def test_commit_and_rollback_again_ask_the_log_for_the_first_outcome() -> None:
+    t = machine()
+    txn = begin(t)
+    step(t, "commit", txn)
+    (again,) = step(t, "commit", txn)
+    assert isinstance(again, Request) and again.msg == TxnResolve(3, txn, "commit")
+    other = begin(t)
+    step(t, "rollback", other)
+    (again,) = step(t, "rollback", other)
+    assert isinstance(again, Request) and again.msg == TxnResolve(3, other, "rollback")
+
+
+def test_limits() -> None:
+    t = machine(open_max=2, records_max=10_000, bytes_max=16_777_216)
+    a = begin(t)
+    begin(t)
+    assert error_code(t.begin(TxnBegin(9, 0, None), 0.0)) == ErrorCode.TXN_LIMIT
+    t = machine(records_max=3)
+    a = begin(t)
+    write(t, a, 0)
+    assert error_code(write(t, a, 1)) == ErrorCode.TXN_LIMIT  # 2 + 2 > 3
+    assert a in t.live and t.live[a].records == 2  # still open
+    too_long = CFG.txn.timeout_ms_max + 1
+    assert error_code(t.begin(TxnBegin(9, too_long, None), 0.0)) == ErrorCode.TXN_LIMIT
+
+
+def test_an_open_transaction_times_out_and_says_so() -> None:
+    t = machine()
+    txn = begin(t, timeout_ms=1000, now=10.0)
+    assert t.tick(10.5) == []
+    (out,) = t.tick(11.5)
+    assert isinstance(out, Send) and out.msg == TxnResolve(0, txn, "rollback")
+    assert error_code(write(t, txn, 0)) == ErrorCode.TXN_TIMED_OUT
+    assert error_code(step(t, "commit", txn)) == ErrorCode.TXN_TIMED_OUT
+
+
+def test_what_the_log_manager_did_not_take_is_undone() -> None:
+    t = machine()
+    txn = begin(t)
+    (req,) = write(t, txn, 0)
+    t.unsent(req.msg)
+    assert t.live[txn].seq == 0 and t.live[txn].records == 0
+    (req,) = step(t, "commit", txn)
+    t.unsent(req.msg)
+    assert t.live[txn].phase is Phase.ACTIVE and txn not in t.finished
+    (req,) = t.begin(TxnBegin(7, 0, None), 0.0)
+    t.unsent(req.msg)
+    assert len(t.live) == 1
+
+
+def test_nothing_is_served_before_the_log_says_what_it_holds() -> None:
+    t = Transactions(CFG.txn, first_id=100)
+    assert error_code(t.begin(TxnBegin(1, 0, None), 0.0)) == ErrorCode.UNAVAILABLE
+
+
+# ---- XA ---------------------------------------------------------------------------------
+
+
+def test_xa_two_phase() -> None:
+    t = machine()
+    txn = begin(t, xid=XID)
+    write(t, txn, 0)
+    assert error_code(step(t, "prepare", xid=XID)) == ErrorCode.XAER_PROTO  # not ended
+    (out,) = step(t, "end", xid=XID)
+    assert isinstance(out, Send) and out.msg == TxnId(3, txn)
+    assert error_code(write(t, txn, 1)) == ErrorCode.XAER_PROTO  # work after end
+    (req,) = step(t, "prepare", xid=XID)
+    assert isinstance(req, Request) and req.msg == TxnResolve(3, txn, "prepare")
+    assert t.tick(1e9) == []  # prepared branches never time out
+    (rec,) = t.listing(TxnList(4, True), 0.0)
+    assert isinstance(rec.msg, TxnsReply) and rec.msg.rows == [list(XID)]
+    assert error_code(step(t, "commit_one_phase", xid=XID)) == ErrorCode.XAER_PROTO
+    (req,) = step(t, "commit", xid=XID)
+    assert req.msg == TxnResolve(3, txn, "commit")
+    (rec,) = t.listing(TxnList(4, True), 0.0)
+    assert rec.msg.rows == []  # type: ignore[attr-defined]
+
+
+def test_xa_errors() -> None:
+    t = machine()
+    assert error_code(step(t, "commit", xid=XID)) == ErrorCode.XAER_NOTA
+    begin(t, xid=XID)
+    assert error_code(t.begin(TxnBegin(9, 0, list(XID)), 0.0)) == ErrorCode.XAER_DUPID
+    long_id = [1, b"x" * 65, b""]
+    assert error_code(t.begin(TxnBegin(9, 0, long_id), 0.0)) == ErrorCode.XAER_INVAL
+    assert error_code(step(t, "commit", xid=XID)) == ErrorCode.XAER_PROTO  # two-phase, not prepared
+    other = Xid(1, b"other", b"")
+    txn = begin(t, xid=other, timeout_ms=1000)
+    t.tick(5.0)
+    assert error_code(write(t, txn, 0)) == ErrorCode.XA_RBTIMEOUT
+
+
+def test_xa_one_phase_commit_of_an_ended_branch() -> None:
+    t = machine()
+    txn = begin(t, xid=XID)
+    assert error_code(step(t, "commit_one_phase", xid=XID)) == ErrorCode.XAER_PROTO  # not ended
+    step(t, "end", xid=XID)
+    (req,) = step(t, "commit_one_phase", xid=XID)
+    assert req.msg == TxnResolve(3, txn, "commit")
+
+
+def test_printed_xids_parse_back() -> None:
+    assert str(XID) == "1:6f726465722d3137:73686172642d61"
+    assert parse(str(XID)) == XID
+    with pytest.raises(Exception, match="not an xid"):
+        parse("1:zz:00")
+
+
+# ---- at a restart -----------------------------------------------------------------------
+
+
+def test_a_restart_keeps_prepared_branches_and_rolls_back_the_open() -> None:
+    t = Transactions(CFG.txn, first_id=100)
+    table = TxnTable(open=[[7, list(XID), True, 2, 10, [[1, 0]], 5],
+                           [8, None, False, 1, 5, [[1, 1]], 6]],
+                     outcomes=[[3, None, True], [4, None, False]], next_txn=9)
+    out = t.sync(table, now=0.0)
+    assert sent(out) == [TxnResolve(0, 8, "rollback")]
+    assert t.live[7].phase is Phase.PREPARED and t.by_xid[XID] == 7
+    assert error_code(write(t, 8, 0)) == ErrorCode.TXN_ABORTED
+    assert t.finished[3].phase is Phase.COMMITTED
+    (again,) = step(t, "commit", 3)
+    assert again.msg == TxnResolve(3, 3, "commit")  # answered by the log with its outcome
+
+
+# ---- the log's side: records, offsets at commit, replay, snapshot -----------------------
+
+
+def logged(out: object) -> Log:
+    assert isinstance(out, Log), out
+    return out
+
+
+def log_with_topic() -> LogState:
+    s = LogState(CFG)
+    logged(s.admit(CreateTopic(1, "out", 2), 0))
+    return s
+
+
+def test_the_log_gives_offsets_at_commit_only_and_aborts_take_none() -> None:
+    s = log_with_topic()
+    tid = s.topics["out"].topic_id
+    start = logged(s.admit(TxnStart(1, 50, None), 0))
+    assert start.early and start.reply == TxnId(1, 50)
+    w = logged(s.admit(TxnAppend(2, 50, ((tid, 0, 2, BLOB), (tid, 1, 2, BLOB)), ()), 0))
+    assert w.early and isinstance(w.reply, TxnWritten) and w.reply.records == 4
+    assert s.next_offset[(tid, 0)] == 0  # staged: no offsets yet
+    # An aborted one in between takes nothing.
+    logged(s.admit(TxnStart(3, 51, None), 0))
+    logged(s.admit(TxnAppend(4, 51, ((tid, 0, 2, BLOB),), ()), 0))
+    rb = logged(s.admit(TxnResolve(5, 51, "rollback"), 0))
+    assert isinstance(rb.reply, Done) and not rb.early
+    c = logged(s.admit(TxnResolve(6, 50, "commit"), 0))
+    assert isinstance(c.reply, TxnCommitted)
+    assert c.reply.parts == [("out", 0, 0, 2), ("out", 1, 0, 2)]
+    assert s.next_offset[(tid, 0)] == 2
+    (entry,) = logrecord.iter_buffer(c.record)
+    assert entry.kind == Kind.COMMIT and entry.body() == [50, [[tid, 0, 0, 2], [tid, 1, 0, 2]], []]
+    # A commit retried after a lost answer: the same outcome, nothing logged.
+    again = logged(s.admit(TxnResolve(7, 50, "commit"), 0))
+    assert again.record == b"" and again.reply == TxnCommitted(7, c.lsn, c.reply.parts)
+
+
+def test_the_ledger_comes_back_from_the_records_and_from_a_snapshot() -> None:
+    tid = log_with_topic().topics["out"].topic_id  # the first topic's id
+    s = LogState(CFG)
+    records = []
+    for msg in (CreateTopic(1, "out", 2), TxnStart(2, 60, list(XID)),
+                TxnAppend(3, 60, ((tid, 1, 2, BLOB),), (("g", tid, 0, 0),)),
+                TxnResolve(4, 60, "prepare"), TxnStart(5, 61, None),
+                TxnAppend(6, 61, ((tid, 0, 2, BLOB),), ()), TxnResolve(7, 61, "commit"),
+                TxnStart(8, 62, None)):
+        records.append(logged(s.admit(msg, 0)).record)
+    replayed = LogState(CFG)
+    for record in records:
+        for entry in logrecord.iter_buffer(record):
+            replayed.replay(entry)
+    restored = LogState(CFG)
+    restored.restore(msgpack.unpackb(msgpack.packb(s.snapshot(), use_bin_type=True),
+                                     raw=False, strict_map_key=False))
+    for other in (replayed, restored):
+        assert other.txns.table() == s.txns.table()
+        prepared = other.txns.open[60]
+        assert prepared.prepared and prepared.xid == XID and prepared.counts == {(tid, 1): 2}
+        assert prepared.offsets == {("g", tid, 0): 0}
+        assert 62 in other.txns.open and other.txns.outcomes[61].committed
+        assert other.next_offset[(tid, 0)] == 2
+        c = logged(other.admit(TxnResolve(9, 60, "commit"), 0))
+        assert isinstance(c.reply, TxnCommitted) and c.reply.parts == [("out", 1, 0, 2)]

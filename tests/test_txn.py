@@ -1,0 +1,307 @@
+"""Transactions and XA end to end: real node processes, sockets and RocksDB on tmp_path."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from actors import wal
+from actors.roles import shard_owner
+from node.client import NodeClient
+from node.local import LocalNode
+from wire.errors import (
+    TransactionAborted,
+    TransactionError,
+    TransactionTimedOut,
+    UnknownTransaction,
+    XAERInval,
+    XAERNota,
+    XAERProto,
+)
+from wire.records import pack_batch
+from wire.xid import Xid
+
+if TYPE_CHECKING:
+    from tests.conftest import MakeNode
+
+SMALL_LOG = """
+[log]
+segment_bytes_max = 262144
+group_bytes_max = 262144
+checkpoint_bytes = 262144
+checkpoint_mode = "{mode}"
+checkpoint_timeout_ms = 10000
+
+[limits]
+frame_bytes_max = 262144
+value_bytes_max = 65536
+
+[supervisor]
+restarts_max = 20
+"""
+
+
+def values(c: NodeClient, topic: str, partition: int) -> list[bytes]:
+    out: list[bytes] = []
+    off = 0
+    while recs := c.read(topic, partition, off, 1000):
+        out += [r.value for r in recs]
+        off = (recs[-1].offset or 0) + 1
+    return out
+
+
+def until(what: str, cond: Any, timeout_s: float = 30) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = cond()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)  # ok-sleep: poll interval, under a deadline
+
+
+def test_records_are_invisible_until_commit_and_aborts_leave_no_gap(node: LocalNode) -> None:
+    with node.client() as c:
+        c.create_topic("out", partitions=2)
+        c.create_topic("in", partitions=1)
+        c.produce_batch("in", [b"i0", b"i1", b"i2"])
+        tx = c.transaction()
+        tx.produce("out", b"a", partition=0)
+        tx.produce_batch("out", [b"b", b"c"], partition=1)
+        tx.commit_offset("billing", "in", 0, 3)
+        assert values(c, "out", 0) == [] and values(c, "out", 1) == []
+        assert c.committed_offset("billing", "in", 0) is None
+        aborted = c.transaction()
+        aborted.produce_batch("out", [b"x", b"y"], partition=0)
+        aborted.abort()
+        res = tx.commit()
+        assert [tuple(p) for p in res.parts] == [("out", 0, 0, 1), ("out", 1, 0, 2)]
+        assert res.offsets == [[(0, 0)], [(1, 0), (1, 1)]]
+        assert values(c, "out", 0) == [b"a"] and values(c, "out", 1) == [b"b", b"c"]
+        assert c.committed_offset("billing", "in", 0) == 3
+        assert c.produce("out", b"after", partition=0) == (0, 1)  # no gap left by the abort
+        with c.transaction() as tx2:  # commits on leaving the block
+            tx2.produce("out", b"k1", key=b"user-1", partition=0)
+        assert c.read_by_key("out", b"user-1", partition=0) is not None
+        with pytest.raises(RuntimeError), c.transaction() as tx3:  # aborts on an exception
+            tx3.produce("out", b"never", partition=0)
+            raise RuntimeError("boom")
+        assert values(c, "out", 0) == [b"a", b"after", b"k1"]
+
+
+def test_a_commit_retried_answers_the_same_and_applies_nothing_twice(node: LocalNode) -> None:
+    with node.client() as c:
+        c.create_topic("out", partitions=1)
+        tx = c.transaction()
+        tx.produce_batch("out", [b"a", b"b"])
+        first = c.call("txn_commit", txn=tx.id)
+        again = c.call("txn_commit", txn=tx.id)
+        assert first["lsn"] == again["lsn"] and first["parts"] == again["parts"]
+        assert values(c, "out", 0) == [b"a", b"b"]
+        # A write retried (same sequence number) is staged once.
+        tx = c.transaction()
+        for _ in range(2):
+            c.call("txn_produce", txn=tx.id, seq=0, topic="out", records=pack_batch([b"x"]))
+        assert tx.commit().parts[0].record_count == 1
+
+
+def test_misuse_is_refused_with_clear_errors(make_node: MakeNode) -> None:
+    node = make_node("[txn]\nrecords_max = 10000\nopen_max = 3\n")
+    with node.client(retries=0) as c:
+        c.create_topic("out", partitions=1)
+        with pytest.raises(UnknownTransaction):
+            c.call("txn_commit", txn=12345)
+        tx = c.transaction()
+        tx.produce("out", b"a")
+        tx.commit()
+        with pytest.raises(TransactionError, match="committed"):
+            c.call("txn_produce", txn=tx.id, seq=1, topic="out", records=pack_batch([b"x"]))
+        ab = c.transaction()
+        ab.abort()
+        with pytest.raises(TransactionError, match="rolled back"):
+            c.call("txn_commit", txn=ab.id)
+        big = c.transaction()
+        with pytest.raises(TransactionError, match="records_max"):
+            for _ in range(3):
+                big.produce_batch("out", [b"v"] * 4000)
+        opened = [c.transaction() for _ in range(2)]  # with ``big``: three open
+        with pytest.raises(TransactionError, match="open_max"):
+            c.transaction()
+        for t in [big, *opened]:
+            t.abort()
+        with pytest.raises(XAERInval, match="64"):
+            c.xa_start(Xid(1, b"g" * 65, b""))
+        assert c.produce("out", b"still") == (0, 1)  # and the node keeps serving
+
+
+def test_an_open_transaction_times_out(node: LocalNode) -> None:
+    with node.client() as c:
+        c.create_topic("out", partitions=1)
+        tx = c.transaction(timeout_ms=300)
+        tx.produce("out", b"late")
+
+        def timed_out() -> bool:
+            try:
+                tx.produce("out", b"more")
+            except TransactionTimedOut:
+                return True
+            return False
+
+        until("the transaction to time out", timed_out)
+        assert values(c, "out", 0) == []
+        assert c.produce("out", b"next") == (0, 0)
+
+
+def test_a_reader_never_sees_part_of_a_transaction(node: LocalNode) -> None:
+    """Each transaction writes one record to each of two partitions, which two different
+    shard writers own. Reading one partition and then the other, the second must show
+    every transaction the first showed (and the other way round)."""
+    with node.client() as c:
+        c.create_topic("pair", partitions=4)
+        (row,) = c.call("list_topics")["topics"]
+        topic_id = row[2]
+    a, b = next((p, q) for p in range(4) for q in range(4)
+                if shard_owner(topic_id, p, 2) != shard_owner(topic_id, q, 2))
+    stop = threading.Event()
+    committed = [0]
+    errors: list[BaseException] = []
+
+    def commit_pairs() -> None:
+        try:
+            with node.client() as w:
+                i = 0
+                while not stop.is_set():
+                    with w.transaction() as tx:
+                        tx.produce("pair", f"{i}".encode(), partition=a)
+                        tx.produce("pair", f"{i}".encode(), partition=b)
+                    committed[0] = i = i + 1
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    writer = threading.Thread(target=commit_pairs, daemon=True)
+    writer.start()
+    reads = 0
+    try:
+        with node.client() as r:
+            deadline = time.monotonic() + 60
+            while (committed[0] < 150 or reads < 150) and time.monotonic() < deadline:
+                first, second = (a, b) if reads % 2 == 0 else (b, a)
+                seen_first = set(values(r, "pair", first))
+                seen_second = set(values(r, "pair", second))
+                missing = seen_first - seen_second
+                assert not missing, (f"partition {first} shows transactions {sorted(missing)} "
+                                     f"that partition {second}, read after it, does not")
+                reads += 1
+    finally:
+        stop.set()
+        writer.join(30)
+    assert not errors, errors
+    assert committed[0] >= 150 and reads >= 150
+
+
+def test_a_prepared_branch_survives_kills_and_ten_checkpoints(make_node: MakeNode,
+                                                            tmp_path: Path) -> None:
+    node = make_node(SMALL_LOG.format(mode="fuzzy"))
+    xid = Xid(1, b"order-17", b"shard-a")
+    with node.client() as c:
+        c.create_topic("out", partitions=2)
+        branch = c.xa_start(xid)
+        branch.produce_batch("out", [b"p1", b"p2"], partition=0)
+        branch.produce("out", b"p3", partition=1)
+        c.xa_end(xid)
+        c.xa_prepare(xid)
+        assert values(c, "out", 0) == []
+    log_sizes = []
+    for round_ in range(10):
+        if round_ in (2, 5):
+            node.kill()  # the whole node
+            node.start()
+        elif round_ in (3, 7):
+            for role in ("log", "txn"):
+                node.kill_actor(role)
+        with node.client() as c:
+            until("the node to serve", lambda: c.xa_recover() == [xid])
+            for i in range(8):  # 8 x 40 KiB: past checkpoint_bytes
+                c.produce_batch("out", [bytes(40_000)], partition=i % 2)
+            c.checkpoint()
+            log_sizes.append(wal.segments_bytes(node.data_dir / "log"))
+    assert max(log_sizes) < 1024 * 1024, log_sizes  # the branch does not pin the log
+    with node.client() as c:
+        (row,) = c.txn_list()
+        assert row.xid == str(xid) and row.state == "prepared" and row.records == 3
+        res = c.xa_commit(xid)
+        assert sorted((p.partition, p.first_offset, p.record_count) for p in res.parts) == [
+            (0, 40, 2), (1, 40, 1)]
+        assert values(c, "out", 0)[-2:] == [b"p1", b"p2"]
+        assert values(c, "out", 1)[-1:] == [b"p3"]
+        assert c.xa_recover() == []
+        with pytest.raises(XAERNota):
+            c.xa_rollback(Xid(1, b"nobody", b""))
+
+
+def test_xa_calls_in_the_wrong_state_and_a_rollback(node: LocalNode) -> None:
+    xid = Xid(7, b"g", b"b")
+    with node.client(retries=0) as c:
+        c.create_topic("out", partitions=1)
+        branch = c.xa_start(xid)
+        branch.produce("out", b"v")
+        with pytest.raises(XAERProto):
+            c.xa_prepare(xid)  # not ended
+        c.xa_end(xid)
+        with pytest.raises(XAERProto):
+            branch.produce("out", b"after end")
+        c.xa_prepare(xid)
+        with pytest.raises(XAERProto):
+            c.xa_commit(xid, one_phase=True)
+        c.xa_rollback(xid)
+        c.xa_rollback(xid)  # again: the same outcome
+        assert values(c, "out", 0) == []
+        one = Xid(7, b"one-phase", b"")
+        branch = c.xa_start(one)
+        branch.produce("out", b"w")
+        c.xa_end(one)
+        assert c.xa_commit(one, one_phase=True).parts[0].first_offset == 0
+
+
+def test_a_restart_rolls_back_open_transactions(node: LocalNode) -> None:
+    with node.client() as c:
+        c.create_topic("out", partitions=1)
+        tx = c.transaction()
+        tx.produce("out", b"lost")
+    node.kill()
+    node.start()
+    with node.client() as c:
+        with pytest.raises(TransactionAborted):
+            tx.client = c
+            tx.produce("out", b"more")
+        assert values(c, "out", 0) == []
+        assert c.txn_list() == []
+
+
+def test_a_blocking_checkpoint_waits_for_open_transactions(make_node: MakeNode) -> None:
+    node = make_node(SMALL_LOG.format(mode="blocking"))
+    with node.client() as c:
+        c.create_topic("out", partitions=1)
+        tx = c.transaction()
+        tx.produce("out", b"v")
+        done: list[int] = []
+        ckpt = threading.Thread(target=lambda: done.append(node.client().checkpoint()),
+                                daemon=True)
+        ckpt.start()
+
+        def txn_figures() -> dict[str, Any]:
+            st = c.status()
+            figures: dict[str, Any] = next(a for a in st["actors"]
+                                           if a["role"] == "txn")["figures"]
+            return figures
+
+        until("the gate to close", lambda: txn_figures()["gate"])
+        assert ckpt.is_alive() and not done  # waiting for the open transaction
+        tx.commit()
+        ckpt.join(30)
+        assert done and done[0] >= 1
+        assert values(c, "out", 0) == [b"v"]
