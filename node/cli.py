@@ -8,6 +8,9 @@
     shardnode delete-topic NAME
     shardnode produce TOPIC VALUE... [--key K] [--partition P]
     shardnode consume TOPIC [--partition P] [--from OFFSET] [--follow]
+    shardnode txn list
+    shardnode txn commit XID          (a prepared XA branch, as `txn list` prints its xid)
+    shardnode txn rollback XID|ID     (a branch, or a local transaction by its id)
 """
 
 from __future__ import annotations
@@ -197,6 +200,49 @@ def cmd_consume(args: argparse.Namespace) -> int:
             time.sleep(args.poll_ms / 1000)  # --follow: wait for new records
 
 
+def cmd_txn_list(args: argparse.Namespace) -> int:
+    from node.client import NodeClient
+
+    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms) as c:
+        txns = c.txn_list()
+    t = Table(title=f"transactions open or prepared: {len(txns)}")
+    for name, justify in (("id", "right"), ("xid", "left"), ("state", "left"),
+                          ("age s", "right"), ("records", "right"), ("MB", "right"),
+                          ("partitions", "right")):
+        t.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for x in txns:
+        t.add_row(str(x.txn), x.xid or "-", x.state, f"{x.age_ms / 1000:.1f}", str(x.records),
+                  _mb(x.bytes), str(x.partitions))
+    console.print(t)
+    return 0
+
+
+def cmd_txn_commit(args: argparse.Namespace) -> int:
+    from node.client import NodeClient
+    from wire.xid import parse
+
+    xid = parse(args.xid)
+    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms) as c:
+        res = c.xa_commit(xid)
+    where = ", ".join(f"{p.topic}/{p.partition} {p.first_offset}..{p.first_offset + p.record_count - 1}"
+                      for p in res.parts) or "no records"
+    print(f"committed {xid} at LSN {res.lsn}: {where}")
+    return 0
+
+
+def cmd_txn_rollback(args: argparse.Namespace) -> int:
+    from node.client import NodeClient
+    from wire.xid import parse
+
+    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms) as c:
+        if args.txn.isdigit():
+            c.call("txn_abort", txn=int(args.txn))
+        else:
+            c.xa_rollback(parse(args.txn))
+    print(f"rolled back {args.txn}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shardnode", description="a storage node for messages "
                                 "and key/value state")
@@ -258,6 +304,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--follow", action="store_true", help="keep waiting for new records")
     s.add_argument("--poll-ms", type=int, default=200)
     s.set_defaults(func=cmd_consume)
+
+    s = sub.add_parser("txn", help="transactions open or in doubt: list, commit, roll back")
+    txn = s.add_subparsers(dest="txn_command", required=True)
+    t = txn.add_parser("list", help="open and prepared transactions")
+    client_args(t)
+    t.set_defaults(func=cmd_txn_list)
+    t = txn.add_parser("commit", help="commit a prepared XA branch")
+    client_args(t)
+    t.add_argument("xid", help="format_id:global_hex:branch_hex, as `txn list` prints it")
+    t.set_defaults(func=cmd_txn_commit)
+    t = txn.add_parser("rollback", help="roll back an XA branch or a local transaction")
+    client_args(t)
+    t.add_argument("txn", metavar="XID|ID", help="an xid as `txn list` prints it, or a "
+                   "local transaction's id")
+    t.set_defaults(func=cmd_txn_rollback)
     return p
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -305,3 +308,35 @@ def test_a_blocking_checkpoint_waits_for_open_transactions(make_node: MakeNode) 
         ckpt.join(30)
         assert done and done[0] >= 1
         assert values(c, "out", 0) == [b"v"]
+
+
+def _cli(node: LocalNode, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run([sys.executable, "-m", "node", *args, "--port", str(node.port)],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == code, out.stderr
+    return out
+
+
+def test_operators_list_and_resolve_branches_in_doubt(node: LocalNode) -> None:
+    a, b = Xid(1, b"order-17", b"shard-a"), Xid(1, b"order-18", b"")
+    with node.client() as c:
+        c.create_topic("out", partitions=1)
+        for xid, value in ((a, b"A"), (b, b"B")):
+            branch = c.xa_start(xid)
+            branch.produce("out", value)
+            c.xa_end(xid)
+            c.xa_prepare(xid)
+        local = c.transaction()
+        local.produce("out", b"L")
+        listed = _cli(node, "txn", "list").stdout
+        assert "1:6f726465722d3137:73686172642d61" in listed and str(b) in listed
+        assert listed.count("│ prepared") == 2 and "│ active" in listed
+        out = _cli(node, "txn", "commit", str(a)).stdout  # pasted back as printed
+        assert f"committed {a}" in out and "out/0 0..0" in out
+        _cli(node, "txn", "rollback", str(b))
+        _cli(node, "txn", "rollback", str(local.id))
+        assert values(c, "out", 0) == [b"A"]
+        assert c.xa_recover() == [] and c.txn_list() == []
+        refused = _cli(node, "txn", "commit", "not-an-xid", code=1)
+        assert "XAER_INVAL" in refused.stderr and "Traceback" not in refused.stderr
