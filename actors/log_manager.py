@@ -181,8 +181,12 @@ class LogManager(Actor):
                   | TxnStart() | TxnAppend() | TxnResolve()):
                 self.admit(msg)
             case TxnSync(role):
+                logs, aborted = self.state.abort_open()
+                for out in logs:
+                    self.admitted(out)
                 opened, outcomes = self.state.txns.table()
-                self.send(role, TxnTable(opened, outcomes, self.state.txns.next_txn), wait_ms=1000)
+                self.send(role, TxnTable(opened, outcomes, self.state.txns.next_txn, aborted),
+                          wait_ms=1000)
             case Hello(role):
                 if role == CACHE_MANAGER:
                     self.to_cache.reset()  # a new cache manager: nothing of ours is in its queue

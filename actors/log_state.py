@@ -334,6 +334,20 @@ class LogState:
             reply = Done(corr, lsn)
         return Log(record, reply if corr else None, lsn)
 
+    def abort_open(self) -> tuple[list[Log], list[int]]:
+        """Roll back every open transaction that is not prepared: the transaction manager
+        (re)started, and their clients may have lost writes in flight. Done here, in the
+        order of the log manager's mailbox, so that a commit still on its way from before
+        the restart either came first (and stands) or is refused after."""
+        logs: list[Log] = []
+        aborted: list[int] = []
+        for txn in [t for t, st in self.txns.open.items() if not st.prepared]:
+            out = self._txn_resolve(TxnResolve(0, txn, "rollback"))
+            assert isinstance(out, Log)
+            logs.append(out)
+            aborted.append(txn)
+        return logs, aborted
+
     def _place(self, counts: dict[tuple[int, int], int]
                ) -> tuple[list[list[int]], list[TxnPartRow]]:
         """Offsets for a commit's records: contiguous in each shard, from its next offset.

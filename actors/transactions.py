@@ -27,7 +27,9 @@ them). What may fail where is the point of writing it down:
 
 A transaction that was open but not prepared when the transaction manager (or the node)
 restarted is rolled back at its start: its client may have lost writes in flight, and
-seed 004's recovery drops never-prepared transactions. Its next call gets TXN_ABORTED
+seed 004's recovery drops never-prepared transactions. The log manager does it as it
+answers the new transaction manager's ``TxnSync``, in its mailbox's order, so a commit
+sent just before the restart either came first and stands, or is refused after. Its next call gets TXN_ABORTED
 (XA_RBROLLBACK for a branch).
 
 The log manager keeps what the log holds of each transaction (``actors/txn_ledger.py``):
@@ -120,26 +122,22 @@ class Transactions:
 
     def sync(self, table: TxnTable, now: float) -> list[Out]:
         """What the log holds (the transaction manager just started): prepared branches come
-        back in doubt; open ones are rolled back (see the module's doc)."""
-        out: list[Out] = []
+        back in doubt; the log manager rolled back the open ones as it answered (see the
+        module's doc), and their next call says so."""
         self.live.clear()
         self.by_xid.clear()
+        aborted = set(table.aborted)
         for txn, xid, committed in table.outcomes:
-            t = Txn(txn, None if xid is None else Xid(*xid),
-                    Phase.COMMITTED if committed else Phase.ROLLED_BACK, now, math.inf)
-            self._remember(t)
-        for txn, xid, prepared, records, nbytes, shards, _first_lsn in table.open:
-            t = Txn(txn, None if xid is None else Xid(*xid), Phase.PREPARED, now, math.inf,
-                    records=records, bytes=nbytes, shards={(t, p) for t, p in shards})
-            if prepared:
-                self._add(t)
-            else:
-                t.phase = Phase.ABORTED
-                self._remember(t)
-                out.append(Send(LOG_MANAGER, TxnResolve(0, txn, "rollback"), ANSWER_WAIT_MS))
+            phase = (Phase.COMMITTED if committed
+                     else Phase.ABORTED if txn in aborted else Phase.ROLLED_BACK)
+            self._remember(Txn(txn, None if xid is None else Xid(*xid), phase, now, math.inf))
+        for txn, xid, _prepared, records, nbytes, shards, _first_lsn in table.open:
+            self._add(Txn(txn, None if xid is None else Xid(*xid), Phase.PREPARED, now,
+                          math.inf, records=records, bytes=nbytes,
+                          shards={(t, p) for t, p in shards}))
         self.next_id = max(self.next_id, table.next_txn)
         self.synced = True
-        return out
+        return []
 
     # ---- requests ---------------------------------------------------------------------
 

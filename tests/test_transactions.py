@@ -42,12 +42,8 @@ XID = Xid(1, b"order-17", b"shard-a")
 
 def machine(**txn: int) -> Transactions:
     t = Transactions(dataclasses.replace(CFG.txn, **txn), first_id=100)
-    t.sync(TxnTable([], [], 1), now=0.0)
+    t.sync(TxnTable([], [], 1, []), now=0.0)
     return t
-
-
-def sent(out: list[Request | Send]) -> list[object]:
-    return [o.msg for o in out]
 
 
 def error_code(out: list[Request | Send]) -> int:
@@ -223,13 +219,13 @@ def test_printed_xids_parse_back() -> None:
 
 def test_a_restart_keeps_prepared_branches_and_rolls_back_the_open() -> None:
     t = Transactions(CFG.txn, first_id=100)
-    table = TxnTable(open=[[7, list(XID), True, 2, 10, [[1, 0]], 5],
-                           [8, None, False, 1, 5, [[1, 1]], 6]],
-                     outcomes=[[3, None, True], [4, None, False]], next_txn=9)
-    out = t.sync(table, now=0.0)
-    assert sent(out) == [TxnResolve(0, 8, "rollback")]
+    table = TxnTable(open=[[7, list(XID), True, 2, 10, [[1, 0]], 5]],
+                     outcomes=[[3, None, True], [4, None, False], [8, None, False]], next_txn=9,
+                     aborted=[8])
+    assert t.sync(table, now=0.0) == []
     assert t.live[7].phase is Phase.PREPARED and t.by_xid[XID] == 7
     assert error_code(write(t, 8, 0)) == ErrorCode.TXN_ABORTED
+    assert error_code(write(t, 4, 0)) == ErrorCode.TXN_STATE
     assert t.finished[3].phase is Phase.COMMITTED
     (again,) = step(t, "commit", 3)
     assert again.msg == TxnResolve(3, 3, "commit")  # answered by the log with its outcome
@@ -297,5 +293,13 @@ def test_the_ledger_comes_back_from_the_records_and_from_a_snapshot() -> None:
         assert prepared.offsets == {("g", tid, 0): 0}
         assert 62 in other.txns.open and other.txns.outcomes[61].committed
         assert other.next_offset[(tid, 0)] == 2
+        # The transaction manager restarted: the open one is rolled back, the prepared kept.
+        (rollback,), aborted = other.abort_open()
+        assert aborted == [62] and 62 not in other.txns.open and 60 in other.txns.open
+        (entry,) = logrecord.iter_buffer(rollback.record)
+        assert entry.kind == Kind.ROLLBACK and rollback.reply is None
+        late = other.admit(TxnResolve(10, 62, "commit"), 0)  # a commit sent before the restart
+        assert isinstance(late, Send) and isinstance(late.msg, ErrorReply)
+        assert late.msg.code == ErrorCode.TXN_STATE
         c = logged(other.admit(TxnResolve(9, 60, "commit"), 0))
         assert isinstance(c.reply, TxnCommitted) and c.reply.parts == [("out", 1, 0, 2)]

@@ -515,13 +515,15 @@ class TxnSync(Message):
 
 @message(85)
 class TxnTable(Message):
-    """The transactions the log holds: ``open`` rows ``[txn, xid or nil, prepared, records,
-    bytes, [[topic_id, partition], ...], first_lsn]`` and recent ``outcomes`` rows ``[txn, xid or nil,
-    committed]``; ``next_txn`` is above every id the log has seen."""
+    """The transactions the log holds: ``open`` rows (all prepared) ``[txn, xid or nil,
+    prepared, records, bytes, [[topic_id, partition], ...], first_lsn]`` and recent
+    ``outcomes`` rows ``[txn, xid or nil, committed]``; ``next_txn`` is above every id the
+    log has seen; ``aborted``: the open ones it rolled back on this ``TxnSync``."""
 
     open: list[list[Any]]
     outcomes: list[list[Any]]
     next_txn: int
+    aborted: list[int]
 
 
 # ---- transactions: answers to the front door -----------------------------------------
