@@ -92,6 +92,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     lg = st["log"]
     cache: dict[str, Any] = next(
         (a.get("figures", {}) for a in st["actors"] if a["role"] == "cache"), {})
+    txn: dict[str, Any] = next(
+        (a.get("figures", {}) for a in st["actors"] if a["role"] == "txn"), {})
     reported_at = lg.get("reported_at")
     age = "" if reported_at is None else f" (figures {max(0.0, time.time() - reported_at):.1f} s old)"
     lt = Table(title=f"log manager{age}")
@@ -115,6 +117,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         ("queued for the writers MB", _mb(cache.get("writer_queued_bytes"))),
         ("groups read back from the log",
          lg.get("groups_not_sent", 0) + cache.get("groups_not_sent", 0)),
+        ("transactions open / prepared (shardnode txn list)",
+         f"{txn.get('txn_open', '-')} / {txn.get('txn_prepared', '-')}"),
     ):
         lt.add_row(label, "-" if value is None else str(value))
     console.print(lt)

@@ -329,6 +329,10 @@ def test_operators_list_and_resolve_branches_in_doubt(node: LocalNode) -> None:
             c.xa_prepare(xid)
         local = c.transaction()
         local.produce("out", b"L")
+        status = _cli(node, "status").stdout
+        assert "transactions open / prepared" in status
+        assert "1 / 2" in until("the figures to show them", lambda: (
+            out if "1 / 2" in (out := _cli(node, "status").stdout) else None))
         listed = _cli(node, "txn", "list").stdout
         assert "1:6f726465722d3137:73686172642d61" in listed and str(b) in listed
         assert listed.count("│ prepared") == 2 and "│ active" in listed
