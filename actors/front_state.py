@@ -317,12 +317,12 @@ class FrontDoorState:
         return TRANSACTION_MANAGER, lambda c: TxnWrite(c, txn, seq, (), ((group, tid, p, offset),))
 
     def txn_begin(self, req: dict[str, Any]) -> Target:
-        timeout_ms, xid = req.get("timeout_ms", 0), req.get("xid")
-        return TRANSACTION_MANAGER, lambda c: TxnBegin(c, timeout_ms, xid)
+        timeout_ms, xid, txn = req.get("timeout_ms", 0), req.get("xid"), req.get("txn", 0)
+        return TRANSACTION_MANAGER, lambda c: TxnBegin(c, timeout_ms, xid, txn)
 
     def txn_step(self, req: dict[str, Any], step: str) -> Target:
-        txn, xid = req.get("txn", 0), req.get("xid")
-        return TRANSACTION_MANAGER, lambda c: TxnStep(c, txn, xid, step)
+        txn, xid, writes = req.get("txn", 0), req.get("xid"), req.get("writes", -1)
+        return TRANSACTION_MANAGER, lambda c: TxnStep(c, txn, xid, step, writes)
 
     # ---- answers ----------------------------------------------------------------------
 

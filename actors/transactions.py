@@ -145,6 +145,10 @@ class Transactions:
         try:
             xid = None if msg.xid is None else xids.check(msg.xid)
             self._ready()
+            if msg.txn:
+                again = self._chosen(msg.txn, xid)
+                if again is not None:
+                    return [Send(FRONT_DOOR, TxnId(msg.corr, again), ANSWER_WAIT_MS)]
             if msg.timeout_ms > self.cfg.timeout_ms_max:
                 raise NodeError(f"timeout_ms {msg.timeout_ms} is over txn.timeout_ms_max = "
                                 f"{self.cfg.timeout_ms_max}",
@@ -157,13 +161,24 @@ class Transactions:
                                 ErrorCode.TXN_LIMIT if xid is None else ErrorCode.XAER_RMERR)
         except NodeError as exc:
             return [self._error(msg.corr, exc.code, exc.message)]
-        txn = self._new_id()
+        txn = msg.txn or self._new_id()
         timeout_ms = msg.timeout_ms or self.cfg.timeout_ms
         t = Txn(txn, xid, Phase.ACTIVE, now, now + timeout_ms / 1000)
         self._add(t)
         self.begun += 1
         return [Request(LOG_MANAGER, msg.corr,
                         TxnStart(msg.corr, txn, None if xid is None else list(xid)))]
+
+    def _chosen(self, txn: int, xid: Xid | None) -> int | None:
+        """Check an id a client picked: None if it is free; the id again if this is a retry
+        of its begin (the same branch, nothing staged yet); else raise why not."""
+        t = self.live.get(txn)
+        if t is not None and t.xid == xid and t.phase is Phase.ACTIVE and t.seq == 0:
+            return txn
+        if t is not None or txn in self.finished:
+            raise NodeError(f"transaction id {txn} is in use; pick another",
+                            ErrorCode.TXN_STATE if xid is None else ErrorCode.XAER_DUPID)
+        return None
 
     def write(self, msg: TxnWrite, now: float) -> list[Out]:
         t = self.live.get(msg.txn)
@@ -209,6 +224,11 @@ class Transactions:
         if (t.xid is None) != (xid is None):
             kind = "a local transaction: use txn_" if t.xid is None else "an XA branch: use xa_"
             return [self._error(corr, ErrorCode.BAD_REQUEST, f"{t.name()} is {kind}* calls")]
+        if msg.writes >= 0 and msg.writes != t.seq and t.phase is Phase.ACTIVE:
+            code = ErrorCode.TXN_STATE if t.xid is None else ErrorCode.XAER_PROTO
+            return [self._error(corr, code, f"cannot {step} {t.name()}: {msg.writes} writes "
+                                f"were sent, {t.seq} staged (one was refused or lost); it "
+                                f"stays open: send the missing ones again, or roll it back")]
         match step, t.phase:
             case "end", Phase.ACTIVE if t.xid is not None:
                 t.phase = Phase.IDLE

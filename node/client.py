@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,7 @@ from wire.protocol import (
 )
 from wire.records import Record, pack_batch, to_wire, unpack_read
 from wire.xid import Xid
+from wire.xid import check as check_xid
 
 # The node remembers each producer's last 1 024 sequence numbers (``[log]
 # producer_window_max``); a producer with more requests in flight could not have a retry of
@@ -91,6 +93,11 @@ class NodeClient:
         self._seq = itertools.count()
         self._ids = itertools.count(1)
         self._partitions: dict[str, int] = {}
+        # Transactions with requests queued or in flight (node/transaction.py): any other
+        # call first sends theirs and reads their answers, so that the node sees every
+        # request in the order it was made, and no answer is mistaken for another's.
+        self._unsettled: set[Transaction] = set()
+        self._branches: weakref.WeakValueDictionary[Xid, Transaction] = weakref.WeakValueDictionary()
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.sock = self._ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -114,6 +121,10 @@ class NodeClient:
         """Send one request of ``op`` (an op of ``wire.protocol.OPS``, with its request
         fields) and return its reply map, which carries the op's reply fields; retry what
         the table says is safe to retry."""
+        while self._unsettled:
+            tx = self._unsettled.pop()
+            tx._send()
+            tx._collect(0)  # what failed stays with it, raised by its next settle
         attempts = self.retries + 1 if op in OPS and OPS[op].retry else 1
         backoff_s = 0.01
         last: NodeError | None = None
@@ -248,20 +259,36 @@ class NodeClient:
     def transaction(self, timeout_ms: int | None = None) -> Transaction:
         """Begin a local transaction; use it as a context manager (commit on leaving the
         block, roll back on an exception), or call ``commit()`` / ``abort()``. The node
-        rolls it back if it is still open after ``timeout_ms`` (default: ``[txn]``)."""
-        fields = {} if timeout_ms is None else {"timeout_ms": timeout_ms}
-        return Transaction(self, int(self.call("txn_begin", **fields)["txn"]))
+        rolls it back if it is still open after ``timeout_ms`` (default: ``[txn]``).
 
-    def xa_start(self, xid: Xid, timeout_ms: int | None = None) -> Transaction:
-        """Begin an XA branch; stage work through the returned transaction, then
-        ``xa_end``, ``xa_prepare`` and ``xa_commit`` (or ``xa_rollback``)."""
-        fields: dict[str, Any] = {"xid": list(xid)}
+        Nothing is sent yet: the client picks the transaction's id, and its begin goes
+        with its first writes (node/transaction.py)."""
+        fields: dict[str, Any] = {"txn": random.getrandbits(62) + 1}
         if timeout_ms is not None:
             fields["timeout_ms"] = timeout_ms
-        return Transaction(self, int(self.call("xa_start", **fields)["txn"]), xid)
+        return Transaction(self, fields["txn"], begin=("txn_begin", fields))
+
+    def xa_start(self, xid: Xid, timeout_ms: int | None = None) -> Transaction:
+        """Begin an XA branch (answered before it returns); stage work through the returned
+        transaction, then ``xa_end``, ``xa_prepare`` and ``xa_commit`` (or ``xa_rollback``)."""
+        check_xid(list(xid))
+        fields: dict[str, Any] = {"xid": list(xid), "txn": random.getrandbits(62) + 1}
+        if timeout_ms is not None:
+            fields["timeout_ms"] = timeout_ms
+        tx = Transaction(self, fields["txn"], xid, begin=("xa_start", fields))
+        tx.settle()
+        self._branches[xid] = tx
+        return tx
 
     def xa_end(self, xid: Xid) -> None:
-        self.call("xa_end", xid=list(xid))
+        """End the branch's work: its writes are all answered first, and the node checks it
+        staged every one."""
+        tx = self._branches.get(xid)
+        if tx is None:
+            self.call("xa_end", xid=list(xid))
+            return
+        tx.settle()
+        self.call("xa_end", xid=list(xid), writes=tx.seq)
 
     def xa_prepare(self, xid: Xid) -> int:
         """Phase one: the branch is durable and in doubt; returns the Prepare record's LSN."""
@@ -271,10 +298,18 @@ class NodeClient:
         fields: dict[str, Any] = {"xid": list(xid)}
         if one_phase:
             fields["one_phase"] = True
-        return result_of(self.call("xa_commit", **fields))
+        result = result_of(self.call("xa_commit", **fields))
+        self._finished(xid)
+        return result
 
     def xa_rollback(self, xid: Xid) -> None:
         self.call("xa_rollback", xid=list(xid))
+        self._finished(xid)
+
+    def _finished(self, xid: Xid) -> None:
+        tx = self._branches.pop(xid, None)
+        if tx is not None:
+            tx.finished = True
 
     def xa_recover(self) -> list[Xid]:
         """The prepared branches, in doubt until committed or rolled back."""

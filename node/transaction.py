@@ -7,20 +7,35 @@
         tx.commit_offset("billing", "in", partition, next_offset)
     tx.result.offsets                                # per produce call: [(partition, offset)]
 
-Each write is sent as it is made (a large transaction does not sit in the client) and is
-staged by the node: logged, invisible, without offsets until the commit, which gives every
-record its offset (contiguous per partition) and returns them. Writes are numbered, so a
-write retried after a lost answer is not staged twice; a commit retried answers the same.
+Each write is sent as it is made, pipelined (a large transaction does not sit in the
+client, and a small one takes one round trip: begin, writes and commit in one frame), and
+is staged by the node: logged, invisible, without offsets until the commit, which gives
+every record its offset (contiguous per partition) and returns them. Writes are numbered,
+so a write sent again after a lost answer is not staged twice; a commit retried answers
+the same; and the commit names how many writes were sent, so none can go missing.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from wire.errors import ErrorCode, TransactionError, error_for
+import msgpack
+import zmq
+
+from wire.errors import (
+    ErrorCode,
+    NodeError,
+    RequestTimeout,
+    TransactionError,
+    UnknownTransaction,
+    XAERNota,
+    error_for,
+)
+from wire.protocol import request_map, unpack_replies
 from wire.records import Record, pack_batch
 from wire.xid import Xid
 
@@ -64,18 +79,44 @@ def _as_bytes(value: bytes | str) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
 
-class Transaction:
-    """A transaction on the node, local or an XA branch. Not thread-safe."""
+# A transaction's requests are pipelined: queued, sent several to a frame, and answered in
+# the background, so that begin, the writes and the commit of a small transaction take one
+# round trip. These bound what one transaction holds in the client.
+QUEUED_MAX = 64  # requests queued before they are sent as one frame
+QUEUED_BYTES_MAX = 1 << 20  # request bytes queued before they are sent
+IN_FLIGHT_MAX = 128  # requests sent and not answered; beyond it the client waits for answers
 
-    def __init__(self, client: NodeClient, txn: int, xid: Xid | None = None) -> None:
+Pending = tuple[str, dict[str, Any]]  # a request: its op and fields
+
+
+class Transaction:
+    """A transaction on the node, local or an XA branch. Not thread-safe.
+
+    Its requests are pipelined: ``produce``, ``produce_batch`` and ``commit_offset`` queue
+    theirs and return at once (sending a frame when enough are queued), and their answers
+    are read as they come. A request the node refused is raised by the call that finds it
+    (a later write, ``commit``, ``NodeClient.xa_end``); one it could not take (BUSY, a
+    timeout) is sent again, in order, with the same write number, which the node answers
+    without staging it twice. The commit names how many writes were sent, so the node
+    refuses a commit that lacks one."""
+
+    def __init__(self, client: NodeClient, txn: int, xid: Xid | None = None,
+                 begin: Pending | None = None) -> None:
         self.client = client
         self.id = txn
         self.xid = xid
-        self.seq = 0
+        self.seq = 0  # writes sent
         self.finished = False
         self.result: TxnResult | None = None
-        # Each produce call: its topic, the partition of each record, in order.
-        self._placed: list[tuple[str, list[int]]] = []
+        self._queue: list[tuple[int, str, dict[str, Any], bytes]] = []
+        self._queued_bytes = 0
+        self._in_flight: dict[int, Pending] = {}
+        self._failed: dict[int, tuple[str, dict[str, Any], NodeError]] = {}
+        self._replies: dict[int, dict[str, Any]] = {}
+        self._produces: list[tuple[int, str]] = []  # each produce call: its request id, topic
+        self._begun = begin is None  # the node has the transaction (or it was begun apart)
+        if begin is not None:
+            self._submit(*begin)
 
     def __enter__(self) -> Transaction:
         return self
@@ -93,17 +134,19 @@ class Transaction:
         if self.finished:
             raise TransactionError(f"transaction {self.id} is finished", ErrorCode.TXN_STATE)
 
+    # ---- writes -----------------------------------------------------------------------
+
     def produce(self, topic: str, value: bytes | str, key: bytes | str | None = None,
                 tags: Sequence[str] = (), timestamp: int | None = None,
-                partition: int | None = None) -> int:
-        """Stage one record; returns the transaction's records so far."""
+                partition: int | None = None) -> None:
+        """Stage one record (it gets its offset at the commit)."""
         rec = Record(_as_bytes(value), None if key is None else _as_bytes(key), tuple(tags),
                      timestamp)
-        return self.produce_batch(topic, [rec], partition)
+        self.produce_batch(topic, [rec], partition)
 
     def produce_batch(self, topic: str, records: Iterable[Record | bytes],
-                      partition: int | None = None) -> int:
-        """Stage a batch of records; returns the transaction's records so far."""
+                      partition: int | None = None) -> None:
+        """Stage a batch of records (they get their offsets at the commit)."""
         self._check()
         recs = list(records)
         if not recs:
@@ -112,21 +155,18 @@ class Transaction:
                                   "records": pack_batch(recs)}
         if partition is not None:
             fields["partition"] = partition
-        reply = self.client.call("txn_produce", **fields)
         self.seq += 1
-        assign = reply.get("assign")
-        if assign is None:
-            ((p, n),) = reply["parts"]
-            assign = [p] * n
-        self._placed.append((topic, list(assign)))
-        return int(reply["records"])
+        self._produces.append((self._submit("txn_produce", fields), topic))
 
     def commit_offset(self, group: str, topic: str, partition: int, offset: int) -> None:
         """Stage a consumer group's offset: committed together with the records."""
         self._check()
-        self.client.call("txn_commit_offset", txn=self.id, seq=self.seq, group=group,
-                         topic=topic, partition=partition, offset=offset)
+        self._submit("txn_commit_offset", {"txn": self.id, "seq": self.seq, "group": group,
+                                           "topic": topic, "partition": partition,
+                                           "offset": offset})
         self.seq += 1
+
+    # ---- the end ----------------------------------------------------------------------
 
     def commit(self) -> TxnResult:
         """Commit: every staged record becomes visible at once, at the offsets returned.
@@ -135,28 +175,103 @@ class Transaction:
             return self.result
         self._check()
         if self.xid is None:
-            reply = self.client.call("txn_commit", txn=self.id)
+            rid = self._submit("txn_commit", {"txn": self.id, "writes": self.seq})
         else:
-            reply = self.client.call("xa_commit", xid=list(self.xid), one_phase=True)
+            rid = self._submit("xa_commit", {"xid": list(self.xid), "one_phase": True})
+        self.settle()
         self.finished = True
-        self.result = self._result(reply)
+        self.result = self._result(self._replies[rid])
         return self.result
 
     def abort(self) -> None:
         """Roll back: nothing staged is ever visible, and no offsets are taken."""
         if self.finished:
             return
-        if self.xid is None:
-            self.client.call("txn_abort", txn=self.id)
-        else:
-            self.client.call("xa_rollback", xid=list(self.xid))
         self.finished = True
+        if not self._begun and not self._in_flight:
+            self._queue.clear()  # the node never heard of it
+            self.client._unsettled.discard(self)
+            return
+        self._send()
+        self._collect(0)
+        self._failed.clear()  # what failed is rolled back with the rest
+        self.client._unsettled.discard(self)
+        try:
+            if self.xid is None:
+                self.client.call("txn_abort", txn=self.id)
+            else:
+                self.client.call("xa_rollback", xid=list(self.xid))
+        except (UnknownTransaction, XAERNota):
+            pass  # its begin never reached the node: nothing to roll back
+
+    def settle(self) -> None:
+        """Send what is queued and wait for every answer; send again, in order, what the node
+        could not take; raise what it refused."""
+        self._send()
+        self._collect(0)
+        self.client._unsettled.discard(self)
+        failed, self._failed = sorted(self._failed.items()), {}
+        for rid, (op, fields, _err) in failed:
+            self._replies[rid] = self.client.call(op, **fields)  # raises a refusal
+
+    # ---- the pipeline -----------------------------------------------------------------
+
+    def _submit(self, op: str, fields: dict[str, Any]) -> int:
+        rid = next(self.client._ids)
+        frame = msgpack.packb(request_map(op, rid, fields), use_bin_type=True)
+        if self._queue and self._queued_bytes + len(frame) > QUEUED_BYTES_MAX:
+            self._send()
+        self._queue.append((rid, op, fields, frame))
+        self._queued_bytes += len(frame)
+        self.client._unsettled.add(self)
+        if len(self._queue) >= QUEUED_MAX:
+            self._send()
+        return rid
+
+    def _send(self) -> None:
+        if not self._queue:
+            return
+        if len(self._in_flight) + len(self._queue) > IN_FLIGHT_MAX:
+            self._collect(IN_FLIGHT_MAX // 2)
+        self.client.sock.send(b"".join(frame for _rid, _op, _fields, frame in self._queue))
+        for rid, op, fields, _frame in self._queue:
+            self._in_flight[rid] = (op, fields)
+        self._begun = True
+        self._queue.clear()
+        self._queued_bytes = 0
+
+    def _collect(self, until: int) -> None:
+        """Read answers until at most ``until`` requests are in flight."""
+        sock = self.client.sock
+        deadline = time.monotonic() + self.client.timeout_ms / 1000
+        while len(self._in_flight) > until:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                for rid, (op, fields) in self._in_flight.items():
+                    self._failed[rid] = (op, fields, RequestTimeout("no answer in time"))
+                self._in_flight.clear()
+                return
+            for reply in unpack_replies(sock.recv()):
+                got = reply.get("id")
+                pending = self._in_flight.pop(got, None) if type(got) is int else None
+                if pending is None or type(got) is not int:
+                    continue  # the late answer to an attempt given up on
+                if reply.get("ok"):
+                    self._replies[got] = reply
+                else:
+                    self._failed[got] = (*pending, error_for(reply.get("code", 0),
+                                                             reply.get("error", "")))
 
     def _result(self, reply: dict[str, Any]) -> TxnResult:
         parts = [TxnPart(*row) for row in reply["parts"]]
         nxt = {(p.topic, p.partition): p.first_offset for p in parts}
         offsets: list[list[tuple[int, int]]] = []
-        for topic, assign in self._placed:
+        for rid, topic in self._produces:
+            placed = self._replies[rid]
+            assign = placed.get("assign")
+            if assign is None:
+                ((p, n),) = placed["parts"]
+                assign = [p] * n
             mine = []
             for p in assign:
                 off = nxt.get((topic, p), -1)  # -1: the topic was deleted before the commit

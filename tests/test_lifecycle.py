@@ -94,7 +94,7 @@ def test_a_snapshot_of_another_format_refuses_to_start(make_node: MakeNode,
     path = log_dir / wal.SNAPSHOT_SLOTS[slot]
     wal.write_snapshot(log_dir, slot, logrecord.encode_snapshot({**snap, "format": 99}))
     text = refused_start(node.data_dir, tmp_path / "bad.log")
-    assert f"snapshot {path} cannot be restored: snapshot format 99 is not 2" in text
+    assert f"snapshot {path} cannot be restored: snapshot format 99 is not one of (2, 3)" in text
     assert text.count("refuses to start") == 1, "refused once, not restarted in a loop"
 
 

@@ -303,3 +303,36 @@ def test_the_ledger_comes_back_from_the_records_and_from_a_snapshot() -> None:
         assert late.msg.code == ErrorCode.TXN_STATE
         c = logged(other.admit(TxnResolve(9, 60, "commit"), 0))
         assert isinstance(c.reply, TxnCommitted) and c.reply.parts == [("out", 1, 0, 2)]
+
+
+def test_a_client_may_pick_the_id_and_retry_its_begin() -> None:
+    t = machine()
+    (out,) = t.begin(TxnBegin(1, 0, None, txn=4242), 0.0)
+    assert isinstance(out, Request) and out.msg == TxnStart(1, 4242, None)
+    (again,) = t.begin(TxnBegin(2, 0, None, txn=4242), 0.0)  # its answer was lost
+    assert isinstance(again, Send) and again.msg == TxnId(2, 4242)
+    write(t, 4242, 0)
+    assert error_code(t.begin(TxnBegin(3, 0, None, txn=4242), 0.0)) == ErrorCode.TXN_STATE
+    assert error_code(t.begin(TxnBegin(3, 0, list(XID), txn=4242), 0.0)) == ErrorCode.XAER_DUPID
+
+
+def test_a_commit_that_names_more_writes_than_were_staged_is_refused() -> None:
+    t = machine()
+    txn = begin(t)
+    write(t, txn, 0)
+    out = t.step(TxnStep(3, txn, None, "commit", writes=2), 0.0)
+    assert error_code(out) == ErrorCode.TXN_STATE and t.live[txn].phase is Phase.ACTIVE
+    (req,) = t.step(TxnStep(4, txn, None, "commit", writes=1), 0.0)
+    assert isinstance(req, Request) and req.msg == TxnResolve(4, txn, "commit")
+    branch = begin(t, xid=XID)
+    assert error_code(t.step(TxnStep(5, 0, list(XID), "end", writes=1), 0.0)) == ErrorCode.XAER_PROTO
+    assert t.live[branch].phase is Phase.ACTIVE
+
+
+def test_a_snapshot_of_the_format_before_transactions_still_restores() -> None:
+    s = log_with_topic()
+    old = {k: v for k, v in s.snapshot().items() if k not in ("next_txn", "txns", "txn_outcomes")}
+    old["format"] = 2
+    restored = LogState(CFG)
+    restored.restore(old)
+    assert restored.topics == s.topics and restored.txns.open == {}

@@ -109,7 +109,9 @@ def test_a_commit_retried_answers_the_same_and_applies_nothing_twice(node: Local
         tx = c.transaction()
         for _ in range(2):
             c.call("txn_produce", txn=tx.id, seq=0, topic="out", records=pack_batch([b"x"]))
-        assert tx.commit().parts[0].record_count == 1
+        with pytest.raises(TransactionError, match="2 writes were sent, 1 staged"):
+            c.call("txn_commit", txn=tx.id, writes=2)  # one went missing: refused
+        assert c.call("txn_commit", txn=tx.id, writes=1)["parts"] == [["out", 0, 2, 1]]
 
 
 def test_misuse_is_refused_with_clear_errors(make_node: MakeNode) -> None:
@@ -124,20 +126,27 @@ def test_misuse_is_refused_with_clear_errors(make_node: MakeNode) -> None:
         with pytest.raises(TransactionError, match="committed"):
             c.call("txn_produce", txn=tx.id, seq=1, topic="out", records=pack_batch([b"x"]))
         ab = c.transaction()
+        ab.produce("out", b"z")
+        ab.settle()  # sent and staged (else abort just forgets it: the node never heard of it)
         ab.abort()
         with pytest.raises(TransactionError, match="rolled back"):
             c.call("txn_commit", txn=ab.id)
         big = c.transaction()
+        for _ in range(3):
+            big.produce_batch("out", [b"v"] * 4000)
         with pytest.raises(TransactionError, match="records_max"):
-            for _ in range(3):
-                big.produce_batch("out", [b"v"] * 4000)
+            big.commit()  # the third write was refused: so is the commit
         opened = [c.transaction() for _ in range(2)]  # with ``big``: three open
+        for t in opened:
+            t.settle()
         with pytest.raises(TransactionError, match="open_max"):
-            c.transaction()
+            c.transaction().settle()
         for t in [big, *opened]:
             t.abort()
         with pytest.raises(XAERInval, match="64"):
-            c.xa_start(Xid(1, b"g" * 65, b""))
+            c.xa_start(Xid(1, b"g" * 65, b""))  # the client checks, and so does the node:
+        with pytest.raises(XAERInval, match="64"):
+            c.call("xa_start", xid=[1, b"g" * 65, b""])
         assert c.produce("out", b"still") == (0, 1)  # and the node keeps serving
 
 
@@ -150,6 +159,7 @@ def test_an_open_transaction_times_out(node: LocalNode) -> None:
         def timed_out() -> bool:
             try:
                 tx.produce("out", b"more")
+                tx.settle()
             except TransactionTimedOut:
                 return True
             return False
@@ -257,6 +267,7 @@ def test_xa_calls_in_the_wrong_state_and_a_rollback(node: LocalNode) -> None:
         c.xa_end(xid)
         with pytest.raises(XAERProto):
             branch.produce("out", b"after end")
+            branch.settle()
         c.xa_prepare(xid)
         with pytest.raises(XAERProto):
             c.xa_commit(xid, one_phase=True)
@@ -275,12 +286,14 @@ def test_a_restart_rolls_back_open_transactions(node: LocalNode) -> None:
         c.create_topic("out", partitions=1)
         tx = c.transaction()
         tx.produce("out", b"lost")
+        tx.settle()  # staged
     node.kill()
     node.start()
     with node.client() as c:
         with pytest.raises(TransactionAborted):
-            tx.client = c
-            tx.produce("out", b"more")
+            c.call("txn_produce", txn=tx.id, seq=1, topic="out", records=pack_batch([b"more"]))
+        with pytest.raises(TransactionAborted):
+            c.call("txn_commit", txn=tx.id)
         assert values(c, "out", 0) == []
         assert c.txn_list() == []
 
@@ -329,6 +342,7 @@ def test_operators_list_and_resolve_branches_in_doubt(node: LocalNode) -> None:
             c.xa_prepare(xid)
         local = c.transaction()
         local.produce("out", b"L")
+        local.settle()
         status = _cli(node, "status").stdout
         assert "transactions open / prepared" in status
         assert "1 / 2" in until("the figures to show them", lambda: (

@@ -478,7 +478,7 @@ def test_recovery_refuses_a_snapshot_of_another_format(log_dir: Path) -> None:
     snap = {**fresh_state().snapshot(), "format": 99}
     wal.write_snapshot(log_dir, 0, logrecord.encode_snapshot(snap))
     with pytest.raises(SnapshotRefused, match=r"checkpoint-0.snap cannot be restored: "
-                                              r"snapshot format 99 is not 2"):
+                                              r"snapshot format 99 is not one of \(2, 3\)"):
         recover(log_dir, fresh_state())
 
 

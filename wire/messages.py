@@ -436,6 +436,7 @@ class TxnBegin(Message):
     corr: int
     timeout_ms: int
     xid: list[Any] | None
+    txn: int = 0  # the id the client picked (0: the node picks one)
 
 
 @message(78, arrays=tuple)
@@ -459,6 +460,9 @@ class TxnStep(Message):
     txn: int
     xid: list[Any] | None
     step: str  # one of TXN_STEPS
+    # With "commit" or "end": how many writes the client sent (-1: not said). If the node
+    # staged another number (a write refused, or lost on its way), the step is refused.
+    writes: int = -1
 
 
 TXN_STEPS = ("end", "prepare", "commit", "commit_one_phase", "rollback")

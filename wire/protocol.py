@@ -126,6 +126,13 @@ TXN_PARTS = Field("parts", _ARRAY, "where the records landed, one row per partit
                   "offsets contiguous in each", row=("topic", "partition", "first_offset",
                                                      "record_count"))
 LOGGED = Field("lsn", _INT, "the LSN of the durable record")
+CHOSEN_TXN = Field("txn", _INT, "an id the client picked for the transaction, so it can send "
+                   "its writes and commit without waiting for this answer (absent: the node "
+                   "picks); a retry with the same id is answered again", required=False,
+                   non_negative=True)
+WRITES = Field("writes", _INT, "how many writes (`txn_produce`, `txn_commit_offset`) the "
+               "client sent: if the node staged another number, it refuses, and the "
+               "transaction stays open", required=False, non_negative=True)
 
 OPS: dict[str, Op] = {op.name: op for op in (
     Op("produce", "append a batch of records; answered once it is durable",
@@ -178,8 +185,8 @@ OPS: dict[str, Op] = {op.name: op for op in (
        request=(),
        reply=(Field("lsn", _INT, "the LSN up to which every shard is durable"),)),
     # ---- transactions (node/transaction.py is the client's side) ----
-    Op("txn_begin", "begin a local transaction", retry=False,
-       request=(TIMEOUT_MS,),
+    Op("txn_begin", "begin a local transaction",
+       request=(TIMEOUT_MS, CHOSEN_TXN),
        reply=(TXN,)),
     Op("txn_produce", "stage a batch of records in a transaction: logged now, invisible and "
        "without offsets until the commit",
@@ -198,16 +205,16 @@ OPS: dict[str, Op] = {op.name: op for op in (
        reply=(TXN_RECORDS,)),
     Op("txn_commit", "commit a transaction: answered once its commit record is durable; "
        "a retry answers the same",
-       request=(TXN,),
+       request=(TXN, WRITES),
        reply=(LOGGED, TXN_PARTS)),
     Op("txn_abort", "roll a transaction back: nothing of it is ever visible",
        request=(TXN,),
        reply=(LOGGED,)),
-    Op("xa_start", "begin an XA transaction branch", retry=False,
-       request=(XID, TIMEOUT_MS),
+    Op("xa_start", "begin an XA transaction branch",
+       request=(XID, TIMEOUT_MS, CHOSEN_TXN),
        reply=(TXN,)),
     Op("xa_end", "end the branch's work: it may be prepared or committed in one phase next",
-       retry=False, request=(XID,),
+       retry=False, request=(XID, WRITES),
        reply=(TXN,)),
     Op("xa_prepare", "prepare the branch: durable and in doubt until commit or rollback; "
        "it never times out", retry=False,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from wire.errors import ErrorCode, NodeError
+from wire.errors import ErrorCode, error_for
 
 XID_PART_BYTES_MAX = 64  # the XA specification's MAXGTRIDSIZE and MAXBQUALSIZE
 FORMAT_ID_MAX = 2**31 - 1  # a 32-bit signed int in the specification; -1 (null) is refused
@@ -27,22 +27,22 @@ class Xid(NamedTuple):
 
 
 def check(value: Any) -> Xid:
-    """An xid from its wire form ``[format_id, global_id, branch_id]``; raises ``NodeError``
-    (XAER_INVAL) naming what is wrong."""
+    """An xid from its wire form ``[format_id, global_id, branch_id]``; raises ``XAERInval``
+    naming what is wrong."""
     if type(value) not in (list, tuple) or len(value) != 3:
-        raise NodeError("an xid is [format_id, global_id, branch_id]", ErrorCode.XAER_INVAL)
+        raise error_for(ErrorCode.XAER_INVAL, "an xid is [format_id, global_id, branch_id]")
     fmt, gtrid, bqual = value
     if type(fmt) is not int or not 0 <= fmt <= FORMAT_ID_MAX:
-        raise NodeError(f"xid format_id must be an int 0..{FORMAT_ID_MAX}, got {fmt!r}",
-                        ErrorCode.XAER_INVAL)
+        raise error_for(ErrorCode.XAER_INVAL,
+                        f"xid format_id must be an int 0..{FORMAT_ID_MAX}, got {fmt!r}")
     for name, part in (("global_id", gtrid), ("branch_id", bqual)):
         if type(part) is not bytes:
-            raise NodeError(f"xid {name} must be bytes", ErrorCode.XAER_INVAL)
+            raise error_for(ErrorCode.XAER_INVAL, f"xid {name} must be bytes")
         if len(part) > XID_PART_BYTES_MAX:
-            raise NodeError(f"xid {name} is {len(part)} bytes, over the XA limit of "
-                            f"{XID_PART_BYTES_MAX}", ErrorCode.XAER_INVAL)
+            raise error_for(ErrorCode.XAER_INVAL, f"xid {name} is {len(part)} bytes, over the "
+                            f"XA limit of {XID_PART_BYTES_MAX}")
     if not gtrid:
-        raise NodeError("xid global_id must not be empty", ErrorCode.XAER_INVAL)
+        raise error_for(ErrorCode.XAER_INVAL, "xid global_id must not be empty")
     return Xid(fmt, gtrid, bqual)
 
 
@@ -52,5 +52,5 @@ def parse(text: str) -> Xid:
         fmt, gtrid, bqual = text.strip().split(":")
         return check([int(fmt), bytes.fromhex(gtrid), bytes.fromhex(bqual)])
     except ValueError:
-        raise NodeError(f"{text!r} is not an xid: format_id:global_hex:branch_hex, "
-                        f"as `shardnode txn list` prints it", ErrorCode.XAER_INVAL) from None
+        raise error_for(ErrorCode.XAER_INVAL, f"{text!r} is not an xid: format_id:global_hex:"
+                        f"branch_hex, as `shardnode txn list` prints it") from None
