@@ -188,10 +188,11 @@ class ShardStore:
                        msgpack.packb((batch_ts, count, blob), use_bin_type=True), self.h["staged"])
         self.batch_lsn = lsn
 
-    def _staged(self, txn: int) -> list[tuple[bytes, bytes]]:
+    def _staged(self, txn: int, flush_batch: bool = True) -> list[tuple[bytes, bytes]]:
         """The staged entries of ``txn``, in the order they were logged. What this group
-        staged is written first, so that the iterator sees it."""
-        if self.batch is not None:
+        staged is written first, so that the iterator sees it (unless the caller knows it
+        staged nothing of ``txn``: ``flush_batch`` False)."""
+        if self.batch is not None and flush_batch:
             self.finish(self.batch_lsn)
         prefix = U64.pack(txn)
         it = self.cf["staged"].iter()
@@ -202,16 +203,19 @@ class ShardStore:
             it.next()
         return found
 
-    def apply_commit(self, lsn: int, txn: int, first: int, count: int) -> int:
-        """Move ``txn``'s staged records into the shard at offsets ``first`` on, in one batch
-        with the applied LSN; returns how many (0 if already applied)."""
+    def apply_commit(self, lsn: int, txn: int, first: int, count: int,
+                     held: list[tuple[int, int, bytes]] | None = None) -> int:
+        """Move ``txn``'s staged records into the shard at offsets ``first`` on, then those
+        ``held`` (``(timestamp_ms, count, blob)``: its writes in the stretch of the log
+        being applied, which were not staged), in one batch with the applied LSN; returns
+        how many (0 if already applied)."""
         if lsn <= self.applied_lsn:
             return 0
         if first != self.next_offset:
             raise RuntimeError(f"shard {self.shard}: commit of transaction {txn} at LSN {lsn} "
                                f"starts at offset {first}, but the next offset is "
                                f"{self.next_offset}")
-        staged = self._staged(txn)
+        staged = self._staged(txn, flush_batch=held is None)
         wb = self._wb()
         h_staged = self.h["staged"]
         offset = first
@@ -220,6 +224,9 @@ class ShardStore:
             self._put_records(wb, offset, batch_ts, blob)
             offset += n
             wb.delete(key, h_staged)
+        for batch_ts, n, blob in held or ():
+            self._put_records(wb, offset, batch_ts, blob)
+            offset += n
         if offset - first != count:
             raise RuntimeError(f"shard {self.shard}: transaction {txn} committed {count} records "
                                f"at LSN {lsn}, but {offset - first} are staged here")

@@ -87,6 +87,10 @@ class ShardWriter(Actor):
         # compares every record with it, so it is a plain attribute); the state hears of
         # every change through ``WriterState.applied``.
         self.processed_lsn = 0
+        # While applying a stretch of the log: the transactions committed in it, and their
+        # writes in it, per shard (see ``apply``).
+        self.committing: set[int] = set()
+        self.held: dict[tuple[int, Shard], list[tuple[int, int, bytes]]] = {}
         # The last transaction commit gone through: a read's answer says it reflects it.
         self.commit_lsn = 0
         self.catalog_lsn = 0  # every catalog change at or below this LSN is applied
@@ -199,6 +203,10 @@ class ShardWriter(Actor):
     def apply(self, entries: list[Entry]) -> None:
         touched: set[ShardStore] = set()
         last = self.processed_lsn
+        # Transactions that commit within these entries: their writes here are held in
+        # memory for the commit rather than staged in RocksDB and read back.
+        self.held = {}
+        self.committing = {e.body()[0] for e in entries if e.kind == Kind.COMMIT}
         for e in entries:
             last = e.lsn
             # Far behind on a busy machine, at low CPU priority, this can take a while.
@@ -242,7 +250,11 @@ class ShardWriter(Actor):
             txn, ts, parts, offsets = msgpack.unpackb(e.payload, raw=False)
             for i, (topic_id, partition, count, blob) in enumerate(parts):
                 store = self.stores.get((topic_id, partition))
-                if store is not None:
+                if store is None or e.lsn <= store.applied_lsn:
+                    continue
+                if txn in self.committing:
+                    self.held.setdefault((txn, store.shard), []).append((ts, count, blob))
+                else:
                     store.apply_staged(e.lsn, txn, i, ts, count, blob)
                     touched.add(store)
         elif kind == Kind.COMMIT:
@@ -250,7 +262,8 @@ class ShardWriter(Actor):
             for topic_id, partition, first, count in placed:
                 store = self.stores.get((topic_id, partition))
                 if store is not None:
-                    self.applied_records += store.apply_commit(e.lsn, txn, first, count)
+                    held = self.held.pop((txn, store.shard), [])
+                    self.applied_records += store.apply_commit(e.lsn, txn, first, count, held)
                     touched.add(store)
             for group, topic_id, partition, offset in offsets:
                 store = self.stores.get((topic_id, partition))

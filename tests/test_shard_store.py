@@ -329,3 +329,29 @@ def test_destroy_leaves_nothing_behind(tmp_path: Path) -> None:
     store.finish(1)
     store.destroy()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_transaction_is_staged_invisibly_then_committed_or_dropped(tmp_path: Path) -> None:
+    store = ShardStore(tmp_path / "s", 1, 0, memory())
+    first = pack_batch([Record(b"a", b"k1", ("red",), None), b"b"])
+    # Staged in one group (finished), more staged in the next, then a plain record.
+    store.apply_staged(2, 77, 0, TS, 2, first)
+    store.apply_staged(3, 88, 0, TS, 1, pack_batch([b"gone"]))
+    store.finish(3)
+    store.apply_staged(4, 77, 0, TS + 1, 1, pack_batch([b"c"]))
+    assert store.read(0, 10) == [] and store.read_by_key(b"k1") == []
+    assert store.staged_count() == 2  # the third is still in the batch
+    store.apply_produce(5, 0, 1, TS, pack_batch([b"plain"]))
+    store.finish(5)
+    # Committed with one more write held in memory (its write and commit in one stretch).
+    assert store.apply_commit(6, 77, 1, 4, held=[(TS + 2, 1, pack_batch([b"d"]))]) == 4
+    store.apply_rollback(7, 88)
+    store.finish(7)
+    assert [row[4] for row in store.read(0, 10)] == [b"plain", b"a", b"b", b"c", b"d"]
+    assert store.read_by_key(b"k1")[0][0] == 1 and store.read_by_tag("red", 0, 5)[0][0] == 1
+    assert store.staged_count() == 0 and store.next_offset == 5
+    assert store.apply_commit(6, 77, 1, 4) == 0  # replayed: already applied
+    store.apply_staged(8, 99, 0, TS, 1, pack_batch([b"x"]))
+    with pytest.raises(RuntimeError, match="2 records .* but 1 are staged"):
+        store.apply_commit(9, 99, 5, 2)
+    store.close()
