@@ -100,6 +100,7 @@ class LogManager(Actor):
         self.to_cache = GroupsInFlight(self.cfg.limits.group_bytes_queued_max)
         self.bytes_since_checkpoint = 0
         self.durable_lsn = 0  # the last LSN written and fsynced
+        self.early: list[bytes] = []  # answers to send before the fsync (Log.early)
         # figures
         self.fsyncs = 0
         self.window_fsyncs = 0
@@ -139,6 +140,7 @@ class LogManager(Actor):
         self.broadcast_catalog()
 
     def on_stop(self) -> None:
+        self.send_early()
         if self.policy.queue:
             self.flush_queue()
         self.hand_off_groups()
@@ -234,10 +236,11 @@ class LogManager(Actor):
                 pass
             case Log():
                 if out.early:
-                    # Staged in a transaction: answered now; its commit record, durable
-                    # after it in the log, is what is acknowledged as durable.
+                    # Staged in a transaction: answered before the fsync (at the end of the
+                    # burst, with the others); its commit record, durable after it in the
+                    # log, is what is acknowledged as durable.
                     if out.reply is not None:
-                        self.send(FRONT_DOOR, out.reply, wait_ms=1000)
+                        self.early.append(codec.encode(out.reply))
                     out.reply = None
                 if self.policy.add(out):
                     self.flush_queue()
@@ -249,7 +252,13 @@ class LogManager(Actor):
             case _:
                 assert_never(out)
 
+    def send_early(self) -> None:
+        if self.early:
+            early, self.early = self.early, []
+            self.send_many(FRONT_DOOR, early, wait_ms=1000)
+
     def on_idle(self) -> None:
+        self.send_early()
         policy = self.policy
         if policy.queue:
             deadline = policy.straggler_deadline(time.monotonic())
@@ -284,6 +293,7 @@ class LogManager(Actor):
         self.commit(self.policy.take())
 
     def commit(self, group: list[Log]) -> None:
+        self.send_early()
         records = [p.record for p in group if p.record]
         if records:
             data = b"".join(records)

@@ -33,6 +33,7 @@ from actors.instructions import Forward, Request, Send
 from actors.roles import FRONT_DOOR, LOG_MANAGER
 from actors.transactions import Transactions
 from actors.txn_state import TxnState, busy
+from wire import codec
 from wire.codec import Message
 from wire.errors import ErrorCode
 from wire.messages import (
@@ -87,6 +88,7 @@ class TransactionManager(Actor):
                               gate_s_max=2 * self.cfg.log.checkpoint_timeout_ms / 1000,
                               open_transactions=self.txns.open_count)
         self.sync_asked = 0.0
+        self.to_log: list[Message] = []  # transactions' requests for the log manager
         self.incoming: list[Writes] = []  # bursts read whole (the gate was closed), in order
         self.passing: list[tuple[list[int], bytes]] = []  # bursts begun, to pass on as they came
         self.gate_closed_at = 0.0
@@ -142,7 +144,11 @@ class TransactionManager(Actor):
             case _:
                 self.unexpected(msg)
 
+    def on_stop(self) -> None:
+        self.flush_to_log()
+
     def on_idle(self) -> None:
+        self.flush_to_log()
         if self.passing:
             passing, self.passing = self.passing, []
             for i, (_corrs, frame) in enumerate(passing):
@@ -165,10 +171,10 @@ class TransactionManager(Actor):
     def perform(self, instructions: Sequence[Forward | Send | Request]) -> None:
         for ins in instructions:
             match ins:
-                case Request(role, corr, msg):
-                    if not self.send(role, msg, wait_ms=1000):
-                        self.txns.unsent(msg)
-                        self.perform([busy(corr)])
+                case Request(role, _corr, msg):
+                    # Sent at the end of the burst, with the others, as one bundle.
+                    assert role == LOG_MANAGER
+                    self.to_log.append(msg)
                 case Forward(role, writes):
                     unsent = self.send_writes(role, writes, wait_ms=1000)
                     if unsent:
@@ -176,9 +182,24 @@ class TransactionManager(Actor):
                         self.state.end(unsent)
                         self.perform([busy(corr) for corr in unsent])
                 case Send(role, msg, wait_ms):
+                    if role == LOG_MANAGER:
+                        self.flush_to_log()  # in the order they were made
                     self.send(role, msg, wait_ms)
                 case _:
                     assert_never(ins)
+
+    def flush_to_log(self) -> None:
+        """Send the transactions' requests of this burst to the log manager, as one bundle;
+        those it cannot take are undone and answered BUSY."""
+        if not self.to_log:
+            return
+        msgs, self.to_log = self.to_log, []
+        sent = self.send_many(LOG_MANAGER, [codec.encode(m) for m in msgs], wait_ms=1000)
+        for msg in msgs[sent:]:
+            self.txns.unsent(msg)
+            corr = getattr(msg, "corr", 0)
+            if corr:
+                self.perform([busy(corr)])
 
     def figures(self) -> dict[str, Any]:
         s = self.state
