@@ -121,10 +121,7 @@ class NodeClient:
         """Send one request of ``op`` (an op of ``wire.protocol.OPS``, with its request
         fields) and return its reply map, which carries the op's reply fields; retry what
         the table says is safe to retry."""
-        while self._unsettled:
-            tx = self._unsettled.pop()
-            tx._send()
-            tx._collect(0)  # what failed stays with it, raised by its next settle
+        self.settle_transactions()
         attempts = self.retries + 1 if op in OPS and OPS[op].retry else 1
         backoff_s = 0.01
         last: NodeError | None = None
@@ -143,6 +140,14 @@ class NodeClient:
                 backoff_s = min(backoff_s * 2, 1.0)
         assert last is not None
         raise last
+
+    def settle_transactions(self) -> None:
+        """Send what open transactions have queued and read their answers (what failed stays
+        with each, raised by its next ``settle``): before any other request on the socket."""
+        while self._unsettled:
+            tx = self._unsettled.pop()
+            tx._send()
+            tx._collect(0)
 
     def _await(self, rid: int) -> dict[str, Any]:
         deadline = time.monotonic() + self.timeout_ms / 1000
@@ -375,6 +380,7 @@ class Pipeline:
 
     def flush(self) -> None:
         """Send the queued requests, as one frame."""
+        self.client.settle_transactions()  # their answers are not this pipeline's to read
         if self.queued:
             frame = self.queued[0] if len(self.queued) == 1 else b"".join(self.queued)
             self.queued, self.queued_bytes = [], 0
