@@ -352,6 +352,6 @@ def test_a_transaction_is_staged_invisibly_then_committed_or_dropped(tmp_path: P
     assert store.staged_count() == 0 and store.next_offset == 5
     assert store.apply_commit(6, 77, 1, 4) == 0  # replayed: already applied
     store.apply_staged(8, 99, 0, TS, 1, pack_batch([b"x"]))
-    with pytest.raises(RuntimeError, match="2 records .* but 1 are staged"):
+    with pytest.raises(RuntimeError, match=r"2 records .* but 1 are staged"):
         store.apply_commit(9, 99, 5, 2)
     store.close()
