@@ -62,8 +62,9 @@ def log_state(producers_max: int = 1000, producer_window_max: int = 8,
     return LogState(load_config(overrides={"log": log, "limits": {"shards_max": shards_max}}))
 
 
-def answer(out: Log | Send) -> Any:
-    """A ``Log`` as it is; an answer sent at once (always to the front door) as its message."""
+def answer(out: Log | Send | None) -> Any:
+    """A ``Log`` as it is; an answer sent at once (always to the front door) as its message;
+    None (nothing to log or say) as it is."""
     if isinstance(out, Send):
         assert out.role == "front"
         return out.msg
