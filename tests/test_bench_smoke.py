@@ -1,9 +1,11 @@
 """Smoke test of the benchmark: ``scripts/bench --quick --json OUT`` runs end to end.
 
 It checks that the bench works — every scenario yields a shardnode row with a positive
-rate, the floor and disk peers ran, and the checkpoint scenario has inside and outside
-rows for both modes after at least one checkpoint — not how fast anything is. The redis
-peer may be skipped when ``redis-server`` is missing and cannot be installed.
+rate, the floor and disk peers ran, the checkpoint scenario has inside and outside rows
+for both modes after at least one checkpoint, and the txn scenario has the node's rows in
+and out of transactions of each size (with its per-op latencies) and Redis MULTI/EXEC's —
+not how fast anything is. The redis peer may be skipped when ``redis-server`` is missing
+and cannot be installed.
 
 The rabbitmq peer runs only when named (its server boots in a few seconds, after
 installing Erlang on first use): a second quick run names it for its three scenarios and
@@ -22,19 +24,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("ingest-batched", "ingest-single", "read-tail", "read-key", "recovery")
+TXN_SIZES = (100, 1)
+TXN_OPS = {"begin", "produce", "commit"}
 INGEST = ("ingest-batched", "ingest-single")
 RABBITMQ_SCENARIOS = ("ingest-batched", "ingest-single", "read-tail")
 CHECKPOINT_MODES = ("fuzzy", "blocking")
 PHASES = ("inside", "outside")
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(120)  # about 50 s here with the txn scenario, on a quiet machine
 def test_bench_quick_writes_a_row_per_scenario(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     plot = tmp_path / "bench.png"
     proc = subprocess.run([str(ROOT / "scripts" / "bench"), "--quick", "--json", str(out),
                            "--plot", str(plot)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=85)
+                          cwd=ROOT, capture_output=True, text=True, timeout=115)
     assert proc.returncode == 0, f"bench failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     png = plot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000, "--plot wrote no real PNG"
@@ -52,9 +56,23 @@ def test_bench_quick_writes_a_row_per_scenario(tmp_path: Path) -> None:
             assert by.get((scenario, peer), {}).get("msgs_per_s", 0) > 0, (scenario, peer)
     redis_rows = [row for row in rows if row["system"] == "redis"]
     if redis_rows:  # redis-server was there or installable: then it ran every scenario
-        assert {row["scenario"] for row in redis_rows} == set(SCENARIOS)
+        assert {row["scenario"] for row in redis_rows} == {*SCENARIOS, "txn"}
     else:
         assert "redis peer skipped" in proc.stdout
+    txn = {(row["system"], row["per_request"], row["txn"]): row for row in rows
+           if row["scenario"] == "txn"}
+    expected = {("shardnode", n, in_txn) for n in TXN_SIZES for in_txn in (True, False)}
+    if redis_rows:
+        expected |= {("redis", n, True) for n in TXN_SIZES}
+    assert set(txn) == expected, sorted(txn)
+    for key, row in txn.items():
+        assert row["msgs_per_s"] > 0 and row["p99_ms"] is not None and not row["errors"], key
+        if key[0] == "redis":
+            assert row["shardnode_ratio"] > 0, key
+    for n in TXN_SIZES:
+        ops = txn[("shardnode", n, True)]["ops_ms"]
+        assert set(ops) == TXN_OPS and all(p50 > 0 for p50, _p99 in ops.values()), ops
+    assert "txn of 100 costs <= 1.5x the same batch without one" in proc.stdout
     checkpoint = {(row["mode"], row["phase"]): row for row in rows
                   if row["scenario"] == "checkpoint"}
     assert all(row["system"] == "shardnode" for row in rows if row["scenario"] == "checkpoint")

@@ -6,7 +6,7 @@ workloads against peers in the same run, on the same machine.
     scripts/bench --quick --json out.json --plot docs/bench.png
     scripts/bench ingest-batched ingest-single read-tail --peers rabbitmq
 
-Scenarios: ingest-batched, ingest-single, read-tail, read-key, recovery, checkpoint.
+Scenarios: ingest-batched, ingest-single, read-tail, read-key, recovery, checkpoint, txn.
 Systems: shardnode (the node, started here on a fresh data dir); redis (Redis Streams,
 ``appendfsync always``, started here on a free loopback port); rabbitmq (quorum queues,
 publisher confirms, started here on free loopback ports: ingest-batched, ingest-single and
@@ -14,6 +14,8 @@ read-tail; runs only when named in --peers); floor (rocksdict, one
 ``sync=True`` put per record: ingest only); disk (raw fdatasync and synced 1 MiB writes under
 the data dir: the ceiling, ingest only). ``checkpoint`` is shardnode's alone: acknowledgement
 latency inside checkpoints against outside them, in both checkpoint modes, at half load.
+``txn``: the node's transactions of 100 and of 1 record against the same records without a
+transaction, and Redis MULTI/XADD/EXEC (redis).
 
 Every client workload runs in its own process (spawn start method): the parent starts the
 servers, lines the clients up, fires them together, samples the servers' RSS and collects

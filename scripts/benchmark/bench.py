@@ -108,8 +108,10 @@ class Bench:
         return f"{prefix}-{self._names}"
 
     def job(self, index: int, target: str, name: str, **kw: Any) -> Job:
-        return Job(index, target, name, batch=self.s.batch, size=self.s.size,
-                   concurrency=self.s.concurrency, **kw)
+        """A client's job with the run's batch, value size and concurrency, unless ``kw``
+        says otherwise."""
+        return Job(index, target, name, **{"batch": self.s.batch, "size": self.s.size,
+                                           "concurrency": self.s.concurrency, **kw})
 
     def fill(self, server: Server, name: str, clients: int, total: int, *, keyed: bool = False,
              one_partition: bool = False) -> list[tuple[Job, ClientResult]]:
@@ -144,9 +146,11 @@ def scenario_row(scenario: str, server: Server, m: Measurement, note: str = "") 
 @dataclass
 class Runs:
     """A scenario set up on one server: each call of ``run`` measures it once.
-    ``run_scenario`` calls it ``--repeat`` times, taking turns with the other servers so
-    that every system sees the machine in the same moods, and hands the median row to
-    ``done``."""
+    ``run_scenario`` calls it ``--repeat`` times, taking turns with the other servers (and
+    the server's other ``Runs`` of the scenario) so that every system sees the machine in
+    the same moods, and hands the median row to ``done``. ``label`` tells the log which of
+    a server's runs this is, when it has several."""
 
     run: Callable[[], Row]
     done: Callable[[Row], None] | None = None
+    label: str = ""

@@ -30,6 +30,7 @@ class ClientResult:
     sends_s: list[float] = field(default_factory=list)  # paced: send time of each latency
     late: int = 0  # paced: sends more than CKPT_LATE_S behind their schedule
     intervals: list[tuple[float, float]] = field(default_factory=list)  # checkpoints run
+    ops_s: dict[str, list[float]] = field(default_factory=dict)  # txn: latency of each op
 
     def took(self, t0: float, t: float, records: int, payload_bytes: int) -> None:
         """A request sent at ``t0`` was answered at ``t``, with ``records`` records of
@@ -104,6 +105,10 @@ class Row:
     checkpoints: int | None = None      # checkpoints run during the timed part
     checkpoint_ms: float | None = None  # their mean duration, as the client saw it
     p99_ratio: float | None = None      # p99 inside ÷ p99 outside, for this mode
+    # the txn scenario only (None elsewhere)
+    per_request: int | None = None      # records per transaction, or per batch without one
+    txn: bool | None = None             # in transactions, or the same records without
+    ops_ms: dict[str, list[float | None]] | None = None  # op → [p50, p99]: begin, produce, commit
 
     @classmethod
     def of(cls, scenario: str, system: str, m: Measurement, note: str = "") -> Row:
@@ -127,6 +132,18 @@ def median_row(rows: Sequence[Row]) -> Row:
     out.records = int(statistics.median(r.records for r in rows))
     counts = [r.checkpoints for r in rows if r.checkpoints is not None]
     out.checkpoints = int(statistics.median(counts)) if counts else None
+    if first.ops_ms is not None:
+        out.ops_ms = {op: [med([(r.ops_ms or {}).get(op, [None, None])[i] for r in rows])
+                           for i in (0, 1)] for op in first.ops_ms}
+    return out
+
+
+def op_percentiles(results: Sequence[ClientResult]) -> dict[str, list[float | None]]:
+    """Each op's [p50, p99] in ms over every client's ``ops_s``."""
+    out: dict[str, list[float | None]] = {}
+    for op in dict.fromkeys(op for r in results for op in r.ops_s):
+        latencies = [x for r in results for x in r.ops_s.get(op, ())]
+        out[op] = [ms(percentile(latencies, 50)), ms(percentile(latencies, 99))]
     return out
 
 

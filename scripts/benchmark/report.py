@@ -1,5 +1,5 @@
-"""What a run prints and draws: a table per scenario (the checkpoint scenario's its own),
-the targets table, and the ``--plot`` PNG."""
+"""What a run prints and draws: a table per scenario (the checkpoint and txn scenarios'
+their own), the targets table, and the ``--plot`` PNG."""
 
 from __future__ import annotations
 
@@ -12,8 +12,18 @@ from rich.console import Console
 from rich.table import Table
 
 from .measure import Row
-from .settings import CKPT_BATCH, CKPT_GOAL, CKPT_LOAD, DISK, INSIDE, Settings
-from .targets import TARGETS, defaults_differ
+from .settings import (
+    CKPT_BATCH,
+    CKPT_GOAL,
+    CKPT_LOAD,
+    DISK,
+    INSIDE,
+    REDIS,
+    SHARDNODE,
+    TXN,
+    Settings,
+)
+from .targets import TARGETS, TXN_TARGETS, Target, defaults_differ, txn_cost
 
 console = Console()
 
@@ -77,17 +87,25 @@ def print_checkpoint_table(rows: list[Row], s: Settings) -> None:
     console.print()
 
 
+def _shown(target: Target, value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}{target.unit}" if target.unit == "x" else f"{_num(value)}{target.unit}"
+
+
+def _verdict(value: float | None, met: bool | None) -> str:
+    """A target's verdict: not run, reported (a figure with no goal), met or missed."""
+    return ("not run" if value is None else "reported" if met is None
+            else "[green]met[/green]" if met else "[red]MISSED[/red]")
+
+
 def print_targets(rows: list[Row], s: Settings) -> None:
     t = Table(title="targets (the issues' goals for this machine)", title_justify="left")
     for col in ("issue", "target", "measured", "verdict"):
         t.add_column(col, justify="right" if col in ("issue", "measured") else "left")
     for target in TARGETS:
         value, met = target.verdict(rows)
-        shown = "-" if value is None else (f"{value:.2f}{target.unit}" if target.unit == "x"
-                                           else f"{_num(value)}{target.unit}")
-        verdict = ("not run" if met is None else "[green]met[/green]" if met
-                   else "[red]MISSED[/red]")
-        t.add_row(str(target.issue), target.text, shown, verdict)
+        t.add_row(str(target.issue), target.text, _shown(target, value), _verdict(value, met))
     console.print(t)
     differ = defaults_differ(s)
     if differ:
@@ -97,9 +115,56 @@ def print_targets(rows: list[Row], s: Settings) -> None:
     console.print()
 
 
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def print_txn_table(rows: list[Row], s: Settings) -> None:
+    n = max((r.runs for r in rows), default=1)
+    runs = "1 run" if n == 1 else f"median of {n} runs"
+    t = Table(title=f"txn  ({s.size}-byte values, {s.producers} producers, one transaction or "
+                    f"batch at a time each, {runs})", title_justify="left")
+    for col in ("system", "kind", "records", "txn/s", "msgs/s", "p50 ms", "p99 ms", "RSS MB",
+                "ratio"):
+        t.add_column(col, justify="left" if col in ("system", "kind") else "right",
+                     no_wrap=True)
+    ordered = sorted(rows, key=lambda r: (-(r.per_request or 0), r.system != SHARDNODE,
+                                          r.txn is False))
+    for r in ordered:
+        size = r.per_request or 1
+        kind = "txn" if r.txn else "no txn"
+        if r.system == REDIS and r.txn:
+            kind, ratio = "MULTI/EXEC", f"shardnode txn ÷ this {_x(r.shardnode_ratio)}"
+        elif r.system == SHARDNODE and r.txn:
+            ratio = f"cost {_x(txn_cost(size)(rows))} of no txn"
+        else:
+            ratio = ""
+        t.add_row(r.system, kind, _num(r.per_request), _num(r.msgs_per_s / size),
+                  _num(r.msgs_per_s), _num(r.p50_ms, 2), _num(r.p99_ms, 2), _num(r.rss_mb),
+                  ratio)
+    (console if console.is_terminal else Console(width=120)).print(t)  # a file: don't crop
+    console.print("  p50/p99: per transaction (begin to durable commit), or per batch; cost: "
+                  "time per record in transactions over that without", highlight=False)
+    for r in ordered:
+        errors = f" [red]{r.errors} errors[/red]" if r.errors else ""
+        ops = ""
+        if r.ops_ms:
+            ops = "; per op p50/p99 ms: " + ", ".join(
+                f"{op} {_num(p50, 2)}/{_num(p99, 2)}" for op, (p50, p99) in r.ops_ms.items())
+        console.print(f"  {r.system} x{r.per_request}: {r.note}{ops}{errors}", highlight=False)
+    for target in TXN_TARGETS:
+        value, met = target.verdict(rows)
+        console.print(f"  {target.text}: {_shown(target, value)}, {_verdict(value, met)}",
+                      highlight=False)
+    console.print()
+
+
 def print_table(scenario: str, rows: list[Row], s: Settings) -> None:
     if scenario == "checkpoint":
         print_checkpoint_table(rows, s)
+        return
+    if scenario == TXN:
+        print_txn_table(rows, s)
         return
     n = max((r.runs for r in rows), default=1)
     runs = "1 run" if n == 1 else f"median of {n} runs"
@@ -122,8 +187,14 @@ def plot(rows: list[Row], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    def group_of(r: Row) -> str:  # the checkpoint scenario has a bar group per mode and phase
-        return r.scenario if r.mode is None else f"{r.scenario}\n{r.mode} {r.phase}"
+    def group_of(r: Row) -> str:
+        """A bar group: per scenario; per mode and phase (checkpoint); per size and whether
+        in transactions (txn: Redis' MULTI/EXEC beside the node's transactions)."""
+        if r.mode is not None:
+            return f"{r.scenario}\n{r.mode} {r.phase}"
+        if r.per_request is not None:
+            return f"{r.scenario} x{r.per_request}\n{'txn' if r.txn else 'no txn'}"
+        return r.scenario
 
     scenarios = list(dict.fromkeys(group_of(r) for r in rows))
     systems = list(dict.fromkeys(r.system for r in rows))

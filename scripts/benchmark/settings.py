@@ -40,6 +40,16 @@ CKPT_BYTES = 1 << 40        # checkpoint_bytes of the scenario's nodes: no autom
 INSIDE = "inside"
 OUTSIDE = "outside"
 
+# The txn scenario (issue 11): P producers, one transaction at a time each, of TXN_SIZES
+# records (begin, one produce_batch, commit), against the same records produced without a
+# transaction, and Redis MULTI / XADD x n / EXEC. Goals for transactions of TXN_GOAL_SIZE.
+TXN = "txn"
+TXN_SIZES = (100, 1)
+TXN_GOAL_SIZE = 100
+TXN_COST_MAX = 1.5          # a transaction's time per record at most this many times the batch's
+TXN_OVER_REDIS_MIN = 2.0    # transactions/s at least this many times Redis MULTI/EXEC's
+TXN_OPS = ("begin", "produce", "commit")  # a node transaction's round trips, timed apart
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:

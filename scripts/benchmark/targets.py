@@ -1,5 +1,5 @@
 """The goals the issues set for this machine, at the bench's default settings, judged on the
-rows of a run: met, missed or not run."""
+rows of a run: met, missed or not run (or, for a figure shown beside them, reported)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .measure import Row
-from .settings import CKPT_GOAL, REDIS, SHARDNODE, Settings
+from .settings import (
+    CKPT_GOAL,
+    REDIS,
+    SHARDNODE,
+    TXN,
+    TXN_COST_MAX,
+    TXN_GOAL_SIZE,
+    TXN_OVER_REDIS_MIN,
+    Settings,
+)
 
 
 def _shardnode_row(rows: Sequence[Row], scenario: str, phase: str | None = None) -> Row | None:
@@ -30,6 +39,32 @@ def _over_redis(scenario: str) -> Callable[[Sequence[Row]], float | None]:
     return measure
 
 
+def txn_row(rows: Sequence[Row], system: str, size: int, in_txn: bool = True) -> Row | None:
+    """The txn scenario's row of ``system``: transactions of ``size`` records, or (the node)
+    the same records without one."""
+    return next((r for r in rows if r.scenario == TXN and r.system == system
+                 and r.per_request == size and r.txn is in_txn), None)
+
+
+def txn_cost(size: int) -> Callable[[Sequence[Row]], float | None]:
+    """The node's time per record in transactions of ``size`` over its time per record in
+    batches of ``size`` without one: plain records/s ÷ transactions' records/s."""
+    def measure(rows: Sequence[Row]) -> float | None:
+        txn, plain = txn_row(rows, SHARDNODE, size), txn_row(rows, SHARDNODE, size, False)
+        if txn is None or plain is None or not txn.msgs_per_s:
+            return None
+        return plain.msgs_per_s / txn.msgs_per_s
+    return measure
+
+
+def txn_over_redis(size: int) -> Callable[[Sequence[Row]], float | None]:
+    """The node's transactions/s over Redis MULTI/EXEC's, both of ``size`` records."""
+    def measure(rows: Sequence[Row]) -> float | None:
+        row = txn_row(rows, REDIS, size)
+        return None if row is None else row.shardnode_ratio
+    return measure
+
+
 def _rss_peak(rows: Sequence[Row]) -> float | None:
     peaks = [r.rss_mb for r in rows if r.system == SHARDNODE and r.rss_mb is not None]
     return max(peaks) if peaks else None
@@ -37,7 +72,8 @@ def _rss_peak(rows: Sequence[Row]) -> float | None:
 
 @dataclass(frozen=True)
 class Target:
-    """A goal an issue set for this machine, at the bench's default settings."""
+    """A goal an issue set for this machine, at the bench's default settings; with neither
+    bound, a figure reported beside the goals (its verdict is None, as if not run)."""
 
     issue: int
     text: str
@@ -46,13 +82,27 @@ class Target:
     at_most: float | None = None
     unit: str = ""
 
+    @property
+    def reported_only(self) -> bool:
+        return self.at_least is None and self.at_most is None
+
     def verdict(self, rows: Sequence[Row]) -> tuple[float | None, bool | None]:
         value = self.measure(rows)
-        if value is None:
-            return None, None
+        if value is None or self.reported_only:
+            return value, None
         return value, ((self.at_least is None or value >= self.at_least)
                        and (self.at_most is None or value <= self.at_most))
 
+
+# Issue 11's; the txn table prints them under itself too.
+TXN_TARGETS = (
+    Target(11, f"txn of {TXN_GOAL_SIZE} costs <= {TXN_COST_MAX:g}x the same batch without one",
+           txn_cost(TXN_GOAL_SIZE), at_most=TXN_COST_MAX, unit="x"),
+    Target(11, f"txn/s (of {TXN_GOAL_SIZE}) >= {TXN_OVER_REDIS_MIN:g}x Redis MULTI/EXEC",
+           txn_over_redis(TXN_GOAL_SIZE), at_least=TXN_OVER_REDIS_MIN, unit="x"),
+    Target(11, "txn of 1 costs, over a produce of 1 (no goal)", txn_cost(1), unit="x"),
+    Target(11, "txn/s (of 1) over Redis MULTI/EXEC (no goal)", txn_over_redis(1), unit="x"),
+)
 
 TARGETS = (
     Target(2, "ingest-batched >= 200 000 records/s", _figure("ingest-batched", "msgs_per_s"),
@@ -70,8 +120,8 @@ TARGETS = (
            unit=" MB/s"),
     Target(4, f"fuzzy checkpoint p99 inside <= {CKPT_GOAL:g}x outside",
            _figure("checkpoint", "p99_ratio", phase="inside"), at_most=CKPT_GOAL, unit="x"),
+    *TXN_TARGETS,
 )
-
 
 def defaults_differ(s: Settings) -> list[str]:
     """The settings of this run that differ from those the targets are set for."""

@@ -37,6 +37,7 @@ class Workloads:
     produce_single: ClientFn
     read_tail: ClientFn
     read_key: ClientFn | None = None
+    transact: ClientFn | None = None  # the txn scenario: produce in transactions
 
 
 class Server(Protocol):

@@ -12,7 +12,7 @@ from node.client import NodeClient, NodeError
 from node.local import LocalNode
 
 from ..settings import SERVE_TIMEOUT_S, SHARDNODE
-from ..workloads.node import sn_produce, sn_produce_single, sn_read_key, sn_read_tail
+from ..workloads.node import sn_produce, sn_produce_single, sn_read_key, sn_read_tail, sn_transact
 from .base import Workloads, dir_bytes
 
 
@@ -20,7 +20,7 @@ class NodeServer:
     """shardnode through ``LocalNode``, on its own fresh data directory."""
 
     system = SHARDNODE
-    workloads = Workloads(sn_produce, sn_produce_single, sn_read_tail, sn_read_key)
+    workloads = Workloads(sn_produce, sn_produce_single, sn_read_tail, sn_read_key, sn_transact)
     note: Mapping[str, str] = MappingProxyType({})
     reads_consume = False
 

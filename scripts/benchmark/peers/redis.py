@@ -17,10 +17,17 @@ import psutil
 from node.local import free_port
 
 from ..settings import REDIS, SERVE_TIMEOUT_S, Settings
-from ..workloads.redis import redis_produce, redis_produce_single, redis_read_key, redis_read_tail
+from ..workloads.redis import (
+    redis_produce,
+    redis_produce_single,
+    redis_read_key,
+    redis_read_tail,
+    redis_transact,
+)
 from .base import ServerPeer, Workloads, dir_bytes, find_or_install, which
 
-SCENARIOS = frozenset({"ingest-batched", "ingest-single", "read-tail", "read-key", "recovery"})
+SCENARIOS = frozenset({"ingest-batched", "ingest-single", "read-tail", "read-key", "recovery",
+                       "txn"})
 
 
 class RedisServer:
@@ -28,13 +35,15 @@ class RedisServer:
     on a free loopback port, in its own directory."""
 
     system = REDIS
-    workloads = Workloads(redis_produce, redis_produce_single, redis_read_tail, redis_read_key)
+    workloads = Workloads(redis_produce, redis_produce_single, redis_read_tail, redis_read_key,
+                          redis_transact)
     note: Mapping[str, str] = MappingProxyType({
         "ingest-batched": "XADD pipelined, one stream per producer",
         "ingest-single": "redis.asyncio, concurrent XADDs",
         "read-tail": "XRANGE, 1000 entries a time",
         "read-key": "HGET on a hash: the nearest equivalent of read_by_key",
         "recovery": "AOF replay (auto-rewrite off)",
+        "txn": "MULTI, XADD x n, EXEC in one round trip (pipeline, transaction=True)",
     })
     reads_consume = False
 

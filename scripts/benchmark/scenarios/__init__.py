@@ -1,34 +1,38 @@
 """The scenarios, one module each, and the runner that takes every system through one.
 
-A new scenario is a module here: a function ``(Bench, Server) -> Runs | Row | list[Row]``
-registered in ``SCENARIOS`` (a server says which scenarios it runs: ``Server.runs``).
+A new scenario is a module here: a function ``(Bench, Server) -> Result`` (``Runs`` to be
+repeated, or rows measured once; a list when a system has several rows) registered in
+``SCENARIOS`` (a server says which scenarios it runs: ``Server.runs``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..bench import Bench, Runs
 from ..measure import Row, median_row
 from ..peers.base import Server
-from ..settings import DISK, SHARDNODE
+from ..settings import DISK, SHARDNODE, TXN
 from .checkpoint import checkpoint
 from .ingest_batched import ingest_batched
 from .ingest_single import ingest_single
 from .read_key import read_key
 from .read_tail import read_tail
 from .recovery import recovery
+from .txn import txn
 
 log = logging.getLogger(__name__)
 
-SCENARIOS: dict[str, Callable[[Bench, Server], Runs | Row | list[Row]]] = {
+Result = Runs | Row | Sequence[Runs | Row]
+SCENARIOS: dict[str, Callable[[Bench, Server], Result]] = {
     "ingest-batched": ingest_batched,
     "ingest-single": ingest_single,
     "read-tail": read_tail,
     "read-key": read_key,
     "recovery": recovery,
     "checkpoint": checkpoint,
+    TXN: txn,
 }
 INGEST = ("ingest-batched", "ingest-single")  # the scenarios that show the references
 
@@ -44,16 +48,18 @@ def run_scenario(b: Bench, scenario: str) -> tuple[list[Row], list[str]]:
         log.info("%s: %s", scenario, server.system)
         try:
             got = SCENARIOS[scenario](b, server)
-            if isinstance(got, Runs):
-                prepared.append((server, got, []))
-            else:
-                rows += got if isinstance(got, list) else [got]
+            for item in got if isinstance(got, Sequence) else [got]:
+                if isinstance(item, Runs):
+                    prepared.append((server, item, []))
+                else:
+                    rows.append(item)
         except Exception as exc:
             log.error("%s on %s failed: %s", scenario, server.system, exc)
             failures.append(f"{scenario} on {server.system}: {exc}")
     for k in range(b.s.repeat):  # the systems take turns, run by run
         for server, runs, measured in list(prepared):
-            log.info("%s: %s, run %d of %d", scenario, server.system, k + 1, b.s.repeat)
+            log.info("%s: %s%s, run %d of %d", scenario, server.system,
+                     f" ({runs.label})" if runs.label else "", k + 1, b.s.repeat)
             try:
                 measured.append(runs.run())
             except Exception as exc:
@@ -76,10 +82,13 @@ def run_scenario(b: Bench, scenario: str) -> tuple[list[Row], list[str]]:
 
 
 def add_ratios(rows: list[Row]) -> None:
-    sn = next((r for r in rows if r.system == SHARDNODE), None)
-    if sn is None:
-        return
+    """Each peer's row against the node's: the node's first row, or in the txn scenario its
+    transactions of as many records. Disk: the node's share of its MB/s."""
     for r in rows:
+        sn = next((x for x in rows if x.system == SHARDNODE and x.per_request == r.per_request
+                   and x.txn is not False), None)
+        if sn is None:
+            continue
         if r.system == DISK:
             r.shardnode_ratio = sn.mb_per_s / r.mb_per_s if r.mb_per_s else None
         elif r.system != SHARDNODE:

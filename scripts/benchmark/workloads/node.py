@@ -1,5 +1,6 @@
 """shardnode's client workloads, run inside client processes: produce (batched, single,
-paced), read (tail, by key) and the checkpointer of the checkpoint scenario."""
+paced, in transactions), read (tail, by key) and the checkpointer of the checkpoint
+scenario."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from wire.records import pack_batch
 
 from ..clients import Gate, Job, Payload, key_of, start_clock, value_of
 from ..measure import ClientResult
-from ..settings import CKPT_LATE_S, CKPT_TIMEOUT_MS, DRAIN_TIMEOUT_S
+from ..settings import CKPT_LATE_S, CKPT_TIMEOUT_MS, DRAIN_TIMEOUT_S, TXN_OPS
 
 
 def sn_produce(job: Job, gate: Gate) -> ClientResult:
@@ -37,6 +38,39 @@ def sn_produce(job: Job, gate: Gate) -> ClientResult:
             res.records += n
             res.payload_bytes += n * job.size
             res.last = str(offsets[-1][1])
+    return res
+
+
+def sn_transact(job: Job, gate: Gate) -> ClientResult:
+    """Transactions of ``job.batch`` records to ``job.partition``, one at a time: begin, one
+    produce_batch (staged, answered before any fsync), commit (answered once durable).
+    Latency: per transaction, and per op in ``ops_s`` (TXN_OPS: begin, produce, commit)."""
+    assert not job.keyed
+    payload = Payload(job)
+    res = ClientResult()
+    begin, produce, commit = (res.ops_s.setdefault(op, []) for op in TXN_OPS)
+    with NodeClient(job.target, timeout_ms=30_000) as c:
+        c.partitions(job.name)
+        gate.wait()
+        budget = start_clock(job, res)
+        while n := budget.next_count(res.records, job.batch):
+            _keys, values = payload.batch(res.records, n)
+            t0 = time.monotonic()
+            tx = c.transaction()
+            t1 = time.monotonic()
+            tx.produce_batch(job.name, values, job.partition)
+            t2 = time.monotonic()
+            result = tx.commit()
+            t3 = time.monotonic()
+            begin.append(t1 - t0)
+            produce.append(t2 - t1)
+            commit.append(t3 - t2)
+            committed = sum(part.record_count for part in result.parts)
+            if committed != n or [p for p, _ in result.offsets[0]] != [job.partition] * n:
+                raise AssertionError(f"{n} records to partition {job.partition} committed as "
+                                     f"{result.parts}")
+            res.took(t0, t3, n, n * job.size)
+            res.last = str(result.offsets[0][-1][1])
     return res
 
 

@@ -1,5 +1,5 @@
 """Redis Streams client workloads (redis-py), run inside client processes: XADD pipelined
-or concurrent, XRANGE, HSET/HGET for keyed records. ``redis`` is imported inside each
+or concurrent or in MULTI/EXEC transactions, XRANGE, HSET/HGET for keyed records. ``redis`` is imported inside each
 function: it comes with the ``bench`` extra, which the modules that only judge rows do not
 need."""
 
@@ -50,6 +50,38 @@ def redis_produce(job: Job, gate: Gate) -> ClientResult:
             res.took(t0, time.monotonic(), n, n * job.size)
             if keys is None:
                 res.last = replies[-1].decode()
+    finally:
+        r.close()
+    return res
+
+
+def redis_transact(job: Job, gate: Gate) -> ClientResult:
+    """Transactions of ``job.batch`` XADDs into the job's stream, one at a time: MULTI, the
+    XADDs, EXEC, sent in one round trip (redis-py's pipeline with ``transaction=True``);
+    EXEC is answered once the AOF is fsync'ed (``appendfsync always``)."""
+    import redis
+
+    assert not job.keyed
+    host, port = _redis_address(job.target)
+    payload = Payload(job)
+    res = ClientResult()
+    r = redis.Redis(host=host, port=port, socket_timeout=30)
+    try:
+        r.ping()
+        gate.wait()
+        budget = start_clock(job, res)
+        stream = _stream(job)
+        while n := budget.next_count(res.records, job.batch):
+            _keys, values = payload.batch(res.records, n)
+            t0 = time.monotonic()
+            pipe = r.pipeline(transaction=True)
+            for v in values:
+                pipe.xadd(stream, {b"v": v})
+            replies = pipe.execute()
+            res.took(t0, time.monotonic(), n, n * job.size)
+            if len(replies) != n:
+                raise AssertionError(f"EXEC of {n} XADDs answered {len(replies)} replies")
+            res.last = replies[-1].decode()
     finally:
         r.close()
     return res
