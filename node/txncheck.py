@@ -143,7 +143,7 @@ class TxnProducer(Producer):
         self.arm_lock = threading.Lock()
         self.fired = threading.Event()
         self.resume = threading.Event()
-        self.fired_in = ""  # the transaction that fired
+        self.fired_in: TxnLog | None = None  # the transaction that reached the kill point
 
     # ---- kill points ------------------------------------------------------------------
 
@@ -156,6 +156,7 @@ class TxnProducer(Producer):
             self.fired.clear()
             self.resume.clear()
             self.armed = point
+            self.fired_in = None
         return self.fired
 
     def release(self) -> None:
@@ -169,7 +170,7 @@ class TxnProducer(Producer):
             if self.armed != point:
                 return
             self.armed = None
-            self.fired_in = f"{t.tag} ({t.kind})"
+            self.fired_in = t
         self.fired.set()
         if point == "prepared":
             self.resume.wait(RESUME_S_MAX)

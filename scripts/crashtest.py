@@ -140,15 +140,19 @@ def run_trial(node: LocalNode, producers: list[Producer], trial_seed: int, kill:
     elif not fired.wait(POINT_WAIT_S):
         how = f"(producer {armed.tag} never reached its kill point, {point})"
     elif point == "commit":
-        how = f"just after the commit of {armed.fired_in} was sent"
+        how = "just after the commit of {} was sent"
         threading.Event().wait(rng.uniform(0.0, COMMIT_KILL_S_MAX))  # ok-sleep: when to kill
     else:
-        how = f"between the prepare and the end of {armed.fired_in}"
+        how = "between the prepare and the end of {}"
     try:
         kill_and_restart(node, target, victim)
     finally:
         if armed is not None:
             armed.release()
+    if side is not None and rng.random() < 0.5:
+        # And a checkpoint after the restart: the branches left in doubt, and what open
+        # transactions staged, then live on in the shards and the snapshot alone.
+        threading.Thread(target=request_checkpoint, args=(node,), daemon=True).start()
     everyone = [*producers, *([] if side is None else side.producers)]
     wait_until("producers to finish the trial", lambda: all(p.idle() for p in everyone), 180)
     for p in everyone:
@@ -158,6 +162,9 @@ def run_trial(node: LocalNode, producers: list[Producer], trial_seed: int, kill:
         check(c, TOPIC, PARTITIONS, [p.ledger for p in producers if p.topic == TOPIC])
         checkpoints = c.status()["log"].get("checkpoints", 0)
         txn_line = "" if side is None else check_side(c, side, rng)
+    if armed is not None and (t := armed.fired_in) is not None:
+        # Said after the check, which may have resolved it (a branch left in doubt).
+        how = how.format(f"{t.tag} ({t.kind}; {t.fate.value}: {t.why})")
     return f"{target} {how} (checkpoints so far in this log manager: {checkpoints}){txn_line}"
 
 
