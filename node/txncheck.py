@@ -83,6 +83,7 @@ class TxnLog:
     values: list[tuple[int, bytes]] = field(default_factory=list)  # (partition, value), staged order
     group_offset: int | None = None  # the offset staged for the producer's consumer group
     xid: Xid | None = None
+    txn_id: int = 0  # the id the node answered its begin with (0 while none)
     fate: Fate = Fate.OPEN
     why: str = ""  # how it ended, for the check's messages
     lsn: int = 0  # of its commit
@@ -236,6 +237,7 @@ class TxnProducer(Producer):
         timeout = ABANDON_TIMEOUT_MS if t.kind == "abandon" else TXN_TIMEOUT_MS
         # A begin whose answer was lost began a transaction nobody knows: empty, it times out.
         tx = answered(lambda: c.transaction(timeout_ms=timeout), self.lost)
+        t.txn_id = tx.id
         self.stage(tx, t)
         if t.kind == "abandon":
             t.end(Fate.ABSENT, "left open")
@@ -256,7 +258,7 @@ class TxnProducer(Producer):
                 if exc.code not in RETRYABLE:
                     raise
                 branch += 1
-        t.xid = xid
+        t.xid, t.txn_id = xid, tx.id
         self.stage(tx, t)
         self.retried_step(lambda: c.xa_end(xid), ErrorCode.XAER_PROTO)  # PROTO: ended already
         if t.kind == "xa-1pc":
@@ -494,7 +496,7 @@ def check_txns(c: NodeClient, topic: str, partitions: int, txn_producers: list[T
                plain: list[Ledger], src_topic: str, seen: set[str] | None = None) -> TxnCounts:
     """Raise ``CheckFailed`` unless, in ``topic``: offsets are contiguous; nothing is
     stored twice or was never sent; each plain producer's acknowledged record is at its
-    offset; each committed transaction is whole at its commit's offsets; every other one
+    offset; no transaction id was handed out twice; each committed transaction is whole at its commit's offsets; every other one
     is absent and, if ``seen`` (the transactions a reader saw) is given, was never seen;
     and each producer's group offset is that of its latest committed transaction."""
     where: dict[bytes, tuple[int, int]] = {}
@@ -512,6 +514,12 @@ def check_txns(c: NodeClient, topic: str, partitions: int, txn_producers: list[T
         for v, pos in ledger.acked.items():
             if where.get(v) != pos:
                 raise CheckFailed(f"acknowledged {v!r} at {pos}, found at {where.get(v)}")
+    told: dict[int, str] = {}
+    for tp in txn_producers:
+        for t in tp.txns:
+            if t.txn_id and told.setdefault(t.txn_id, t.tag) != t.tag:
+                raise CheckFailed(f"transaction id {t.txn_id} was handed out twice: to "
+                                  f"{told[t.txn_id]} and to {t.tag}")
     counts = TxnCounts()
     for tp in txn_producers:
         latest: TxnLog | None = None

@@ -4,6 +4,7 @@ commit), and every one passes; and the check it makes catches each kind of damag
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -176,6 +177,14 @@ def test_check_holds_a_commit_to_its_answer() -> None:
     ok.client_offsets = [(0, 0), (1, 1), (1, 0)]
     with pytest.raises(CheckFailed, match="client's offsets"):
         run_check({0: [b"T:x.0:0"], 1: [b"T:x.0:1", b"T:x.0:2"]}, ok)
+
+
+def test_check_fails_an_id_handed_out_twice() -> None:
+    again = txn("x.4", Fate.ABSENT, [(2, b"T:x.4:0")])
+    again.txn_id = 41
+    with pytest.raises(CheckFailed, match=re.escape("id 41 was handed out twice: to x.0 and")):
+        run_check({0: [b"T:x.0:0"], 1: [b"T:x.0:1", b"T:x.0:2"]},
+                  dataclasses.replace(A, txn_id=41), again, groups={"g-x": 7})
 
 
 def test_check_fails_a_transaction_never_ended() -> None:
