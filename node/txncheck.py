@@ -64,7 +64,8 @@ KINDS = {
     "xa-doubt": 15,  # end, prepare, and left for resolve_in_doubt (maybe across kills)
 }
 # The kinds that pass a kill point, for a producer armed at it.
-POINT_KINDS = {"commit": ("commit", "xa-commit", "xa-1pc"), "prepared": ("xa-commit", "xa-rollback")}
+POINT_KINDS = {"begin": tuple(KINDS), "commit": ("commit", "xa-commit", "xa-1pc"),
+               "prepared": ("xa-commit", "xa-rollback")}
 
 
 class Fate(enum.Enum):
@@ -149,9 +150,10 @@ class TxnProducer(Producer):
     # ---- kill points ------------------------------------------------------------------
 
     def arm(self, point: str) -> threading.Event:
-        """Signal the returned event when next reaching ``point``: ``commit`` (just before
-        a commit is sent) or ``prepared`` (after a prepare was answered; the producer then
-        waits for ``release`` before committing or rolling back)."""
+        """Signal the returned event when next reaching ``point``: ``begin`` (a begin was
+        just answered), ``commit`` (just before a commit is sent) or ``prepared`` (after a
+        prepare was answered; the producer then waits for ``release`` before committing or
+        rolling back)."""
         assert point in POINT_KINDS
         with self.arm_lock:
             self.fired.clear()
@@ -238,6 +240,7 @@ class TxnProducer(Producer):
         # A begin whose answer was lost began a transaction nobody knows: empty, it times out.
         tx = answered(lambda: c.transaction(timeout_ms=timeout), self.lost)
         t.txn_id = tx.id
+        self.reached("begin", t)
         self.stage(tx, t)
         if t.kind == "abandon":
             t.end(Fate.ABSENT, "left open")
@@ -259,6 +262,7 @@ class TxnProducer(Producer):
                     raise
                 branch += 1
         t.xid, t.txn_id = xid, tx.id
+        self.reached("begin", t)
         self.stage(tx, t)
         self.retried_step(lambda: c.xa_end(xid), ErrorCode.XAER_PROTO)  # PROTO: ended already
         if t.kind == "xa-1pc":

@@ -10,11 +10,12 @@ failed trial with how to replay it, and last ``N passed, N failed``.
 With ``--txn``, transactional producers run beside them (``node/txncheck.py``): local
 transactions that commit or abort, XA branches that prepare and then commit or roll back,
 some left prepared across kills; and a reader watches two partitions that every
-transaction writes to. A trial's kill then lands at a random moment, or just after a
-commit is sent, or between a prepare and its commit. After the restart every prepared
-branch must be listed by ``xa_recover`` (and is resolved), every committed transaction must
-be whole at its commit's offsets, every other one absent, and the reader must never have
-seen part of one, or one that did not commit.
+transaction writes to. A trial's kill then lands at a random moment, just after a begin
+is answered, just after a commit is sent, or between a prepare and its commit. After the
+restart every prepared branch must be listed by ``xa_recover`` (and is resolved), every
+committed transaction must be whole at its commit's offsets, every other one absent, no
+transaction id given twice, and the reader must never have seen part of a transaction,
+or one that did not commit.
 """
 
 from __future__ import annotations
@@ -54,9 +55,11 @@ ROLES = ["log", "txn", "cache", "writer-0", "writer-1", "front"]
 TXN_TOPIC = "crashtxn"
 SRC_TOPIC = "crashsrc"
 TXN_PRODUCERS = 3
-# Where a --txn trial's kill lands, and how often: at a random moment; just after a commit
-# is sent (0-5 ms later); between a prepare answered and the commit or rollback after it.
-KILL_POINTS = {"moment": 4, "commit": 3, "prepared": 3}
+# Where a --txn trial's kill lands, and how often: at a random moment; just after a begin
+# is answered (at once: a start answered before it is durable could be lost); just after a
+# commit is sent (0-5 ms later); between a prepare answered and the commit or rollback
+# after it.
+KILL_POINTS = {"moment": 4, "begin": 2, "commit": 3, "prepared": 3}
 COMMIT_KILL_S_MAX = 0.005
 POINT_WAIT_S = 15.0  # how long a trial waits for an armed producer to reach its kill point
 # Small log limits, so that checkpoints (and segment rolls) happen every few batches and
@@ -139,6 +142,8 @@ def run_trial(node: LocalNode, producers: list[Producer], trial_seed: int, kill:
         threading.Event().wait(rng.uniform(0.0, 0.3))  # ok-sleep: choosing when to kill
     elif not fired.wait(POINT_WAIT_S):
         how = f"(producer {armed.tag} never reached its kill point, {point})"
+    elif point == "begin":
+        how = "just after the begin of {} was answered"
     elif point == "commit":
         how = "just after the commit of {} was sent"
         threading.Event().wait(rng.uniform(0.0, COMMIT_KILL_S_MAX))  # ok-sleep: when to kill

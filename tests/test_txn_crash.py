@@ -1,6 +1,7 @@
 """Transactions under SIGKILL: ``scripts/crashtest --txn`` runs a few trials with real
-processes (kills at random moments, just after a commit is sent, between prepare and
-commit), and every one passes; and the check it makes catches each kind of damage."""
+processes (kills at random moments, just after a begin is answered, just after a commit
+is sent, between prepare and commit), and every one passes; the check it makes catches
+each kind of damage; and no transaction id is handed out twice across a crash."""
 
 from __future__ import annotations
 
@@ -28,9 +29,10 @@ if TYPE_CHECKING:
     from tests.conftest import MakeNode
 
 ROOT = Path(__file__).resolve().parent.parent
-# Its four trials kill: writer-1 at a random moment, the log manager between a prepare and
-# its commit, the log manager just after a commit is sent, the transaction manager.
-SEED = 20261205
+# Its four trials kill: the log manager at a random moment, the transaction manager just
+# after a commit is sent, the log manager just after a begin is answered, the whole node
+# between a prepare and its commit.
+SEED = 20261899
 
 
 def test_txn_crashtest_trials(tmp_path: Path) -> None:
@@ -41,6 +43,7 @@ def test_txn_crashtest_trials(tmp_path: Path) -> None:
     assert out.returncode == 0, text
     assert out.stdout.strip().splitlines()[-1] == "4 passed, 0 failed", text
     assert "just after the commit of" in out.stdout, text
+    assert "just after the begin of" in out.stdout, text
     assert "between the prepare and the end of" in out.stdout, text
     listed = [int(n) for n in re.findall(r"; (\d+) branches in doubt listed", out.stdout)]
     assert len(listed) == 4 and sum(listed) > 0, text
