@@ -293,7 +293,6 @@ class TxnProducer(Producer):
             answered(fn, lost)
         except NodeError as exc:
             if lost[0] and exc.code is first_took:
-                self.lost[0] += lost[0]
                 return False
             raise
         finally:
