@@ -202,7 +202,8 @@ def check_side(c: NodeClient, side: TxnSide, rng: random.Random) -> str:
     return (f"; {listed} branches in doubt listed, {resolved} resolved; so far "
             f"{counts.committed} transactions committed ({counts.lost_commits} commits or "
             f"rollbacks answered only on a retry), {counts.absent} absent, "
-            f"{counts.in_doubt} in doubt; {side.reader.rounds} reader rounds")
+            f"{counts.in_doubt} in doubt; {sum(tp.lost[0] for tp in side.producers)} "
+            f"attempts of their calls unanswered; {side.reader.rounds} reader rounds")
 
 
 def start_txn_side(node: LocalNode, batch: int, txns: int, rng: random.Random) -> TxnSide:
