@@ -299,6 +299,8 @@ class LogManager(Actor):
             data = b"".join(records)
             first_lsn = min(p.lsn for p in group if p.record)
             last_lsn = max(p.lsn for p in group if p.record)
+            # A crash here loses the group, as a power cut before its write would.
+            faults.crash_point("log.before_write", self.cfg.data_path)
             t0 = time.monotonic()
             try:
                 self.writer.append(data, first_lsn)

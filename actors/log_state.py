@@ -272,8 +272,10 @@ class LogState:
             xid = Xid(*msg.xid)
             record = logrecord.encode(self.last_lsn, Kind.DTX_START, [msg.txn, *xid])
         self.txns.start(msg.txn, xid, self.last_lsn)
-        return Log(record, TxnId(msg.corr, msg.txn) if msg.corr else None, self.last_lsn,
-                   early=True)
+        # Answered once durable, never early: a client must not hold an id the log could
+        # lose, as the next transaction manager hands out ids from above the log's
+        # (``Transactions.sync``): it would give the same id to another client.
+        return Log(record, TxnId(msg.corr, msg.txn) if msg.corr else None, self.last_lsn)
 
     def _txn_append(self, msg: TxnAppend, now_ms: int) -> Log | Message:
         st = self.txns.open.get(msg.txn)

@@ -80,8 +80,10 @@ def writes_corrs(frame: bytes) -> list[int] | None:
 class TransactionManager(Actor):
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
-        # Ids of this incarnation start at a random point: an id handed out just before a
-        # crash, whose start never reached the log, is not handed to another client after it.
+        # Ids of this incarnation start at a random point, or above every id in the log
+        # (``Transactions.sync``). An id handed out just before a crash, whose start never
+        # reached the log, may so be handed out again: its client was never told it, as a
+        # start is answered only once durable (``actors/log_state.py``).
         self.txns = Transactions(self.cfg.txn, first_id=secrets.randbits(30) << 32 | 1)
         self.state = TxnState(self.cfg.log.checkpoint_mode, self.cfg.txn.held_requests_max,
                               stale_s=2 * self.cfg.limits.request_timeout_ms / 1000,

@@ -4,7 +4,8 @@ The contract, step by step (ZODB's ``IDataManager`` names in brackets; XA's call
 them). What may fail where is the point of writing it down:
 
 - **begin** (``txn_begin``; ``xa_start``): a new id; the start record (Tx-Start, or Dtx-Start
-  with the xid) goes to the log. Fails over ``[txn] open_max`` (TXN_LIMIT), on an xid in
+  with the xid) goes to the log, and the id is answered once that is durable (a client
+  holding an id the log lost would share it with the next one given it). Fails over ``[txn] open_max`` (TXN_LIMIT), on an xid in
   use (XAER_DUPID), on a bad xid (XAER_INVAL), while the node starts (UNAVAILABLE).
 - **write** (``txn_produce``, ``txn_commit_offset``): records and offsets are staged — logged
   now, applied by the shard writers into each shard's ``staged`` column family, invisible,

@@ -6,6 +6,16 @@ to serve again, lets the producers finish the trial's batches, then checks that 
 acknowledged record is present exactly once at its acknowledged offset, that offsets are
 contiguous and that nothing appears that was never sent. It prints its seed, one line per
 failed trial with how to replay it, and last ``N passed, N failed``.
+
+With ``--txn``, transactional producers run beside them (``node/txncheck.py``): local
+transactions that commit or abort, XA branches that prepare and then commit or roll back,
+some left prepared across kills; and a reader watches two partitions that every
+transaction writes to. A trial's kill then lands at a random moment, just after a begin
+is answered, just after a commit is sent, or between a prepare and its commit. After the
+restart every prepared branch must be listed by ``xa_recover`` (and is resolved), every
+committed transaction must be whole at its commit's offsets, every other one absent, no
+transaction id given twice, and the reader must never have seen part of a transaction,
+or one that did not commit.
 """
 
 from __future__ import annotations
@@ -19,16 +29,39 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from node.client import NodeClient
 from node.crashcheck import PIPELINED_IN_FLIGHT, CheckFailed, PipelinedProducer, Producer, check
 from node.local import LocalNode
+from node.txncheck import (
+    SRC_RECORDS,
+    Reader,
+    TxnCounts,
+    TxnProducer,
+    check_txns,
+    resolve_in_doubt,
+)
 from wire.errors import NodeError
 
 TOPIC = "crashtest"
 PARTITIONS = 3
 ROLES = ["log", "txn", "cache", "writer-0", "writer-1", "front"]
+# --txn: the transactions' topic (its partitions 0 and 1 are the reader's), and the topic
+# whose offsets they commit for their consumer groups.
+TXN_TOPIC = "crashtxn"
+SRC_TOPIC = "crashsrc"
+TXN_PRODUCERS = 3
+# Where a --txn trial's kill lands, and how often: at a random moment; just after a begin
+# is answered (at once: a start answered before it is durable could be lost); just after a
+# commit is sent (0-5 ms later); between a prepare answered and the commit or rollback
+# after it.
+KILL_POINTS = {"moment": 4, "begin": 2, "commit": 3, "prepared": 3}
+COMMIT_KILL_S_MAX = 0.005
+POINT_WAIT_S = 15.0  # how long a trial waits for an armed producer to reach its kill point
 # Small log limits, so that checkpoints (and segment rolls) happen every few batches and
 # kills land inside them too.
 CONFIG = """
@@ -70,39 +103,126 @@ def request_checkpoint(node: LocalNode) -> None:
         c.checkpoint()
 
 
+@dataclass
+class TxnSide:
+    """What --txn adds: transactional producers, the reader, and the plain producer that
+    writes to the transactions' topic too."""
+
+    producers: list[TxnProducer]
+    reader: Reader
+    plain: Producer
+    txns: int  # transactions per producer per trial
+
+
 def run_trial(node: LocalNode, producers: list[Producer], trial_seed: int, kill: str,
-              batches: int) -> str:
+              batches: int, side: TxnSide | None = None) -> str:
     """One trial; returns what was killed."""
     rng = random.Random(trial_seed)
     target = rng.choice([*ROLES, "node"]) if kill == "any" else kill
+    point = "moment"
+    armed: TxnProducer | None = None
+    if side is not None:
+        point = rng.choices(list(KILL_POINTS), list(KILL_POINTS.values()))[0]
+        if point != "moment":
+            armed = rng.choice(side.producers)
+            fired = armed.arm(point)
+    # The victim is found before the moment comes, so that the kill follows it at once.
+    victim = None if target == "node" else psutil.Process(node.actor_pid(target))
     for p in producers:
         p.allow(batches)
+    if side is not None:
+        for tp in side.producers:
+            tp.allow(side.txns)
     if rng.random() < 0.5:
         # Kill inside a checkpoint, too: ask for one just before the kill.
         threading.Thread(target=request_checkpoint, args=(node,), daemon=True).start()
-    # The random moment: some time after the producers resumed, while they write.
-    threading.Event().wait(rng.uniform(0.0, 0.3))  # ok-sleep: choosing when to kill
-    if target == "node":
-        node.kill()
-        node.start()
+    how = "at a random moment"
+    if armed is None:
+        # The random moment: some time after the producers resumed, while they write.
+        threading.Event().wait(rng.uniform(0.0, 0.3))  # ok-sleep: choosing when to kill
+    elif not fired.wait(POINT_WAIT_S):
+        how = f"(producer {armed.tag} never reached its kill point, {point})"
+    elif point == "begin":
+        how = "just after the begin of {} was answered"
+    elif point == "commit":
+        how = "just after the commit of {} was sent"
+        threading.Event().wait(rng.uniform(0.0, COMMIT_KILL_S_MAX))  # ok-sleep: when to kill
     else:
-        pid = node.kill_actor(target)
-
-        def restarted() -> bool:
-            try:
-                return node.actor_pid(target) != pid and serving(node)
-            except (NodeError, KeyError):
-                return False
-
-        wait_until(f"{target} to restart", restarted, 60)
-    wait_until("producers to finish the trial", lambda: all(p.idle() for p in producers), 180)
-    for p in producers:
+        how = "between the prepare and the end of {}"
+    try:
+        kill_and_restart(node, target, victim)
+    finally:
+        if armed is not None:
+            armed.release()
+    if side is not None and rng.random() < 0.5:
+        # And a checkpoint after the restart: the branches left in doubt, and what open
+        # transactions staged, then live on in the shards and the snapshot alone.
+        threading.Thread(target=request_checkpoint, args=(node,), daemon=True).start()
+    everyone = [*producers, *([] if side is None else side.producers)]
+    wait_until("producers to finish the trial", lambda: all(p.idle() for p in everyone), 180)
+    for p in everyone:
         if p.error is not None:
             raise CheckFailed(f"producer {p.tag} failed: {p.error!r}")
     with node.client() as c:
-        check(c, TOPIC, PARTITIONS, [p.ledger for p in producers])
+        check(c, TOPIC, PARTITIONS, [p.ledger for p in producers if p.topic == TOPIC])
         checkpoints = c.status()["log"].get("checkpoints", 0)
-    return f"{target} (checkpoints so far in this log manager: {checkpoints})"
+        txn_line = "" if side is None else check_side(c, side, rng)
+    if armed is not None and (t := armed.fired_in) is not None:
+        # Said after the check, which may have resolved it (a branch left in doubt).
+        how = how.format(f"{t.tag} ({t.kind}; {t.fate.value}: {t.why})")
+    return f"{target} {how} (checkpoints so far in this log manager: {checkpoints}){txn_line}"
+
+
+def kill_and_restart(node: LocalNode, target: str, victim: psutil.Process | None) -> None:
+    if victim is None:
+        node.kill()
+        node.start()
+        return
+    victim.kill()  # psutil checks that the pid is still this process
+
+    def restarted() -> bool:
+        try:
+            return node.actor_pid(target) != victim.pid and serving(node)
+        except (NodeError, KeyError):
+            return False
+
+    wait_until(f"{target} to restart", restarted, 60)
+
+
+def check_side(c: NodeClient, side: TxnSide, rng: random.Random) -> str:
+    """The transactions' checks, after a trial; a line about them for the trial's report."""
+    listed, resolved = resolve_in_doubt(c, side.producers, rng)
+    counts: TxnCounts = check_txns(c, TXN_TOPIC, PARTITIONS, side.producers,
+                                   [side.plain.ledger], SRC_TOPIC,
+                                   seen=side.reader.views.all_seen())
+    if side.reader.error is not None:
+        raise CheckFailed(f"the reader failed: {side.reader.error!r}")
+    if side.reader.views.violations:
+        raise CheckFailed(f"the reader saw {side.reader.views.violations[0]}")
+    return (f"; {listed} branches in doubt listed, {resolved} resolved; so far "
+            f"{counts.committed} transactions committed ({counts.lost_commits} commits or "
+            f"rollbacks answered only on a retry), {counts.absent} absent, "
+            f"{counts.in_doubt} in doubt; {sum(tp.lost[0] for tp in side.producers)} "
+            f"attempts of their calls unanswered; {side.reader.rounds} reader rounds")
+
+
+def start_txn_side(node: LocalNode, batch: int, txns: int, rng: random.Random) -> TxnSide:
+    """Create the transactions' topics and start the transactional producers and the
+    reader; the plain producer to the transactions' topic is returned to be started."""
+    with node.client() as c:
+        c.create_topic(TXN_TOPIC, partitions=PARTITIONS)
+        c.create_topic(SRC_TOPIC, partitions=1)
+        for first in range(0, SRC_RECORDS, 1024):
+            c.produce_batch(SRC_TOPIC, [b"src-%d" % i for i in range(first, first + 1024)],
+                            partition=0)
+    txn_producers = [TxnProducer(node.endpoint, TXN_TOPIC, PARTITIONS, SRC_TOPIC, f"x{i}",
+                                 rng.getrandbits(32)) for i in range(TXN_PRODUCERS)]
+    reader = Reader(node.endpoint, TXN_TOPIC)
+    for tp in txn_producers:
+        tp.start()
+    reader.start()
+    plain = Producer(node.endpoint, TXN_TOPIC, "u", batch, None, batches_max=0)
+    return TxnSide(txn_producers, reader, plain, txns)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,9 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=10, help="batches per producer per trial")
     ap.add_argument("--batch", type=int, default=20, help="records per batch")
     ap.add_argument("--data-dir", type=Path, default=None, help="default: a fresh temp dir")
+    ap.add_argument("--txn", action="store_true",
+                    help="add transactional producers and a reader (node/txncheck.py), and "
+                         "kills during commits and between prepare and commit")
+    ap.add_argument("--txns", type=int, default=8,
+                    help="with --txn: transactions per transactional producer per trial")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)
-    print(f"crashtest seed {seed}, {args.trials} trials, kill {args.kill}", flush=True)
+    print(f"crashtest seed {seed}, {args.trials} trials, kill {args.kill}"
+          f"{', with transactions' if args.txn else ''}", flush=True)
     rng = random.Random(seed)
     # A directory of our own, removed only when every trial passed: a failure keeps the
     # evidence (a TemporaryDirectory would delete it anyway once garbage-collected).
@@ -133,27 +259,36 @@ def main(argv: list[str] | None = None) -> int:
     # ... and one sending single-record requests, PIPELINED_IN_FLIGHT at once, to any partition.
     producers.append(PipelinedProducer(node.endpoint, TOPIC, "q", PIPELINED_IN_FLIGHT, None,
                                        batches_max=0))
+    side = start_txn_side(node, args.batch, args.txns, rng) if args.txn else None
+    if side is not None:
+        producers.append(side.plain)
     for p in producers:
         p.start()
+    replay = (f"scripts/crashtest --seed {seed} --kill {args.kill} --batches {args.batches} "
+              f"--batch {args.batch}" + (f" --txn --txns {args.txns}" if args.txn else ""))
     passed = failed = 0
     try:
         for t in range(args.trials):
             trial_seed = rng.getrandbits(32)
             t0 = time.monotonic()
             try:
-                target = run_trial(node, producers, trial_seed, args.kill, args.batches)
+                target = run_trial(node, producers, trial_seed, args.kill, args.batches, side)
                 passed += 1
                 print(f"trial {t}: killed {target}, ok ({time.monotonic() - t0:.1f} s)",
                       flush=True)
-            except (CheckFailed, TimeoutError) as exc:
+            except (CheckFailed, TimeoutError, NodeError) as exc:
                 failed += 1
                 print(f"FAILED trial {t} (trial seed {trial_seed}): {exc}\n"
-                      f"  replay: scripts/crashtest --trials {t + 1} --seed {seed} "
-                      f"--kill {args.kill}   (node log: {node.log_file})", flush=True)
+                      f"  replay: {replay} --trials {t + 1}   (node log: {node.log_file})",
+                      flush=True)
                 break  # the producers' state is no longer trustworthy
     finally:
-        for p in producers:
+        for p in [*producers, *([] if side is None else side.producers)]:
             p.stop()
+        if side is not None:
+            for tp in side.producers:
+                tp.release()
+            side.reader.stop()
         if node.proc is not None:
             node.stop()
     if not failed and args.data_dir is None:

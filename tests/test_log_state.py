@@ -15,9 +15,11 @@ from typing import Any
 import msgpack
 import pytest
 
-from actors.instructions import Log, Send
+from actors.instructions import Log, Request, Send
 from actors.log_state import LogState
+from actors.transactions import Transactions
 from config import load_config
+from wire import logrecord
 from wire.errors import ErrorCode
 from wire.logrecord import Kind, iter_buffer
 from wire.messages import (
@@ -33,6 +35,10 @@ from wire.messages import (
     LogRequest,
     PartRow,
     TopicsReply,
+    TxnBegin,
+    TxnId,
+    TxnStart,
+    TxnTable,
 )
 from wire.protocol import Topic
 
@@ -64,7 +70,7 @@ def log_state(producers_max: int = 1000, producer_window_max: int = 8,
 
 def answer(out: Log | Send | None) -> Any:
     """A ``Log`` as it is; an answer sent at once (always to the front door) as its message."""
-    assert out is not None
+    assert out is not None, "every request here is answered"
     if isinstance(out, Send):
         assert out.role == "front"
         return out.msg
@@ -622,3 +628,41 @@ def test_a_snapshot_of_another_format_is_refused() -> None:
     snap = st.snapshot()
     with pytest.raises(ValueError, match="snapshot format 1 is not"):
         st.restore({**snap, "format": 1})
+
+
+# ---- transactions: a start is answered once durable --------------------------------------
+
+
+def test_a_transaction_id_a_client_was_told_is_not_told_to_another_after_a_crash() -> None:
+    """Found by ``scripts/crashtest --txn``'s reasoning, shown by ``tests/test_txn_crash.py``:
+    a Tx-Start answered before its group was durable could be lost in a crash while its
+    client held the id; the next transaction manager hands out ids from above the log's
+    (``Transactions.sync``), so it gave that id to another client, and the first client's
+    commit then committed the other's transaction."""
+    cfg = load_config()
+    tm = Transactions(cfg.txn, first_id=(900 << 32) | 1)  # this incarnation's ids start high
+    tm.sync(TxnTable([], [], 1, []), 0.0)
+    log = LogState(cfg)
+    told: list[int] = []  # ids the shell sent to clients before the crash
+    durable: list[logrecord.Entry] = []
+    for corr in (1, 2):
+        (begin,) = tm.begin(TxnBegin(corr, 0, None), 0.0)
+        assert isinstance(begin, Request) and isinstance(begin.msg, TxnStart)
+        out = log.admit(begin.msg, NOW)
+        assert isinstance(out, Log) and out.reply == TxnId(corr, begin.msg.txn)
+        if out.early:
+            told.append(begin.msg.txn)  # the shell answers an early reply before the write
+        if corr == 1:  # the first group is written and answered; the crash takes the second
+            durable.append(only_entry(out))
+            told.append(begin.msg.txn)
+    # A new log manager recovers the durable records; a new transaction manager, whose ids
+    # start lower, learns what the log holds.
+    log2 = LogState(cfg)
+    for entry in durable:
+        log2.replay(entry)
+    tm2 = Transactions(cfg.txn, first_id=(5 << 32) | 1)
+    opened, outcomes = log2.txns.table()
+    tm2.sync(TxnTable(opened, outcomes, log2.txns.next_txn, []), 0.0)
+    (begin,) = [i for i in tm2.begin(TxnBegin(3, 0, None), 0.0) if isinstance(i, Request)]
+    assert isinstance(begin.msg, TxnStart)
+    assert begin.msg.txn not in told

@@ -249,7 +249,7 @@ def test_the_log_gives_offsets_at_commit_only_and_aborts_take_none() -> None:
     s = log_with_topic()
     tid = s.topics["out"].topic_id
     start = logged(s.admit(TxnStart(1, 50, None), 0))
-    assert start.early and start.reply == TxnId(1, 50)
+    assert not start.early and start.reply == TxnId(1, 50)  # answered once durable
     w = logged(s.admit(TxnAppend(2, 50, ((tid, 0, 2, BLOB), (tid, 1, 2, BLOB)), ()), 0))
     assert w.early and isinstance(w.reply, TxnWritten) and w.reply.records == 4
     assert s.next_offset[(tid, 0)] == 0  # staged: no offsets yet
