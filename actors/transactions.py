@@ -172,10 +172,10 @@ class Transactions:
 
     def _chosen(self, txn: int, xid: Xid | None) -> int | None:
         """Check an id a client picked: None if it is free; the id again if this is a retry
-        of its begin (the same branch, nothing staged yet); else raise why not."""
+        of its begin (the same branch, still active); else raise why not."""
         t = self.live.get(txn)
-        if t is not None and t.xid == xid and t.phase is Phase.ACTIVE and t.seq == 0:
-            return txn
+        if t is not None and t.xid == xid and t.phase is Phase.ACTIVE:
+            return txn  # its begin sent again (the answer was lost; writes may have followed)
         if t is not None or txn in self.finished:
             raise NodeError(f"transaction id {txn} is in use; pick another",
                             ErrorCode.TXN_STATE if xid is None else ErrorCode.XAER_DUPID)
@@ -184,6 +184,11 @@ class Transactions:
     def write(self, msg: TxnWrite, now: float) -> list[Out]:
         t = self.live.get(msg.txn)
         if t is None:
+            done = self.finished.get(msg.txn)
+            if done is not None and done.phase is Phase.COMMITTED and msg.seq < done.seq:
+                # A write of a committed transaction sent again (its answer was lost): it
+                # was staged and committed; answered as the first time.
+                return [Send(FRONT_DOOR, TxnWritten(msg.corr, 0, done.records), ANSWER_WAIT_MS)]
             return [self._gone(msg.corr, msg.txn, None, "write to")]
         if t.phase is not Phase.ACTIVE:
             return [self._state(msg.corr, t, "stage more work in")]

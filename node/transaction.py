@@ -87,6 +87,10 @@ QUEUED_BYTES_MAX = 1 << 20  # request bytes queued before they are sent
 IN_FLIGHT_MAX = 128  # requests sent and not answered; beyond it the client waits for answers
 
 Pending = tuple[str, dict[str, Any]]  # a request: its op and fields
+# A commit refused with these, after some of the transaction's requests failed, is sent again
+# after them: its begin never arrived (UNKNOWN), or a write went missing (STATE, PROTO).
+RESEND_AFTER = (ErrorCode.TXN_UNKNOWN, ErrorCode.TXN_STATE, ErrorCode.XAER_NOTA,
+                ErrorCode.XAER_PROTO)
 
 
 class Transaction:
@@ -114,6 +118,7 @@ class Transaction:
         self._failed: dict[int, tuple[str, dict[str, Any], NodeError]] = {}
         self._replies: dict[int, dict[str, Any]] = {}
         self._produces: list[tuple[int, str]] = []  # each produce call: its request id, topic
+        self._commit_rid: int | None = None
         self._begun = begin is None  # the node has the transaction (or it was begun apart)
         if begin is not None:
             self._submit(*begin)
@@ -174,10 +179,13 @@ class Transaction:
         if self.result is not None:
             return self.result
         self._check()
-        if self.xid is None:
-            rid = self._submit("txn_commit", {"txn": self.id, "writes": self.seq})
-        else:
-            rid = self._submit("xa_commit", {"xid": list(self.xid), "one_phase": True})
+        rid = self._commit_rid
+        if rid is None:  # else a commit sent before, whose answer did not come: again
+            if self.xid is None:
+                rid = self._submit("txn_commit", {"txn": self.id, "writes": self.seq})
+            else:
+                rid = self._submit("xa_commit", {"xid": list(self.xid), "one_phase": True})
+            self._commit_rid = rid
         self.settle()
         self.finished = True
         self.result = self._result(self._replies[rid])
@@ -210,9 +218,26 @@ class Transaction:
         self._send()
         self._collect(0)
         self.client._unsettled.discard(self)
-        failed, self._failed = sorted(self._failed.items()), {}
-        for rid, (op, fields, _err) in failed:
+        rid = self._commit_rid
+        if rid in self._failed and len(self._failed) > 1:
+            # The commit first: if it went through (its answer, or earlier ones, lost), it
+            # answers the same again, and it stands for every write (it counts them).
+            op, fields, _err = self._failed[rid]
+            try:
+                self._replies[rid] = self.client.call(op, **fields)
+                del self._failed[rid]
+                for rid in sorted(self._failed):
+                    op, fields, _err = self._failed.pop(rid)
+                    if op == "txn_produce":  # its answer says where its records went
+                        self._replies[rid] = self.client.call(op, **fields)
+                return
+            except NodeError as exc:
+                if exc.code not in RESEND_AFTER:
+                    raise  # rolled back, timed out, ...: what came before cannot help
+        for rid in sorted(self._failed):  # in the order they were made
+            op, fields, _err = self._failed[rid]
             self._replies[rid] = self.client.call(op, **fields)  # raises a refusal
+            del self._failed[rid]  # (one that raised stays, to be sent again next time)
 
     # ---- the pipeline -----------------------------------------------------------------
 

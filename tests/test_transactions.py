@@ -312,8 +312,14 @@ def test_a_client_may_pick_the_id_and_retry_its_begin() -> None:
     (again,) = t.begin(TxnBegin(2, 0, None, txn=4242), 0.0)  # its answer was lost
     assert isinstance(again, Send) and again.msg == TxnId(2, 4242)
     write(t, 4242, 0)
-    assert error_code(t.begin(TxnBegin(3, 0, None, txn=4242), 0.0)) == ErrorCode.TXN_STATE
+    (again,) = t.begin(TxnBegin(3, 0, None, txn=4242), 0.0)  # writes followed: still its own
+    assert isinstance(again, Send) and again.msg == TxnId(3, 4242)
     assert error_code(t.begin(TxnBegin(3, 0, list(XID), txn=4242), 0.0)) == ErrorCode.XAER_DUPID
+    step(t, "commit", 4242)
+    assert error_code(t.begin(TxnBegin(4, 0, None, txn=4242), 0.0)) == ErrorCode.TXN_STATE
+    (again,) = write(t, 4242, 0)  # a write of the committed transaction sent again
+    assert isinstance(again, Send) and again.msg == TxnWritten(2, 0, 2)
+    assert error_code(write(t, 4242, 1)) == ErrorCode.TXN_STATE  # a new one is refused
 
 
 def test_a_commit_that_names_more_writes_than_were_staged_is_refused() -> None:
