@@ -128,10 +128,11 @@ class Transactions:
         self.live.clear()
         self.by_xid.clear()
         aborted = set(table.aborted)
-        for txn, xid, committed in table.outcomes:
+        for txn, xid, committed, writes in table.outcomes:
             phase = (Phase.COMMITTED if committed
                      else Phase.ABORTED if txn in aborted else Phase.ROLLED_BACK)
-            self._remember(Txn(txn, None if xid is None else Xid(*xid), phase, now, math.inf))
+            self._remember(Txn(txn, None if xid is None else Xid(*xid), phase, now, math.inf,
+                               seq=writes))
         for txn, xid, _prepared, records, nbytes, shards, _first_lsn in table.open:
             self._add(Txn(txn, None if xid is None else Xid(*xid), Phase.PREPARED, now,
                           math.inf, records=records, bytes=nbytes,

@@ -18,6 +18,7 @@ checkpoint may delete every segment below it: a prepared transaction does not pi
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,7 @@ class Staged:
     offsets: dict[tuple[str, int, int], int] = field(default_factory=dict)  # the last wins
     records: int = 0
     bytes: int = 0
+    writes: int = 0  # write requests staged (a client's writes are numbered from 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,7 @@ class Outcome:
     lsn: int
     parts: list[TxnPartRow]
     xid: Xid | None
+    writes: int = 0  # its write requests: one of them sent again is answered, not refused
 
 
 class TxnLedger:
@@ -68,6 +71,7 @@ class TxnLedger:
               offsets: Sequence[OffsetRow]) -> None:
         """Records staged (``parts`` rows begin ``topic_id, partition, count``) and offsets."""
         st = self.open[txn]
+        st.writes += 1
         for row in parts:
             shard = (row[0], row[1])
             st.counts[shard] = st.counts.get(shard, 0) + row[2]
@@ -81,7 +85,9 @@ class TxnLedger:
         self.open[txn].prepared = True
 
     def finish(self, txn: int, outcome: Outcome) -> None:
-        self.open.pop(txn, None)
+        st = self.open.pop(txn, None)
+        if st is not None:
+            outcome = dataclasses.replace(outcome, writes=st.writes)
         self.outcomes[txn] = outcome
         self.outcomes.move_to_end(txn)
         while len(self.outcomes) > self.outcomes_max:
@@ -101,7 +107,7 @@ class TxnLedger:
         opened = [[txn, None if st.xid is None else list(st.xid), st.prepared, st.records,
                    st.bytes, [list(shard) for shard in st.counts], st.first_lsn]
                   for txn, st in self.open.items()]
-        outcomes = [[txn, None if o.xid is None else list(o.xid), o.committed]
+        outcomes = [[txn, None if o.xid is None else list(o.xid), o.committed, o.writes]
                     for txn, o in self.outcomes.items()]
         return opened, outcomes
 
@@ -112,10 +118,10 @@ class TxnLedger:
             "next_txn": self.next_txn,
             "txns": [[txn, None if st.xid is None else list(st.xid), st.prepared, st.first_lsn,
                       st.records, st.bytes, [[t, p, n] for (t, p), n in st.counts.items()],
-                      [[g, t, p, o] for (g, t, p), o in st.offsets.items()]]
+                      [[g, t, p, o] for (g, t, p), o in st.offsets.items()], st.writes]
                      for txn, st in self.open.items()],
             "txn_outcomes": [[txn, o.committed, o.lsn, o.parts,
-                              None if o.xid is None else list(o.xid)]
+                              None if o.xid is None else list(o.xid), o.writes]
                              for txn, o in self.outcomes.items()],
         }
 
@@ -123,10 +129,12 @@ class TxnLedger:
         self.open.clear()
         self.outcomes.clear()
         self.next_txn = snap.get("next_txn", 1)
-        for txn, xid, prepared, first_lsn, records, nbytes, counts, offsets in snap.get("txns", []):
+        for txn, xid, prepared, first_lsn, records, nbytes, counts, offsets, writes in snap.get(
+                "txns", []):
             self.open[txn] = Staged(None if xid is None else Xid(*xid), first_lsn, prepared,
                                     {(t, p): n for t, p, n in counts},
-                                    {(g, t, p): o for g, t, p, o in offsets}, records, nbytes)
-        for txn, committed, lsn, parts, xid in snap.get("txn_outcomes", []):
+                                    {(g, t, p): o for g, t, p, o in offsets}, records, nbytes,
+                                    writes)
+        for txn, committed, lsn, parts, xid, writes in snap.get("txn_outcomes", []):
             self.finish(txn, Outcome(committed, lsn, [tuple(r) for r in parts],
-                                     None if xid is None else Xid(*xid)))
+                                     None if xid is None else Xid(*xid), writes))

@@ -220,8 +220,8 @@ def test_printed_xids_parse_back() -> None:
 def test_a_restart_keeps_prepared_branches_and_rolls_back_the_open() -> None:
     t = Transactions(CFG.txn, first_id=100)
     table = TxnTable(open=[[7, list(XID), True, 2, 10, [[1, 0]], 5]],
-                     outcomes=[[3, None, True], [4, None, False], [8, None, False]], next_txn=9,
-                     aborted=[8])
+                     outcomes=[[3, None, True, 2], [4, None, False, 0], [8, None, False, 1]],
+                     next_txn=9, aborted=[8])
     assert t.sync(table, now=0.0) == []
     assert t.live[7].phase is Phase.PREPARED and t.by_xid[XID] == 7
     assert error_code(write(t, 8, 0)) == ErrorCode.TXN_ABORTED
@@ -229,6 +229,9 @@ def test_a_restart_keeps_prepared_branches_and_rolls_back_the_open() -> None:
     assert t.finished[3].phase is Phase.COMMITTED
     (again,) = step(t, "commit", 3)
     assert again.msg == TxnResolve(3, 3, "commit")  # answered by the log with its outcome
+    (written,) = write(t, 3, 1)  # its second write sent again: answered, as it was staged
+    assert isinstance(written, Send) and isinstance(written.msg, TxnWritten)
+    assert error_code(write(t, 3, 2)) == ErrorCode.TXN_STATE  # a third never was
 
 
 # ---- the log's side: records, offsets at commit, replay, snapshot -----------------------

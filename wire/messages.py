@@ -521,7 +521,7 @@ class TxnSync(Message):
 class TxnTable(Message):
     """The transactions the log holds: ``open`` rows (all prepared) ``[txn, xid or nil,
     prepared, records, bytes, [[topic_id, partition], ...], first_lsn]`` and recent
-    ``outcomes`` rows ``[txn, xid or nil, committed]``; ``next_txn`` is above every id the
+    ``outcomes`` rows ``[txn, xid or nil, committed, writes]``; ``next_txn`` is above every id the
     log has seen; ``aborted``: the open ones it rolled back on this ``TxnSync``."""
 
     open: list[list[Any]]
