@@ -177,7 +177,13 @@ class Transactions:
         t = self.live.get(txn)
         if t is not None and t.xid == xid and t.phase is Phase.ACTIVE:
             return txn  # its begin sent again (the answer was lost; writes may have followed)
-        if t is not None or txn in self.finished:
+        done = self.finished.get(txn)
+        if t is None and done is not None and done.phase is Phase.ABORTED:
+            # Begun before a restart (its answer lost), and rolled back by it.
+            raise NodeError(f"transaction id {txn} was rolled back at a restart; begin again "
+                            f"with another", ErrorCode.TXN_ABORTED if xid is None
+                            else ErrorCode.XA_RBROLLBACK)
+        if t is not None or done is not None:
             raise NodeError(f"transaction id {txn} is in use; pick another",
                             ErrorCode.TXN_STATE if xid is None else ErrorCode.XAER_DUPID)
         return None

@@ -30,7 +30,15 @@ import zmq
 
 from actors.roles import key_partition
 from node.transaction import Transaction, TxnInfo, TxnResult, result_of
-from wire.errors import Busy, ErrorCode, NodeError, RequestTimeout, Unavailable, error_for
+from wire.errors import (
+    Busy,
+    ErrorCode,
+    NodeError,
+    RequestTimeout,
+    Unavailable,
+    XARBRollback,
+    error_for,
+)
 from wire.protocol import (
     DEFAULT_PORT,
     OPS,
@@ -54,6 +62,7 @@ __all__ = ["NodeClient", "NodeError", "Pipeline", "Record", "TopicInfo", "Transa
 
 DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{DEFAULT_PORT}"
 _RETRYABLE = (ErrorCode.BUSY, ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE)
+XA_START_ATTEMPTS = 3  # an xa_start rolled back by restarts before it was answered is begun again
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,13 +286,22 @@ class NodeClient:
         """Begin an XA branch (answered before it returns); stage work through the returned
         transaction, then ``xa_end``, ``xa_prepare`` and ``xa_commit`` (or ``xa_rollback``)."""
         check_xid(list(xid))
-        fields: dict[str, Any] = {"xid": list(xid), "txn": random.getrandbits(62) + 1}
-        if timeout_ms is not None:
-            fields["timeout_ms"] = timeout_ms
-        tx = Transaction(self, fields["txn"], xid, begin=("xa_start", fields))
-        tx.settle()
-        self._branches[xid] = tx
-        return tx
+        for attempt in range(XA_START_ATTEMPTS):
+            fields: dict[str, Any] = {"xid": list(xid), "txn": random.getrandbits(62) + 1}
+            if timeout_ms is not None:
+                fields["timeout_ms"] = timeout_ms
+            tx = Transaction(self, fields["txn"], xid, begin=("xa_start", fields))
+            try:
+                tx.settle()
+            except XARBRollback:
+                # Begun, its answer lost, and rolled back by a restart of the node before
+                # this call was answered: nothing was done in it; begin it again.
+                if attempt + 1 == XA_START_ATTEMPTS:
+                    raise
+                continue
+            self._branches[xid] = tx
+            return tx
+        raise AssertionError("unreachable")
 
     def xa_end(self, xid: Xid) -> None:
         """End the branch's work: its writes are all answered first, and the node checks it

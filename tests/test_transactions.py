@@ -226,6 +226,8 @@ def test_a_restart_keeps_prepared_branches_and_rolls_back_the_open() -> None:
     assert t.live[7].phase is Phase.PREPARED and t.by_xid[XID] == 7
     assert error_code(write(t, 8, 0)) == ErrorCode.TXN_ABORTED
     assert error_code(write(t, 4, 0)) == ErrorCode.TXN_STATE
+    # Its begin sent again (the answer lost in the restart): rolled back, not "in use".
+    assert error_code(t.begin(TxnBegin(5, 0, None, txn=8), 0.0)) == ErrorCode.TXN_ABORTED
     assert t.finished[3].phase is Phase.COMMITTED
     (again,) = step(t, "commit", 3)
     assert again.msg == TxnResolve(3, 3, "commit")  # answered by the log with its outcome
