@@ -149,15 +149,22 @@ def read_partition(c: NodeClient, topic: str, partition: int) -> list[bytes]:
         values += [r.value for r in recs]
 
 
-def check(c: NodeClient, topic: str, partitions: int, ledgers: list[Ledger]) -> int:
-    """Raise ``CheckFailed`` unless every acknowledged record is present exactly once at its
-    acknowledged offset and nothing is present that was never sent; return the count."""
+def positions(c: NodeClient, topic: str, partitions: int) -> dict[bytes, tuple[int, int]]:
+    """Where each value of ``topic`` is stored, (partition, offset); raise ``CheckFailed``
+    if a value is stored twice."""
     where: dict[bytes, tuple[int, int]] = {}
     for p in range(partitions):
         for off, v in enumerate(read_partition(c, topic, p)):
             if v in where:
                 raise CheckFailed(f"{v!r} is stored twice: at {where[v]} and at {(p, off)}")
             where[v] = (p, off)
+    return where
+
+
+def check(c: NodeClient, topic: str, partitions: int, ledgers: list[Ledger]) -> int:
+    """Raise ``CheckFailed`` unless every acknowledged record is present exactly once at its
+    acknowledged offset and nothing is present that was never sent; return the count."""
+    where = positions(c, topic, partitions)
     sent = set().union(*(ledger.sent for ledger in ledgers))
     unknown = set(where) - sent
     if unknown:

@@ -35,7 +35,7 @@ from typing import TypeVar
 
 from actors.roles import key_partition
 from node.client import NodeClient
-from node.crashcheck import RETRYABLE, CheckFailed, Ledger, Producer, read_partition
+from node.crashcheck import RETRYABLE, CheckFailed, Ledger, Producer, positions
 from node.transaction import Transaction, TxnPart, TxnResult
 from wire.errors import ErrorCode, NodeError
 from wire.records import Record
@@ -502,12 +502,7 @@ def check_txns(c: NodeClient, topic: str, partitions: int, txn_producers: list[T
     offset; no transaction id was handed out twice; each committed transaction is whole at its commit's offsets; every other one
     is absent and, if ``seen`` (the transactions a reader saw) is given, was never seen;
     and each producer's group offset is that of its latest committed transaction."""
-    where: dict[bytes, tuple[int, int]] = {}
-    for p in range(partitions):
-        for off, v in enumerate(read_partition(c, topic, p)):
-            if v in where:
-                raise CheckFailed(f"{v!r} is stored twice: at {where[v]} and at {(p, off)}")
-            where[v] = (p, off)
+    where = positions(c, topic, partitions)
     ledgers = [*plain, *(tp.ledger for tp in txn_producers)]
     sent = set().union(*(ledger.sent for ledger in ledgers))
     unknown = set(where) - sent

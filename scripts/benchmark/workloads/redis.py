@@ -26,6 +26,20 @@ def _stream(job: Job) -> str:
 def redis_produce(job: Job, gate: Gate) -> ClientResult:
     """XADD pipelined ``job.batch`` at a time into the job's stream (keyed records: one
     HSET of the batch into the hash ``job.name``)."""
+    return _batches(job, gate, transaction=False)
+
+
+def redis_transact(job: Job, gate: Gate) -> ClientResult:
+    """Transactions of ``job.batch`` XADDs into the job's stream, one at a time: MULTI, the
+    XADDs, EXEC, sent in one round trip (redis-py's pipeline with ``transaction=True``);
+    EXEC is answered once the AOF is fsync'ed (``appendfsync always``)."""
+    assert not job.keyed
+    return _batches(job, gate, transaction=True)
+
+
+def _batches(job: Job, gate: Gate, transaction: bool) -> ClientResult:
+    """A batch of ``job.batch`` records at a time, one round trip each: a pipeline of XADDs
+    (or one HSET of keyed records), in MULTI/EXEC with ``transaction``."""
     import redis
 
     host, port = _redis_address(job.target)
@@ -40,7 +54,7 @@ def redis_produce(job: Job, gate: Gate) -> ClientResult:
         while n := budget.next_count(res.records, job.batch):
             keys, values = payload.batch(res.records, n)
             t0 = time.monotonic()
-            pipe = r.pipeline(transaction=False)
+            pipe = r.pipeline(transaction=transaction)
             if keys is None:
                 for v in values:
                     pipe.xadd(stream, {b"v": v})
@@ -48,40 +62,10 @@ def redis_produce(job: Job, gate: Gate) -> ClientResult:
                 pipe.hset(job.name, mapping=dict(zip(keys, values, strict=True)))
             replies = pipe.execute()
             res.took(t0, time.monotonic(), n, n * job.size)
+            if transaction and len(replies) != n:
+                raise AssertionError(f"EXEC of {n} XADDs answered {len(replies)} replies")
             if keys is None:
                 res.last = replies[-1].decode()
-    finally:
-        r.close()
-    return res
-
-
-def redis_transact(job: Job, gate: Gate) -> ClientResult:
-    """Transactions of ``job.batch`` XADDs into the job's stream, one at a time: MULTI, the
-    XADDs, EXEC, sent in one round trip (redis-py's pipeline with ``transaction=True``);
-    EXEC is answered once the AOF is fsync'ed (``appendfsync always``)."""
-    import redis
-
-    assert not job.keyed
-    host, port = _redis_address(job.target)
-    payload = Payload(job)
-    res = ClientResult()
-    r = redis.Redis(host=host, port=port, socket_timeout=30)
-    try:
-        r.ping()
-        gate.wait()
-        budget = start_clock(job, res)
-        stream = _stream(job)
-        while n := budget.next_count(res.records, job.batch):
-            _keys, values = payload.batch(res.records, n)
-            t0 = time.monotonic()
-            pipe = r.pipeline(transaction=True)
-            for v in values:
-                pipe.xadd(stream, {b"v": v})
-            replies = pipe.execute()
-            res.took(t0, time.monotonic(), n, n * job.size)
-            if len(replies) != n:
-                raise AssertionError(f"EXEC of {n} XADDs answered {len(replies)} replies")
-            res.last = replies[-1].decode()
     finally:
         r.close()
     return res
