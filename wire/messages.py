@@ -314,11 +314,10 @@ class Stop(Message):
     reason: str
 
 
-# Reads (front door → cache manager or shard writer), the requests the log manager's logic
-# admits (``LogState.admit``), and the answers the front door matches to a waiting client
-# (``FrontDoorState.answer``).
+# Reads (front door → cache manager or shard writer). The requests the log manager's logic
+# admits (``LogRequest``) and the answers the front door matches to a waiting client
+# (``Answer``) are at the end, after the transactions' messages they name.
 ReadRequest = Read | ReadByKey | ReadByTag | OffsetForTimestamp | CommittedOffset
-# ``Answer`` (below, after the transactions' answers) is what the front door matches.
 
 
 # ---- the transaction manager and the checkpoint handshake -----------------------------
@@ -565,6 +564,10 @@ class TxnsReply(Message):
     rows: list[list[Any]]
 
 
+# ---- unions --------------------------------------------------------------------------
+
+# The requests the log manager's logic admits (``LogState.admit``), and the answers the
+# front door matches to a waiting client (``FrontDoorState.answer``).
 Answer = (Ack | Done | TopicsReply | ErrorReply | RecordsReply | ValueReply | StatusReply
           | TxnId | TxnWritten | TxnCommitted | TxnsReply)
 LogRequest = (Append | CreateTopic | DeleteTopic | CommitOffset | ListTopics
