@@ -130,7 +130,7 @@ class TransactionManager(Actor):
             case TxnList():
                 self.perform(self.txns.listing(msg, time.monotonic()))
             case TxnTable():
-                self.perform(self.txns.sync(msg, time.monotonic()))
+                self.txns.sync(msg, time.monotonic())
                 log.info("transactions: %d prepared in doubt, %d open rolled back at start",
                          len(self.txns.live), len(msg.open) - len(self.txns.live))
             case Ended(corrs):

@@ -121,7 +121,7 @@ class Transactions:
 
     # ---- at start ---------------------------------------------------------------------
 
-    def sync(self, table: TxnTable, now: float) -> list[Out]:
+    def sync(self, table: TxnTable, now: float) -> None:
         """What the log holds (the transaction manager just started): prepared branches come
         back in doubt; the log manager rolled back the open ones as it answered (see the
         module's doc), and their next call says so."""
@@ -139,7 +139,6 @@ class Transactions:
                           shards={(t, p) for t, p in shards}))
         self.next_id = max(self.next_id, table.next_txn)
         self.synced = True
-        return []
 
     # ---- requests ---------------------------------------------------------------------
 

@@ -5,18 +5,37 @@ need."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
-from typing import cast
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, cast
 
 from ..clients import Gate, Job, Payload, key_of, start_clock, value_of
 from ..measure import ClientResult
 from ..settings import DRAIN_TIMEOUT_S
 
+if TYPE_CHECKING:
+    import redis as redis_lib
+
 
 def _redis_address(target: str) -> tuple[str, int]:
     host, port = target.rsplit(":", 1)
     return host, int(port)
+
+
+@contextlib.contextmanager
+def _connected(job: Job) -> Iterator[redis_lib.Redis]:
+    """A connection to the job's Redis, answered a PING; closed on leaving."""
+    import redis
+
+    host, port = _redis_address(job.target)
+    r = redis.Redis(host=host, port=port, socket_timeout=30)
+    try:
+        r.ping()
+        yield r
+    finally:
+        r.close()
 
 
 def _stream(job: Job) -> str:
@@ -40,14 +59,9 @@ def redis_transact(job: Job, gate: Gate) -> ClientResult:
 def _batches(job: Job, gate: Gate, transaction: bool) -> ClientResult:
     """A batch of ``job.batch`` records at a time, one round trip each: a pipeline of XADDs
     (or one HSET of keyed records), in MULTI/EXEC with ``transaction``."""
-    import redis
-
-    host, port = _redis_address(job.target)
     payload = Payload(job)
     res = ClientResult()
-    r = redis.Redis(host=host, port=port, socket_timeout=30)
-    try:
-        r.ping()
+    with _connected(job) as r:
         gate.wait()
         budget = start_clock(job, res)
         stream = _stream(job)
@@ -66,8 +80,6 @@ def _batches(job: Job, gate: Gate, transaction: bool) -> ClientResult:
                 raise AssertionError(f"EXEC of {n} XADDs answered {len(replies)} replies")
             if keys is None:
                 res.last = replies[-1].decode()
-    finally:
-        r.close()
     return res
 
 
@@ -108,13 +120,8 @@ def redis_produce_single(job: Job, gate: Gate) -> ClientResult:
 
 def redis_read_tail(job: Job, gate: Gate) -> ClientResult:
     """XRANGE ``job.batch`` entries at a time from the start of the stream."""
-    import redis
-
-    host, port = _redis_address(job.target)
     res = ClientResult()
-    r = redis.Redis(host=host, port=port, socket_timeout=30)
-    try:
-        r.ping()
+    with _connected(job) as r:
         gate.wait()
         budget = start_clock(job, res)
         start = "-"
@@ -129,21 +136,14 @@ def redis_read_tail(job: Job, gate: Gate) -> ClientResult:
             res.records += len(entries)
             res.payload_bytes += sum(len(e[1][b"v"]) for e in entries)
             start = "(" + entries[-1][0].decode()
-    finally:
-        r.close()
     return res
 
 
 def redis_read_key(job: Job, gate: Gate) -> ClientResult:
     """Random HGETs on the hash ``job.name``: Redis' nearest equivalent of read_by_key."""
-    import redis
-
-    host, port = _redis_address(job.target)
     rng = random.Random(job.seed * 1000 + job.index)
     res = ClientResult()
-    r = redis.Redis(host=host, port=port, socket_timeout=30)
-    try:
-        r.ping()
+    with _connected(job) as r:
         gate.wait()
         budget = start_clock(job, res)
         while budget.next_count(res.records, 1):
@@ -156,6 +156,4 @@ def redis_read_key(job: Job, gate: Gate) -> ClientResult:
                 res.errors += 1
             res.records += 1
             res.payload_bytes += job.size
-    finally:
-        r.close()
     return res
