@@ -37,6 +37,7 @@ from wire.messages import (
     Done,
     ErrorReply,
     Hello,
+    OffsetsReply,
     OtherWrite,
     ProduceRow,
     RecordsReply,
@@ -173,7 +174,8 @@ class FrontDoor(Actor):
             case Catalog():
                 self.state.catalog(msg)
             case (Ack() | Done() | RecordsReply() | ValueReply() | TopicsReply() | StatusReply()
-                  | ErrorReply() | TxnId() | TxnWritten() | TxnCommitted() | TxnsReply()):
+                  | OffsetsReply() | ErrorReply() | TxnId() | TxnWritten() | TxnCommitted()
+                  | TxnsReply()):
                 self.perform(self.state.answer(msg))
             case _:
                 self.unexpected(msg)

@@ -43,9 +43,11 @@ from wire.messages import (
     CreateTopic,
     DeleteTopic,
     Done,
+    EndOffsets,
     ErrorReply,
     ListTopics,
     OffsetForTimestamp,
+    OffsetsReply,
     PartRow,
     PlacedRow,
     Read,
@@ -115,6 +117,7 @@ class FrontDoorState:
             "delete_topic": self.delete_topic,
             "commit_offset": self.commit_offset,
             "list_topics": self.list_topics,
+            "end_offsets": self.end_offsets,
             "checkpoint": self.checkpoint,
             "status": self.status,
             "txn_begin": self.txn_begin,
@@ -255,6 +258,10 @@ class FrontDoorState:
     def list_topics(self, _req: dict[str, Any]) -> Target:
         return LOG_MANAGER, ListTopics
 
+    def end_offsets(self, req: dict[str, Any]) -> Target:
+        tid = self.topic(req["topic"]).topic_id
+        return LOG_MANAGER, lambda c: EndOffsets(c, tid)
+
     def checkpoint(self, _req: dict[str, Any]) -> Target:
         return LOG_MANAGER, lambda c: Checkpoint(c, "front")
 
@@ -380,6 +387,9 @@ class FrontDoorState:
                 frame = protocol.ok(w.rid, lsn=lsn, parts=parts)
             case TxnsReply(field=name, rows=rows):
                 frame = protocol.ok(w.rid, **{name: rows})
+            case OffsetsReply(lsn=lsn, offsets=offsets):
+                self.lsn_seen = max(self.lsn_seen, lsn)  # reads below the offsets see them
+                frame = protocol.ok(w.rid, offsets=offsets)
             case TopicsReply(topics=topics):
                 frame = protocol.ok(w.rid, topics=topics)
             case StatusReply(status=status):

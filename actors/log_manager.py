@@ -58,6 +58,7 @@ from wire.messages import (
     DeleteTopic,
     Done,
     Ended,
+    EndOffsets,
     ErrorReply,
     Flushed,
     FlushTo,
@@ -180,7 +181,7 @@ class LogManager(Actor):
             case Writes():  # a burst of write requests: most messages
                 self.admit_writes(msg)
             case (Append() | CreateTopic() | DeleteTopic() | CommitOffset() | ListTopics()
-                  | TxnStart() | TxnAppend() | TxnResolve()):
+                  | EndOffsets() | TxnStart() | TxnAppend() | TxnResolve()):
                 self.admit(msg)
             case TxnSync(role):
                 logs, aborted = self.state.abort_open()

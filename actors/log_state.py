@@ -37,9 +37,11 @@ from wire.messages import (
     CreateTopic,
     DeleteTopic,
     Done,
+    EndOffsets,
     ErrorReply,
     ListTopics,
     LogRequest,
+    OffsetsReply,
     PartRow,
     PlacedRow,
     TopicsReply,
@@ -120,6 +122,8 @@ class LogState:
                 return self._commit_offset(msg)
             case ListTopics(corr):
                 return TopicsReply(corr, sorted(self.topics.values(), key=lambda t: t.name))
+            case EndOffsets():
+                return self._end_offsets(msg)
             case TxnStart():
                 return self._txn_start(msg)
             case TxnAppend():
@@ -258,6 +262,15 @@ class LogState:
         record = logrecord.encode(self.last_lsn, Kind.OFFSET_COMMIT,
                                   [msg.group, msg.topic_id, msg.partition, msg.offset])
         return Log(record, Done(msg.corr, self.last_lsn), self.last_lsn)
+
+    def _end_offsets(self, msg: EndOffsets) -> Log | Message:
+        topic = self.by_id.get(msg.topic_id)
+        if topic is None:
+            return ErrorReply(msg.corr, ErrorCode.UNKNOWN_TOPIC, f"topic id {msg.topic_id} does not exist")
+        offsets = [self.next_offset[(topic.topic_id, p)] for p in range(topic.partitions)]
+        # Nothing to write: the answer goes with the next group commit, so that every
+        # record below these offsets is durable when it arrives.
+        return Log(b"", OffsetsReply(msg.corr, self.last_lsn, offsets), self.last_lsn)
 
     # ---- transactions (the ledger: actors/txn_ledger.py) ----------------------------
 

@@ -223,6 +223,11 @@ class NodeClient:
                           max_records=max_records)
         return unpack_read(reply["records"])
 
+    def end_offsets(self, topic: str) -> list[int]:
+        """The next offset of each partition, in partition order: every record below it is
+        durable, and reads sent after this call see it."""
+        return [int(o) for o in self.call("end_offsets", topic=topic)["offsets"]]
+
     def key_partition(self, topic: str, key: bytes | str) -> int:
         """The partition ``produce`` sends a key to when no partition is named."""
         return key_partition(_as_bytes(key), self.partitions(topic))

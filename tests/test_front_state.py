@@ -20,7 +20,9 @@ from wire.messages import (
     CommittedOffset,
     CreateTopic,
     Done,
+    EndOffsets,
     ErrorReply,
+    OffsetsReply,
     PartRow,
     Read,
     ReadByKey,
@@ -120,6 +122,19 @@ def test_ack_becomes_the_clients_reply_and_raises_lsn_seen() -> None:
     (read,) = s.request(ID, req("read", topic="t", partition=1, offset=0, max_records=5), 0.0)
     assert isinstance(read, Request) and read.role == "cache"
     assert read.msg == Read(read.corr, 1, 1, 0, 5, 42)
+
+
+def test_end_offsets_go_to_the_log_manager_and_make_later_reads_wait_for_them() -> None:
+    s = state()
+    (out,) = s.request(ID, req("end_offsets", topic="t"), now=0.0)
+    assert isinstance(out, Request) and out.role == "log"
+    assert out.msg == EndOffsets(out.corr, 1)
+    (rep,) = s.answer(OffsetsReply(out.corr, 90, [3, 0, 7, 1]))
+    assert reply_of(rep) == {"id": 1, "ok": True, "offsets": [3, 0, 7, 1]}
+    (read,) = s.request(ID, req("read", topic="t", partition=2, offset=6, max_records=5), 0.0)
+    assert isinstance(read, Request) and read.msg == Read(read.corr, 1, 2, 6, 5, 90)
+    (bad,) = s.request(ID, req("end_offsets", topic="nope"), now=0.0)
+    assert reply_of(bad)["code"] == ErrorCode.UNKNOWN_TOPIC
 
 
 def test_a_group_commits_acks_in_rows_answer_each_request_once() -> None:
@@ -236,6 +251,7 @@ EXAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
     "create_topic": ({"name": "new", "partitions": 2}, lambda c: Done(c, 5)),
     "delete_topic": ({"name": "t"}, lambda c: Done(c, 5)),
     "list_topics": ({}, lambda c: TopicsReply(c, [Topic("t", 4, 1)])),
+    "end_offsets": ({"topic": "t"}, lambda c: OffsetsReply(c, 5, [1, 0, 0, 2])),
     "read": ({"topic": "t", "partition": 0, "offset": 0, "max_records": 5},
              lambda c: RecordsReply(c, b"\x90", 5)),
     "read_by_key": ({"topic": "t", "partition": 0, "key": b"k"},

@@ -30,9 +30,11 @@ from wire.messages import (
     CreateTopic,
     DeleteTopic,
     Done,
+    EndOffsets,
     ErrorReply,
     ListTopics,
     LogRequest,
+    OffsetsReply,
     PartRow,
     TopicsReply,
     TxnBegin,
@@ -204,6 +206,20 @@ def test_list_topics_is_sorted_by_name_and_logs_nothing() -> None:
     assert out == TopicsReply(77, [Topic("alpha", 3, ids["alpha"]), Topic("mid", 2, ids["mid"]),
                                    Topic("zeta", 1, ids["zeta"])])
     assert snapshot(d.state) == before
+
+
+def test_end_offsets_are_answered_with_the_next_group_commit_and_log_nothing() -> None:
+    d = Driver()
+    tid = d.create("t", 3)
+    d.append(1, 0, [(tid, 0, 2, blob(2)), (tid, 2, 5, blob(5))])
+    out = d.admit(EndOffsets(9, tid))
+    # An empty record: nothing is written, and the answer waits for the group commit that
+    # makes the appends before it durable (actors/log_manager.py sends it after the fsync).
+    assert isinstance(out, Log) and out.record == b"" and not out.early
+    assert out.reply == OffsetsReply(9, d.state.last_lsn, [2, 0, 5])
+    assert out.lsn == d.state.last_lsn
+    assert d.admit(EndOffsets(10, 99)) == ErrorReply(10, ErrorCode.UNKNOWN_TOPIC,
+                                                     "topic id 99 does not exist")
 
 
 def test_other_messages_are_not_its_to_admit() -> None:

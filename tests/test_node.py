@@ -147,6 +147,35 @@ def test_reads_see_every_acknowledged_write_at_once(node: LocalNode) -> None:
             assert rec is not None and rec.offset == off
 
 
+def test_end_offsets_count_what_is_durable_and_reads_below_them_see_it(node: LocalNode) -> None:
+    """Another client's end offsets: every record below them can be read at once, committed
+    transactions count, staged ones do not."""
+    with node.client() as writer, node.client() as reader:
+        writer.create_topic("t", partitions=3)
+        assert reader.end_offsets("t") == [0, 0, 0]
+        tx = writer.transaction()
+        tx.produce_batch("t", [b"staged"] * 4, partition=0)
+        tx.settle()
+        pipe = writer.pipeline()
+        for i in range(60):
+            pipe.submit("t", [f"v{i}".encode()], partition=i % 3)
+        pipe.flush()
+        ends = reader.end_offsets("t")  # asked while the produces are in flight
+        assert all(0 <= e <= 20 for e in ends), ends
+        for p, end in enumerate(ends):
+            got = reader.read("t", p, 0, max_records=100)
+            assert [r.offset for r in got][:end] == list(range(end))
+        answered = 0
+        while answered < 60:
+            answered += len(pipe.poll(5000))
+        assert reader.end_offsets("t") == [20, 20, 20]
+        tx.commit()
+        assert reader.end_offsets("t") == [24, 20, 20]
+        assert len(reader.read("t", 0, 20, max_records=100)) == 4
+        with pytest.raises(UnknownTopic):
+            reader.end_offsets("nope")
+
+
 def test_data_survives_clean_restart(make_node: MakeNode, tmp_path: Path) -> None:
     n = make_node()
     with n.client() as c:

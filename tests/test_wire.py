@@ -220,6 +220,7 @@ VALID_REQUESTS: dict[str, dict[str, Any]] = {
     "create_topic": {"name": "orders", "partitions": 4},
     "delete_topic": {"name": "orders"},
     "list_topics": {},
+    "end_offsets": {"topic": "orders"},
     "read": {"topic": "orders", "partition": 0, "offset": 10, "max_records": 100},
     "read_by_key": {"topic": "orders", "partition": 1, "key": b"k1"},
     "read_by_tag": {"topic": "orders", "partition": 1, "tag": "red", "offset": 0,

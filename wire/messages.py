@@ -102,6 +102,15 @@ class ListTopics(Message):
     corr: int
 
 
+@message(17)
+class EndOffsets(Message):
+    """Ask for the next offset of each partition of a topic; answered with ``OffsetsReply``
+    once every record below those offsets is durable."""
+
+    corr: int
+    topic_id: int
+
+
 @message(16)
 class Checkpoint(Message):
     """Run a checkpoint now; answer ``Done(corr, lsn)`` to ``reply_to`` when it is finished."""
@@ -194,6 +203,16 @@ class Catalog(Message):
     version: int
     topics: list[Topic]
     durable_lsn: int  # everything up to here is on disk: reads may wait for it
+
+
+@message(29)
+class OffsetsReply(Message):
+    """The next offset of each partition of a topic, in partition order; every record below
+    them is durable by ``lsn`` (the front door makes later reads wait for it)."""
+
+    corr: int
+    lsn: int
+    offsets: list[int]
 
 
 # ---- to the cache manager (reads) and on to shard writers ---------------------------
@@ -569,6 +588,6 @@ class TxnsReply(Message):
 # The requests the log manager's logic admits (``LogState.admit``), and the answers the
 # front door matches to a waiting client (``FrontDoorState.answer``).
 Answer = (Ack | Done | TopicsReply | ErrorReply | RecordsReply | ValueReply | StatusReply
-          | TxnId | TxnWritten | TxnCommitted | TxnsReply)
-LogRequest = (Append | CreateTopic | DeleteTopic | CommitOffset | ListTopics
+          | OffsetsReply | TxnId | TxnWritten | TxnCommitted | TxnsReply)
+LogRequest = (Append | CreateTopic | DeleteTopic | CommitOffset | ListTopics | EndOffsets
               | TxnStart | TxnAppend | TxnResolve)

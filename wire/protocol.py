@@ -158,6 +158,11 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("list_topics", "every topic, sorted by name",
        request=(),
        reply=(Field("topics", _ARRAY, "one row per topic", row=Topic._fields),)),
+    Op("end_offsets", "the next offset of each partition: every record below it is durable, "
+       "and a read sent after this answer sees it",
+       request=(TOPIC,),
+       reply=(Field("offsets", _ARRAY, "the next offset of each partition, in partition "
+                    "order"),)),
     Op("read", "records from an offset on (from the cache when it has them)",
        request=(TOPIC, PARTITION, OFFSET, MAX_RECORDS),
        reply=(RECORDS_READ,)),
