@@ -120,6 +120,7 @@ class Transaction:
         self._produces: list[tuple[int, str]] = []  # each produce call: its request id, topic
         self._commit_rid: int | None = None
         self._begun = begin is None  # the node has the transaction (or it was begun apart)
+        self.in_flight_max = IN_FLIGHT_MAX  # a caller may bound it lower (the Spark sink)
         if begin is not None:
             self._submit(*begin)
 
@@ -152,12 +153,17 @@ class Transaction:
     def produce_batch(self, topic: str, records: Iterable[Record | bytes],
                       partition: int | None = None) -> None:
         """Stage a batch of records (they get their offsets at the commit)."""
-        self._check()
         recs = list(records)
         if not recs:
             raise error_for(ErrorCode.EMPTY_BATCH, "a batch needs at least one record")
+        self.produce_packed(topic, pack_batch(recs), partition)
+
+    def produce_packed(self, topic: str, blob: bytes, partition: int | None = None) -> None:
+        """Stage records already packed as ``wire/records.py`` lays a batch out (the Spark
+        sink packs a column at a time)."""
+        self._check()
         fields: dict[str, Any] = {"txn": self.id, "seq": self.seq, "topic": topic,
-                                  "records": pack_batch(recs)}
+                                  "records": blob}
         if partition is not None:
             fields["partition"] = partition
         self.seq += 1
@@ -256,8 +262,8 @@ class Transaction:
     def _send(self) -> None:
         if not self._queue:
             return
-        if len(self._in_flight) + len(self._queue) > IN_FLIGHT_MAX:
-            self._collect(IN_FLIGHT_MAX // 2)
+        if len(self._in_flight) + len(self._queue) > self.in_flight_max:
+            self._collect(self.in_flight_max // 2)
         self.client.sock.send(b"".join(frame for _rid, _op, _fields, frame in self._queue))
         for rid, op, fields, _frame in self._queue:
             self._in_flight[rid] = (op, fields)

@@ -1,5 +1,7 @@
 # Sourced by the scripts: make ./.venv with the project installed (with the given extras).
 # Re-installs only when pyproject.toml changes, so repeated runs start fast.
+# With the spark extra it also checks for Java (Spark runs on a JVM) and points PySpark's
+# workers at the venv's interpreter.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -15,4 +17,13 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "installing shardnode[$extras] into .venv" >&2
   .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extras]"
   echo "$want" > "$stamp"
+fi
+if [[ ",$extras," == *",spark,"* ]]; then
+  if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
+    echo "Spark needs Java 17 or newer, and there is no 'java' on PATH and no JAVA_HOME." >&2
+    echo "Install a JDK (e.g. 'apt-get install openjdk-17-jre-headless') and run this again." >&2
+    exit 3
+  fi
+  export PYSPARK_PYTHON="$ROOT/.venv/bin/python"
+  export PYSPARK_DRIVER_PYTHON="$ROOT/.venv/bin/python"
 fi

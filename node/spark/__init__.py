@@ -1,0 +1,71 @@
+"""Spark reads and writes the node through the PySpark data source ``shardnode``.
+
+    from node.spark import register
+    register(spark)
+    (df.writeStream.format("shardnode")
+       .option("endpoint", "tcp://127.0.0.1:7400").option("topic", "events")
+       .option("checkpointLocation", "/tmp/ckpt").start())
+    events = (spark.readStream.format("shardnode")
+       .option("endpoint", "tcp://127.0.0.1:7400").option("topic", "events").load())
+
+The sink (``node/spark/sink.py``) writes exactly once by default, staging each task's rows
+in XA branches of the node that the driver commits with the batch; the source
+(``node/spark/source.py``) reads committed records by offset. Options: ``options.py``;
+rows to records and back: ``rows.py``. Needs the ``spark`` extra (pyspark, pyarrow).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
+from pyspark.sql.types import StructType
+
+from node.spark.options import SinkOptions, SourceOptions
+from node.spark.rows import SOURCE_SCHEMA, check_input
+from node.spark.sink import BatchWriter, StreamWriter
+from node.spark.source import BatchReader, StreamReader
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["ShardnodeDataSource", "register"]
+
+
+class ShardnodeDataSource(DataSource):
+    """The data source ``shardnode``: a sink and a source, streaming and batch."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "shardnode"
+
+    def schema(self) -> str:
+        return SOURCE_SCHEMA
+
+    def _sink(self, schema: StructType) -> SinkOptions:
+        opts = SinkOptions.parse(self.options)
+        check_input(schema, opts.topic)
+        return opts
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return BatchWriter(self._sink(schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return StreamWriter(self._sink(schema))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BatchReader(SourceOptions.parse(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return StreamReader(SourceOptions.parse(self.options))
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``format("shardnode")`` known to this session."""
+    spark.dataSource.register(ShardnodeDataSource)

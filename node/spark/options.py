@@ -1,0 +1,174 @@
+"""The options of the ``shardnode`` data source, read and checked once, on the driver.
+
+Spark hands a data source its options as strings (``.option("maxRecordsPerRequest",
+"2000")``), case-insensitively. Each reader and writer turns them into one of the frozen
+records below before any task runs, so a bad option fails the query at its start with a
+message naming the option, not a task later with a ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from wire.protocol import NAME_LEN_MAX
+
+EXACTLY_ONCE = "exactly_once"
+AT_LEAST_ONCE = "at_least_once"
+GUARANTEES = (EXACTLY_ONCE, AT_LEAST_ONCE)
+
+# A sink id is part of every XA global id the sink writes (``node/spark/sink.py``): with
+# ``/<batch id>`` after it, it must fit the XA limit of 64 bytes.
+SINK_ID_BYTES_MAX = 40
+# The node takes at most ``[limits] batch_records_max`` (10 000 by default) per request.
+RECORDS_PER_REQUEST_MAX = 10_000
+
+
+class OptionError(ValueError):
+    """An option of the ``shardnode`` data source is missing or wrong."""
+
+
+def _get(options: Mapping[str, str], name: str) -> str | None:
+    # Spark's options are a case-insensitive dict; a plain dict (tests, the demo) is not.
+    value = options.get(name)
+    if value is None:
+        value = options.get(name.lower())
+    return value
+
+
+def _int(options: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    text = _get(options, name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise OptionError(f"option {name!r} must be an integer, got {text!r}") from None
+    if not low <= value <= high:
+        raise OptionError(f"option {name!r} must be in {low}..{high}, got {value}")
+    return value
+
+
+def endpoint_of(options: Mapping[str, str]) -> str:
+    """The node's endpoint. Several, comma-separated, name a cluster: not supported until
+    clients route to partition owners (issue 13), and refused rather than half-used."""
+    text = _get(options, "endpoint")
+    if not text:
+        raise OptionError("option 'endpoint' is required (e.g. tcp://127.0.0.1:7400)")
+    endpoints = [e.strip() for e in text.split(",") if e.strip()]
+    if len(endpoints) != 1:
+        raise OptionError(f"option 'endpoint' names {len(endpoints)} nodes; this version "
+                          f"writes to and reads from one node")
+    return endpoints[0]
+
+
+def _topic(options: Mapping[str, str], required: bool) -> str | None:
+    topic = _get(options, "topic")
+    if topic is None and required:
+        raise OptionError("option 'topic' is required")
+    if topic is not None and not 0 < len(topic) <= NAME_LEN_MAX:
+        raise OptionError(f"option 'topic' must be 1..{NAME_LEN_MAX} characters")
+    return topic
+
+
+@dataclass(frozen=True, slots=True)
+class SinkOptions:
+    endpoint: str
+    topic: str | None  # None: each row's ``topic`` column names it
+    guarantee: str
+    sink_id: str | None  # None: the streaming query's id
+    records_per_request_max: int
+    requests_in_flight_max: int
+    records_per_txn_max: int
+    txn_timeout_ms: int
+    request_timeout_ms: int
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SinkOptions:
+        guarantee = (_get(options, "deliveryGuarantee") or EXACTLY_ONCE).lower()
+        if guarantee not in GUARANTEES:
+            raise OptionError(f"option 'deliveryGuarantee' must be one of {GUARANTEES}, "
+                              f"got {guarantee!r}")
+        sink_id = _get(options, "sinkId")
+        if sink_id is not None and not (0 < len(sink_id.encode()) <= SINK_ID_BYTES_MAX
+                                        and "/" not in sink_id):
+            raise OptionError(f"option 'sinkId' must be 1..{SINK_ID_BYTES_MAX} bytes without "
+                              f"'/', got {sink_id!r}")
+        return cls(
+            endpoint=endpoint_of(options),
+            topic=_topic(options, required=False),
+            guarantee=guarantee,
+            sink_id=sink_id,
+            records_per_request_max=_int(options, "maxRecordsPerRequest", 5000, 1,
+                                         RECORDS_PER_REQUEST_MAX),
+            requests_in_flight_max=_int(options, "requestsInFlight", 16, 1, 1024),
+            # Under the node's ``[txn] records_max`` (1 000 000): a task with more rows
+            # stages them in several branches, all committed by the same decision.
+            records_per_txn_max=_int(options, "maxRecordsPerTransaction", 500_000, 1,
+                                     1_000_000),
+            # How long a task's branch may stay unprepared before the node rolls it back
+            # (a task that died mid-write); prepared branches never time out.
+            txn_timeout_ms=_int(options, "transactionTimeoutMs", 300_000, 1000, 600_000),
+            request_timeout_ms=_int(options, "requestTimeoutMs", 30_000, 100, 600_000),
+        )
+
+
+def parse_offsets(text: str, name: str) -> dict[int, int] | str:
+    """``earliest``, ``latest``, or JSON ``{"partition": offset}``."""
+    if text in ("earliest", "latest"):
+        return text
+    try:
+        raw: Any = json.loads(text)
+    except ValueError:
+        raise OptionError(f"option {name!r} must be 'earliest', 'latest' or JSON like "
+                          f'{{"0": 42}}, got {text!r}') from None
+    if not isinstance(raw, dict):
+        raise OptionError(f"option {name!r} must be a JSON object of partition: offset")
+    out: dict[int, int] = {}
+    for key, value in raw.items():
+        try:
+            partition = int(key)
+        except ValueError:
+            raise OptionError(f"option {name!r}: partition {key!r} is not an integer") from None
+        if type(value) is not int or value < 0 or partition < 0:
+            raise OptionError(f"option {name!r}: partition {key} must map to an offset ≥ 0")
+        out[partition] = value
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    endpoint: str
+    topic: str
+    starting: dict[int, int] | str
+    ending: dict[int, int] | str
+    records_per_trigger_max: int  # 0: no bound
+    records_per_split_max: int
+    records_per_read_max: int
+    group_id: str | None
+    request_timeout_ms: int
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        topic = _topic(options, required=True)
+        assert topic is not None
+        group_id = _get(options, "groupId")
+        if group_id is not None and not 0 < len(group_id) <= NAME_LEN_MAX:
+            raise OptionError(f"option 'groupId' must be 1..{NAME_LEN_MAX} characters")
+        ending = parse_offsets(_get(options, "endingOffsets") or "latest", "endingOffsets")
+        if ending == "earliest":
+            raise OptionError("option 'endingOffsets' must be 'latest' or JSON offsets")
+        return cls(
+            endpoint=endpoint_of(options),
+            topic=topic,
+            starting=parse_offsets(_get(options, "startingOffsets") or "earliest",
+                                   "startingOffsets"),
+            ending=ending,
+            records_per_trigger_max=_int(options, "maxRecordsPerTrigger", 0, 0, 2**62),
+            records_per_split_max=_int(options, "maxRecordsPerPartition", 200_000, 1, 2**62),
+            records_per_read_max=_int(options, "maxRecordsPerRead", 5000, 1, 10_000),
+            group_id=group_id,
+            request_timeout_ms=_int(options, "requestTimeoutMs", 30_000, 100, 600_000),
+        )

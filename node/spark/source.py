@@ -1,0 +1,199 @@
+"""The ``shardnode`` source: a topic read as a stream (or a batch) of Spark rows.
+
+Spark's offsets are the node's: ``{"<partition>": <next offset>}``, kept in the query's
+checkpoint. Each micro-batch reads, per partition, the offsets from where the last one
+ended up to the end the node answered (``end_offsets``: every record below it is durable
+and readable), bounded by ``maxRecordsPerTrigger``. Only committed records have offsets, so
+only they are read; a restart from the checkpoint reads on from its offsets, nothing
+skipped and nothing twice. With ``groupId`` the source also commits each finished batch's
+offsets as the node's consumer-group offsets (``shardnode`` shows them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import msgpack
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from node.client import NodeClient
+from node.spark.options import OptionError, SourceOptions
+from node.spark.rows import batch_of
+
+Offsets = dict[str, int]  # Spark's offset: partition (as a string: JSON) → next offset
+READ_WAIT_MS_MAX = 30_000  # how long a read waits for records below an end the node answered
+
+
+@dataclass
+class Split(InputPartition):
+    """One Spark input partition: offsets ``[start, end)`` of one node partition."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+def _client(opts: SourceOptions) -> NodeClient:
+    return NodeClient(opts.endpoint, timeout_ms=opts.request_timeout_ms)
+
+
+def _ends(opts: SourceOptions) -> Offsets:
+    with _client(opts) as c:
+        return {str(p): end for p, end in enumerate(c.end_offsets(opts.topic))}
+
+
+def _resolve(spec: dict[int, int] | str, ends: Offsets, name: str) -> Offsets:
+    """``earliest`` / ``latest`` / JSON offsets against the topic's current ends."""
+    if spec == "earliest":
+        return dict.fromkeys(ends, 0)
+    if spec == "latest":
+        return dict(ends)
+    assert isinstance(spec, dict)
+    unknown = sorted(p for p in spec if str(p) not in ends)
+    if unknown:
+        raise OptionError(f"option {name!r} names partitions {unknown}; the topic has "
+                          f"0..{len(ends) - 1}")
+    out = dict.fromkeys(ends, 0)
+    for p, off in spec.items():
+        if off > ends[str(p)]:
+            raise OptionError(f"option {name!r}: offset {off} of partition {p} is past its "
+                              f"end, {ends[str(p)]}")
+        out[str(p)] = off
+    return out
+
+
+def bounded(start: Offsets, ends: Offsets, records_max: int) -> Offsets:
+    """Ends at most ``records_max`` records past ``start`` in all, shared out evenly among
+    the partitions that have records (what one leaves unused goes to the others)."""
+    want = {p: max(0, ends[p] - start.get(p, 0)) for p in ends}
+    give = dict.fromkeys(ends, 0)
+    left = records_max
+    hungry = [p for p in ends if want[p] > 0]
+    while left > 0 and hungry:
+        share = max(1, left // len(hungry))
+        for p in list(hungry):
+            take = min(share, want[p] - give[p], left)
+            give[p] += take
+            left -= take
+            if give[p] == want[p]:
+                hungry.remove(p)
+            if left == 0:
+                break
+    return {p: start.get(p, 0) + give[p] for p in ends}
+
+
+def splits(opts: SourceOptions, start: Offsets, end: Offsets) -> list[Split]:
+    """One split per partition with records, cut where a range is over
+    ``maxRecordsPerPartition``."""
+    out = []
+    for p, stop in sorted(end.items(), key=lambda kv: int(kv[0])):
+        first = start.get(p, 0)
+        while first < stop:
+            last = min(stop, first + opts.records_per_split_max)
+            out.append(Split(opts.topic, int(p), first, last))
+            first = last
+    return out
+
+
+def read_split(opts: SourceOptions, split: Split) -> Iterator[pa.RecordBatch]:
+    """The split's records as Arrow batches, in offset order: every offset of the range
+    (the node's end offsets are durable, so each one is there to read)."""
+    offset = split.start
+    with _client(opts) as c:
+        deadline = time.monotonic() + READ_WAIT_MS_MAX / 1000
+        while offset < split.end:
+            n = min(opts.records_per_read_max, split.end - offset)
+            reply = c.call("read", topic=split.topic, partition=split.partition, offset=offset,
+                           max_records=n)
+            rows = msgpack.unpackb(reply["records"], raw=False, use_list=False)
+            rows = [r for r in rows if r[0] < split.end]
+            if not rows:
+                # Cannot happen while the topic stands; if it was deleted and made again,
+                # say so instead of waiting for ever.
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{split.topic}/{split.partition}: offsets {offset}.."
+                                       f"{split.end - 1} were answered as durable but cannot be "
+                                       f"read (was the topic deleted?)")
+                time.sleep(0.05)  # back off before asking again
+                continue
+            if rows[0][0] != offset:
+                raise RuntimeError(f"{split.topic}/{split.partition}: expected offset {offset}, "
+                                   f"read {rows[0][0]}")
+            yield batch_of(split.topic, split.partition, rows)
+            offset = rows[-1][0] + 1
+            deadline = time.monotonic() + READ_WAIT_MS_MAX / 1000
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("shardnode")``."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self.target: Offsets | None = None  # Trigger.AvailableNow: read no further than this
+
+    def initialOffset(self) -> Offsets:
+        ends = _ends(self.opts)
+        return _resolve(self.opts.starting, ends, "startingOffsets")
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.records_per_trigger_max:
+            return ReadMaxRows(self.opts.records_per_trigger_max)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = _ends(self.opts)
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        ends = self.target if self.target is not None else _ends(self.opts)
+        ends = {p: max(ends.get(p, 0), start.get(p, 0)) for p in ends.keys() | start.keys()}
+        if isinstance(limit, ReadMaxRows):
+            return bounded(start, ends, limit.max_rows)
+        return ends
+
+    def partitions(self, start: Offsets, end: Offsets) -> list[Split]:
+        return splits(self.opts, start, end)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, Split)
+        return read_split(self.opts, partition)
+
+    def commit(self, end: Offsets) -> None:
+        if self.opts.group_id is None:
+            return
+        with _client(self.opts) as c:
+            for p, offset in sorted(end.items(), key=lambda kv: int(kv[0])):
+                c.commit_offset(self.opts.group_id, self.opts.topic, int(p), offset)
+
+
+class BatchReader(DataSourceReader):
+    """``spark.read.format("shardnode")``: ``startingOffsets`` to ``endingOffsets``."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+
+    def partitions(self) -> list[Split]:
+        ends = _ends(self.opts)
+        start = _resolve(self.opts.starting, ends, "startingOffsets")
+        end = _resolve(self.opts.ending, ends, "endingOffsets")
+        low = [p for p in end if end[p] < start[p]]
+        if low:
+            raise OptionError(f"endingOffsets is before startingOffsets in partitions {low}")
+        return splits(self.opts, start, end)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, Split)
+        return read_split(self.opts, partition)
