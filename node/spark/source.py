@@ -144,6 +144,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
         self.target: Offsets | None = None  # Trigger.AvailableNow: read no further than this
+        self.committed: Offsets = {}  # the group's offsets as this reader last committed them
 
     def initialOffset(self) -> Offsets:
         ends = _ends(self.opts)
@@ -158,6 +159,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target = _ends(self.opts)
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        # Spark asks after the batch before has finished: everything below ``start`` is
+        # read. (Its ``commit`` of a batch comes only when the next batch is planned, and
+        # never for the last one before the query stops.)
+        self._commit_group(start)
         ends = self.target if self.target is not None else _ends(self.opts)
         ends = {p: max(ends.get(p, 0), start.get(p, 0)) for p in ends.keys() | start.keys()}
         if isinstance(limit, ReadMaxRows):
@@ -172,11 +177,17 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return read_split(self.opts, partition)
 
     def commit(self, end: Offsets) -> None:
-        if self.opts.group_id is None:
+        self._commit_group(end)
+
+    def _commit_group(self, end: Offsets) -> None:
+        """Record how far the query has read as the node's consumer-group offsets."""
+        if self.opts.group_id is None or end == self.committed:
             return
         with _client(self.opts) as c:
             for p, offset in sorted(end.items(), key=lambda kv: int(kv[0])):
-                c.commit_offset(self.opts.group_id, self.opts.topic, int(p), offset)
+                if self.committed.get(p) != offset:
+                    c.commit_offset(self.opts.group_id, self.opts.topic, int(p), offset)
+        self.committed = dict(end)
 
 
 class BatchReader(DataSourceReader):

@@ -1,0 +1,76 @@
+"""A Spark driver in a process of its own, for the tests that SIGKILL it (tests/test_spark.py).
+
+    python tests/spark_driver.py sink ENDPOINT TOPIC INPUT_DIR CHECKPOINT
+        Parquet files of INPUT_DIR (one per micro-batch) through the shardnode sink into TOPIC,
+        until every file is written (Trigger.AvailableNow).
+    python tests/spark_driver.py source ENDPOINT TOPIC OUT_DIR CHECKPOINT follow|finish
+        TOPIC through the shardnode source, 500 records a batch; each batch's rows, in the
+        order read, to OUT_DIR/<batch id>.json (a replayed batch writes its file again).
+        ``follow`` runs until killed; ``finish`` reads what there is and exits.
+
+Prints ``started`` once its query runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+from node.spark import register
+
+SCHEMA = "key string, value string"
+
+
+def session() -> SparkSession:
+    spark = (SparkSession.builder.master("local[2,4]").appName("shardnode-test-driver")
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def sink(endpoint: str, topic: str, inputs: str, checkpoint: str) -> None:
+    spark = session()
+    q = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(inputs)
+         .repartition(2)
+         .writeStream.format("shardnode").option("endpoint", endpoint).option("topic", topic)
+         .option("requestTimeoutMs", "5000")
+         .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    print("started", flush=True)
+    q.awaitTermination()
+
+
+def source(endpoint: str, topic: str, out: str, checkpoint: str, mode: str) -> None:
+    spark = session()
+
+    def keep(df: DataFrame, batch_id: int) -> None:
+        rows: list[Any] = [[r.partition, r.offset, r.value.decode()] for r in df.collect()]
+        tmp = Path(out) / f".{batch_id}.tmp"
+        tmp.write_text(json.dumps(rows))
+        os.replace(tmp, Path(out) / f"{batch_id}.json")
+
+    reader = (spark.readStream.format("shardnode").option("endpoint", endpoint)
+              .option("topic", topic).option("maxRecordsPerTrigger", "500").load())
+    writer = reader.writeStream.foreachBatch(keep).option("checkpointLocation", checkpoint)
+    if mode == "finish":
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime="100 milliseconds")
+    q = writer.start()
+    print("started", flush=True)
+    q.awaitTermination()
+
+
+if __name__ == "__main__":
+    what, *args = sys.argv[1:]
+    if what == "sink":
+        sink(*args)
+    else:
+        source(*args)
