@@ -461,9 +461,14 @@ def test_a_stream_read_killed_and_restarted_sees_every_record_once_in_order(
         write(300)
         proc = child("source", node.endpoint, "t", str(out), ckpt, "follow")
         try:
-            # Writes go on while it reads, until it has finished a batch or more.
-            poll(lambda: (write(50) or True) and len(list(out.glob("*.json"))) >= 2,
-                 "the reading query's first batches")
+            # Writes go on while it reads (up to 1 500 records a partition), until it has
+            # finished two batches.
+            def reading() -> bool:
+                if written < 1500:
+                    write(20)
+                return len(list(out.glob("*.json"))) >= 2
+
+            poll(reading, "the reading query's first batches")
         finally:
             kill_group(proc)
         write(200)
