@@ -15,26 +15,24 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 import pytest
+from pyspark import TaskContext, cloudpickle
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.datasource import WriterCommitMessage
+from pyspark.sql.streaming.query import StreamingQuery
 
-pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installed")
-
-from pyspark import TaskContext, cloudpickle  # noqa: E402
-from pyspark.errors import PySparkException  # noqa: E402
-from pyspark.sql import DataFrame, SparkSession  # noqa: E402
-from pyspark.sql.streaming import StreamingQuery  # noqa: E402
-
-from node.client import NodeClient  # noqa: E402
-from node.local import LocalNode  # noqa: E402
-from node.spark import ShardnodeDataSource, register  # noqa: E402
-from node.spark.sink import SINKS_TOPIC, XID_FORMAT, StreamWriter  # noqa: E402
-from node.spark.source import Split, bounded, read_split, splits  # noqa: E402
-from node.spark.options import OptionError, SourceOptions, SinkOptions  # noqa: E402
+from node.client import NodeClient
+from node.local import LocalNode
+from node.spark import ShardnodeDataSource, register
+from node.spark.options import OptionError, SinkOptions, SourceOptions
+from node.spark.sink import SINKS_TOPIC, XID_FORMAT, StreamWriter
+from node.spark.source import Split, bounded, read_split, splits
 
 if TYPE_CHECKING:
     from tests.conftest import MakeNode
@@ -55,7 +53,7 @@ def spark() -> Iterator[SparkSession]:
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     register(session)
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # FailingSink, below
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]  # FailingSink
     session.dataSource.register(FailingSink)
     yield session
     session.stop()
@@ -311,12 +309,12 @@ def test_rows_are_invisible_until_the_batch_commits(spark: SparkSession, node: L
         assert [x[0] for m in messages for x in m.xids] == [XID_FORMAT, XID_FORMAT]
         assert len(c.xa_recover()) == 2, "prepared, in doubt until the driver decides"
         assert total(c, "events") == 0
-        writer.commit(messages, 0)
+        writer.commit(list[WriterCommitMessage | None](messages), 0)
         assert total(c, "events") == 300
         assert_no_branches(c)
 
 
-def _arrow_batches(rows: Iterator[Any]) -> Iterator[Any]:
+def _arrow_batches(rows: Iterable[Any]) -> Iterator[Any]:
     import pyarrow as pa
 
     values = [r.value for r in rows]
