@@ -8,6 +8,7 @@
     shardnode delete-topic NAME
     shardnode produce TOPIC VALUE... [--key K] [--partition P]
     shardnode consume TOPIC [--partition P] [--from OFFSET] [--follow]
+    shardnode offsets TOPIC [--group G]...   (end offsets; each group's offset and lag)
     shardnode txn list
     shardnode txn commit XID          (a prepared XA branch, as `txn list` prints its xid)
     shardnode txn rollback XID|ID     (a branch, or a local transaction by its id)
@@ -204,6 +205,29 @@ def cmd_consume(args: argparse.Namespace) -> int:
             time.sleep(args.poll_ms / 1000)  # --follow: wait for new records
 
 
+def cmd_offsets(args: argparse.Namespace) -> int:
+    from node.client import NodeClient
+
+    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms) as c:
+        ends = c.end_offsets(args.topic)
+        groups = {g: [c.committed_offset(g, args.topic, p) for p in range(len(ends))]
+                  for g in args.group}
+    t = Table(title=f"{args.topic}: {sum(ends)} records")
+    t.add_column("partition", justify="right")
+    t.add_column("end offset", justify="right")
+    for g in groups:
+        t.add_column(f"{g}: offset", justify="right")
+        t.add_column("lag", justify="right")
+    for p, end in enumerate(ends):
+        row = [str(p), str(end)]
+        for committed in groups.values():
+            at = committed[p]
+            row += ["-", str(end)] if at is None else [str(at), str(end - at)]
+        t.add_row(*row)
+    console.print(t)
+    return 0
+
+
 def cmd_txn_list(args: argparse.Namespace) -> int:
     from node.client import NodeClient
 
@@ -308,6 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--follow", action="store_true", help="keep waiting for new records")
     s.add_argument("--poll-ms", type=int, default=200)
     s.set_defaults(func=cmd_consume)
+
+    s = sub.add_parser("offsets", help="a topic's end offsets, and how far groups have read")
+    client_args(s)
+    s.add_argument("topic")
+    s.add_argument("--group", action="append", default=[],
+                   help="a consumer group (a Spark source's groupId); may be repeated")
+    s.set_defaults(func=cmd_offsets)
 
     s = sub.add_parser("txn", help="transactions open or in doubt: list, commit, roll back")
     txn = s.add_subparsers(dest="txn_command", required=True)

@@ -4,7 +4,7 @@
         Parquet files of INPUT_DIR (one per micro-batch) through the shardnode sink into TOPIC,
         until every file is written (Trigger.AvailableNow).
     python tests/spark_driver.py source ENDPOINT TOPIC OUT_DIR CHECKPOINT follow|finish
-        TOPIC through the shardnode source, 500 records a batch; each batch's rows, in the
+        TOPIC through the shardnode source, 1000 records a batch; each batch's rows, in the
         order read, to OUT_DIR/<batch id>.json (a replayed batch writes its file again).
         ``follow`` runs until killed; ``finish`` reads what there is and exits.
 
@@ -57,7 +57,7 @@ def source(endpoint: str, topic: str, out: str, checkpoint: str, mode: str) -> N
         os.replace(tmp, Path(out) / f"{batch_id}.json")
 
     reader = (spark.readStream.format("shardnode").option("endpoint", endpoint)
-              .option("topic", topic).option("maxRecordsPerTrigger", "500").load())
+              .option("topic", topic).option("maxRecordsPerTrigger", "1000").load())
     writer = reader.writeStream.foreachBatch(keep).option("checkpointLocation", checkpoint)
     if mode == "finish":
         writer = writer.trigger(availableNow=True)

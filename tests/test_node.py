@@ -234,6 +234,18 @@ def test_cli_produce_consume_status(node: LocalNode) -> None:
     assert "cli" in _cli(node, "topics")
 
 
+def test_cli_offsets_shows_end_offsets_and_each_groups_lag(node: LocalNode) -> None:
+    with node.client() as c:
+        c.create_topic("t", partitions=2)
+        c.produce_batch("t", [b"x"] * 7, partition=0)
+        c.produce_batch("t", [b"y"] * 3, partition=1)
+        c.commit_offset("readers", "t", 0, 5)
+    rows = [ln.split("│")[1:-1] for ln in _cli(node, "offsets", "t", "--group", "readers")
+            .splitlines() if ln.startswith("│") and ln.split("│")[1].strip().isdigit()]
+    assert [[cell.strip() for cell in row] for row in rows] == [["0", "7", "5", "2"],
+                                                                 ["1", "3", "-", "3"]]
+
+
 def test_cli_reports_errors_cleanly(node: LocalNode) -> None:
     out = subprocess.run([sys.executable, "-m", "node", "produce", "missing", "x",
                           "--port", str(node.port)], capture_output=True, text=True, timeout=60)

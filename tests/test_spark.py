@@ -250,7 +250,7 @@ def test_a_task_that_fails_once_leaves_no_duplicate_and_nothing_staged(
 @pytest.mark.timeout(600)  # two Spark drivers of their own start
 def test_sigkill_of_the_driver_mid_stream_then_restart_writes_every_row_once(
         spark: SparkSession, node: LocalNode, tmp_path: Path) -> None:
-    rows = write_inputs(spark, tmp_path / "in", files=6, rows_per_file=1500)
+    rows = write_inputs(spark, tmp_path / "in", files=4, rows_per_file=1500)
     args = ("sink", node.endpoint, "events", str(tmp_path / "in"), str(tmp_path / "ck"))
     with node.client() as c:
         c.create_topic("events", partitions=2)
@@ -459,10 +459,10 @@ def test_a_stream_read_killed_and_restarted_sees_every_record_once_in_order(
         write(300)
         proc = child("source", node.endpoint, "t", str(out), ckpt, "follow")
         try:
-            # Writes go on while it reads (up to 1 500 records a partition), until it has
+            # Writes go on while it reads (up to 1 000 records a partition), until it has
             # finished two batches.
             def reading() -> bool:
-                if written < 1500:
+                if written < 1000:
                     write(20)
                 return len(list(out.glob("*.json"))) >= 2
 
