@@ -54,13 +54,14 @@ POLL_S = 0.2  # how often the progress bars look at the node and the queries
 # A query that adds no row for this long has stalled: the demo fails rather than wait. A
 # query's first batch, which starts Spark's Python workers, took 40 s on a busy 2-core machine.
 STALL_S_MAX = 180.0
+# The summary counts each query's batches from its progress reports, of which Spark keeps
+# the last BATCHES_MAX (SPARK_CONF): --rows / --batch-rows may be no more.
+BATCHES_MAX = 10_000
 SPARK_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",  # the demo draws its own bars
     "spark.sql.shuffle.partitions": "2",
-    # The summary counts each query's batches from its progress reports: keep them all
-    # (rows / batch rows of them; the default keeps 100).
-    "spark.sql.streaming.numRecentProgressUpdates": "10000",
+    "spark.sql.streaming.numRecentProgressUpdates": str(BATCHES_MAX),  # the default is 100
 }
 # Spark logs errors only, from its start on (``spark.log.level`` applies only once it runs).
 # The gateway's logger needs its level too: Spark prints a line about it otherwise.
@@ -233,7 +234,8 @@ def query_step(name: str, query: StreamingQuery, seconds: float) -> Step:
 def write(spark: SparkSession, node: LocalNode, spark_dir: Path, rows: int,
           start_ms: int) -> Step:
     """Query 1: the input into the topic through the sink, exactly once; the bar counts
-    the rows the node has."""
+    the rows the node has. Once it ends the topic must hold the rows, no more, and the node
+    no transaction (the sink's XA branches) still open or prepared."""
     t0 = time.monotonic()
     query = (generated(spark, spark_dir / "input", start_ms).writeStream
              .format("shardnode").queryName("write")
@@ -245,10 +247,14 @@ def write(spark: SparkSession, node: LocalNode, spark_dir: Path, rows: int,
         with node.client() as c:
             seconds = follow(query, "write", lambda: rows_in(c), rows, t0)
             have = rows_in(c)
+            left = c.txn_list()  # the sink's XA branches: every one committed, none in doubt
     finally:
         query.stop()
     if have != rows:
         raise DemoFailed(f"the topic has {have:,} rows after the write, not {rows:,}")
+    if left:
+        raise DemoFailed(f"{len(left)} transactions still open or prepared after the write: "
+                         f"{left[:3]}")
     return query_step("write → shardnode", query, seconds)
 
 
@@ -310,8 +316,8 @@ def check(spark: SparkSession, readback: Path) -> Check:
 
 
 def summary(steps: list[Step], total_s: float, rows: int, partitions: int) -> Table:
-    t = Table(title=f"shardnode demo: {rows:,} rows through Spark into a topic of "
-                    f"{partitions} partitions and back", title_justify="left")
+    t = Table(title=f"shardnode demo: {rows:,} rows through Spark into {partitions} "
+                    f"partitions and back", title_justify="left")
     t.caption = "warm: after the first batch, which pays for starting Spark's Python workers"
     t.caption_justify = "left"
     for col in ("", "rows", "rows/s", "batches", "warm rows/s", "seconds"):
@@ -338,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.rows < 1 or a.partitions < 1 or a.batch_rows < 1:
         p.error("need --rows, --partitions and --batch-rows >= 1")
+    if -(-a.rows // a.batch_rows) > BATCHES_MAX:
+        p.error(f"--rows / --batch-rows must be at most {BATCHES_MAX:,} micro-batches")
     if not port_is_free(a.port):
         console.print(f"[red]port {a.port} is in use[/red] (another node?): pass --port N")
         return 2
