@@ -1,57 +1,137 @@
-"""shardnode in one minute: start a node on ./var/demo, write 100 000 records in batches of
-1000, read every one back and check its value and offset, show the figures, stop the node.
+"""shardnode's demo is the pipeline a user of it runs: a node on ./var/demo, a Spark
+streaming query from a generated source through the ``shardnode`` sink (exactly once), a
+Spark streaming query that reads the topic back through the ``shardnode`` source, and a
+check in Spark SQL that every row arrived exactly once, with its key, value and timestamp.
 
-    scripts/demo [--port 7400] [--records 100000] [--batch 1000] [--size 100]
+    scripts/demo [--rows 200000] [--port 7400] [--partitions 4] [--batch-rows 50000]
 
-Exits non-zero if any record read back differs from what was written.
+The input is the numbers 0..rows-1 in Parquet files of ``--batch-rows`` each, one file to a
+micro-batch. Row ``n`` is written with key ``user-<n % 1000>``, value
+``row <n in 12 digits> <sha-256 of n>`` and timestamp ``start + n`` ms: each derived from
+``n``, so the check recomputes them from the number read back in the value. Both queries run
+with Trigger.AvailableNow: each stops by itself once it has processed what was there when
+it started. Exits non-zero if a row is missing, duplicated or differs, or a query fails or
+stalls.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import os
 import shutil
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from node.client import NodeClient
 from node.local import LocalNode
+from node.spark import register
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPIC = "demo"
-MISMATCHES_SHOWN_MAX = 10
+KEYS = 1000  # distinct keys: row n has key user-<n % KEYS>
+POLL_S = 0.2  # how often the progress bars look at the node and the queries
+# A query that adds no row for this long has stalled: the demo fails rather than wait. A
+# query's first batch, which starts Spark's Python workers, took 40 s on a busy 2-core machine.
+STALL_S_MAX = 180.0
+# The summary counts each query's batches from its progress reports, of which Spark keeps
+# the last BATCHES_MAX (SPARK_CONF): --rows / --batch-rows may be no more.
+BATCHES_MAX = 10_000
+SPARK_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",  # the demo draws its own bars
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.streaming.numRecentProgressUpdates": str(BATCHES_MAX),  # the default is 100
+}
+# Spark logs errors only, from its start on (``spark.log.level`` applies only once it runs).
+# The gateway's logger needs its level too: Spark prints a line about it otherwise.
+LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = error
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+"""
+
+# The JIT's quick tier only: a run of a minute or two gains nothing from the optimising
+# compiler, whose threads take CPU from the queries. On this 2-core machine the demo at
+# 20 000 rows took 44-61 s with it, 52-89 s without, run for run in turn (the machine busy).
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 console = Console()
 
 
-def value_of(i: int, size: int) -> bytes:
-    """Record ``i``'s value: its number, then filler, ``size`` bytes in all."""
-    return (b"record %012d " % i).ljust(size, b".")[:size]
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
+class DemoFailed(RuntimeError):
+    """A query failed or stalled, or the node does not hold the rows written."""
 
 
 @dataclass(slots=True)
-class Phase:
-    """One pass over the records: how long it took and each request's latency."""
+class Step:
+    """One step of the pipeline, a line of the summary. A query's step has its batches,
+    and its rate after the first batch (None with one batch)."""
 
-    records: int = 0
-    seconds: float = 0.0
-    latencies_s: list[float] = field(default_factory=list)
+    name: str
+    seconds: float
+    rows: int | None = None
+    batches: int | None = None
+    warm_per_s: float | None = None
 
     @property
-    def per_s(self) -> float:
-        return self.records / self.seconds if self.seconds else 0.0
+    def per_s(self) -> str:
+        if self.rows is None or self.batches is None or not self.seconds:
+            return ""
+        return f"{self.rows / self.seconds:,.0f}"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """What Spark SQL found in the rows read back."""
+
+    count: int
+    distinct: int
+    low: int | None
+    high: int | None
+    bad: int  # rows whose key, value or timestamp is not the one derived from their number
+
+    def failures(self, rows: int) -> list[str]:
+        """Nothing if each number 0..rows-1 is there exactly once and every row is as
+        written: count = distinct = rows, and min..max = 0..rows-1, leave no room for
+        another number or a second copy."""
+        out = []
+        if self.count != rows:
+            out.append(f"{self.count:,} rows read back, {rows:,} written")
+        if self.distinct != self.count:
+            out.append(f"{self.count:,} rows read back carry {self.distinct:,} distinct "
+                       f"numbers: some came more than once (or have no number)")
+        if (self.low, self.high) != (0, rows - 1):
+            out.append(f"row numbers {self.low}..{self.high}, expected 0..{rows - 1}")
+        if self.bad:
+            out.append(f"{self.bad:,} rows with a key, value or timestamp other than written")
+        return out
 
 
 def port_is_free(port: int) -> bool:
@@ -68,100 +148,248 @@ def progress_bar() -> Progress:
                     TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=console)
 
 
-def write(c: NodeClient, records: int, batch: int, size: int, mismatches: list[str]) -> Phase:
-    phase = Phase()
+# ---- the pipeline -----------------------------------------------------------------------
+
+
+def generate(where: Path, rows: int, batch_rows: int) -> Step:
+    """The numbers 0..rows-1 in Parquet files of ``batch_rows`` each: the stream's input,
+    written by pyarrow (no Spark job), before Spark starts."""
+    t0 = time.monotonic()
+    where.mkdir(parents=True)
+    files = 0
+    for first in range(0, rows, batch_rows):
+        numbers = pa.array(range(first, min(rows, first + batch_rows)), pa.int64())
+        pq.write_table(pa.table({"n": numbers}), where / f"part-{files:05d}.parquet")
+        files += 1
+    return Step(f"input: {files} Parquet files", time.monotonic() - t0, rows)
+
+
+def start_spark(work_dir: Path) -> SparkSession:
+    log4j = work_dir / "log4j2.properties"
+    log4j.write_text(LOG4J2)
+    # The node and Spark talk over loopback; and Spark warns when the hostname resolves to it.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (SparkSession.builder.master("local[2]").appName("shardnode-demo")
+               .config("spark.driver.extraJavaOptions",
+                       f"-Dlog4j.configurationFile={log4j} {JVM_OPTIONS}"))
+    for key, value in SPARK_CONF.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    register(spark)
+    return spark
+
+
+def key_of(n: Column) -> Column:
+    return F.format_string("user-%d", n % KEYS)
+
+
+def value_of(n: Column) -> Column:
+    return F.format_string("row %012d %s", n, F.sha2(n.cast("string"), 256))
+
+
+def timestamp_of(n: Column, start_ms: int) -> Column:
+    return F.timestamp_millis(F.lit(start_ms) + n)
+
+
+def generated(spark: SparkSession, where: Path, start_ms: int) -> DataFrame:
+    """The input as a stream, a file to a micro-batch: row ``n``'s key, value, timestamp."""
+    n = F.col("n")
+    return (spark.readStream.schema("n long").option("maxFilesPerTrigger", 1)
+            .parquet(str(where))
+            .select(key_of(n).alias("key"), value_of(n).alias("value"),
+                    timestamp_of(n, start_ms).alias("timestamp")))
+
+
+def read_checked(spark: SparkSession, endpoint: str, batch_rows: int, start_ms: int) -> DataFrame:
+    """The topic as a stream through the source: each row's number (from its value) and
+    whether its key, value and timestamp are the ones derived from that number."""
+    value = F.col("value").cast("string")
+    n = F.substring(value, 5, 12).cast("long")
+    good = ((F.col("key").cast("string") == key_of(n)) & (value == value_of(n))
+            & (F.col("timestamp") == timestamp_of(n, start_ms)))
+    return (spark.readStream.format("shardnode")
+            .option("endpoint", endpoint).option("topic", TOPIC)
+            .option("startingOffsets", "earliest")
+            .option("maxRecordsPerTrigger", batch_rows).load()
+            .select(n.alias("n"), F.coalesce(good, F.lit(False)).alias("good")))
+
+
+def rows_in(c: NodeClient) -> int:
+    """The records of the topic: the node's end offsets, all committed and durable."""
+    return sum(c.end_offsets(TOPIC))
+
+
+def input_rows(query: StreamingQuery) -> int:
+    return sum(p.numInputRows for p in query.recentProgress)
+
+
+def query_step(name: str, query: StreamingQuery, seconds: float) -> Step:
+    """A query's line of the summary, from its progress reports (one per micro-batch)."""
+    done = [p for p in query.recentProgress if p.numInputRows > 0]
+    warm_ms = sum(p.durationMs.get("triggerExecution", 0) for p in done[1:])
+    warm = sum(p.numInputRows for p in done[1:]) / warm_ms * 1000 if warm_ms else None
+    return Step(name, seconds, sum(p.numInputRows for p in done), len(done), warm)
+
+
+def write(spark: SparkSession, node: LocalNode, spark_dir: Path, rows: int,
+          start_ms: int) -> Step:
+    """Query 1: the input into the topic through the sink, exactly once; the bar counts
+    the rows the node has. Once it ends the topic must hold the rows, no more, and the node
+    no transaction (the sink's XA branches) still open or prepared."""
+    t0 = time.monotonic()
+    query = (generated(spark, spark_dir / "input", start_ms).writeStream
+             .format("shardnode").queryName("write")
+             .option("endpoint", node.endpoint).option("topic", TOPIC)
+             .option("deliveryGuarantee", "exactly_once")
+             .option("checkpointLocation", str(spark_dir / "write-checkpoint"))
+             .trigger(availableNow=True).start())
+    try:
+        with node.client() as c:
+            seconds = follow(query, "write", lambda: rows_in(c), rows, t0)
+            have = rows_in(c)
+            left = c.txn_list()  # the sink's XA branches: every one committed, none in doubt
+    finally:
+        query.stop()
+    if have != rows:
+        raise DemoFailed(f"the topic has {have:,} rows after the write, not {rows:,}")
+    if left:
+        raise DemoFailed(f"{len(left)} transactions still open or prepared after the write: "
+                         f"{left[:3]}")
+    return query_step("write → shardnode", query, seconds)
+
+
+def read_back(spark: SparkSession, node: LocalNode, spark_dir: Path, rows: int,
+              batch_rows: int, start_ms: int) -> Step:
+    """Query 2: the topic through the source, checked row by row, into Parquet files
+    (``spark_dir/readback``) for the check; the bar counts the rows read."""
+    t0 = time.monotonic()
+    query = (read_checked(spark, node.endpoint, batch_rows, start_ms).writeStream
+             .format("parquet").queryName("read")
+             .option("path", str(spark_dir / "readback"))
+             .option("checkpointLocation", str(spark_dir / "read-checkpoint"))
+             .trigger(availableNow=True).start())
+    try:
+        seconds = follow(query, "read ", lambda: input_rows(query), rows, t0)
+    finally:
+        query.stop()
+    return query_step("read ← shardnode", query, seconds)
+
+
+def ended_within(query: StreamingQuery, seconds: float) -> bool:
+    """Wait for the query to end, at most ``seconds``. PySpark types the timeout as int,
+    but takes a float (it waits ``int(timeout * 1000)`` ms)."""
+    return bool(query.awaitTermination(seconds))  # type: ignore[arg-type]
+
+
+def follow(query: StreamingQuery, label: str, count: Callable[[], int], rows: int,
+           t0: float) -> float:
+    """Show ``count()`` (rows so far) of ``rows`` in a bar until the query ends; return the
+    seconds from ``t0`` to its end. Raise if the query fails, or adds no row for
+    ``STALL_S_MAX``."""
+    have, last_change = 0, time.monotonic()
     with progress_bar() as bar:
-        task = bar.add_task("write", total=records, rate="")
-        t_start = time.monotonic()
-        for first in range(0, records, batch):
-            n = min(batch, records - first)
-            values = [value_of(i, size) for i in range(first, first + n)]
-            t0 = time.monotonic()
-            offsets = c.produce_batch(TOPIC, values, partition=0)
-            phase.latencies_s.append(time.monotonic() - t0)
-            expected = [(0, i) for i in range(first, first + n)]
-            if offsets != expected:
-                mismatches.append(f"batch at {first}: acknowledged offsets {offsets[:1]}…"
-                                  f"{offsets[-1:]}, expected {expected[:1]}…{expected[-1:]}")
-            phase.records += n
-            phase.seconds = time.monotonic() - t_start
-            bar.update(task, completed=phase.records, rate=f"{phase.per_s:,.0f} msgs/s")
-    return phase
+        task: TaskID = bar.add_task(label, total=rows, rate="")
+        while True:
+            try:
+                ended = ended_within(query, POLL_S)
+            except StreamingQueryException as exc:
+                raise DemoFailed(f"query {query.name!r} failed: {exc}") from exc
+            now = count()
+            if now != have:
+                have, last_change = now, time.monotonic()
+            elapsed = time.monotonic() - t0
+            bar.update(task, completed=min(have, rows), rate=f"{have / elapsed:,.0f} rows/s")
+            if ended:
+                return elapsed
+            if time.monotonic() - last_change > STALL_S_MAX:
+                raise DemoFailed(f"query {query.name!r}: no new row in {STALL_S_MAX:.0f} s, "
+                                 f"{have:,} of {rows:,}")
 
 
-def read_back(c: NodeClient, records: int, batch: int, size: int,
-              mismatches: list[str]) -> Phase:
-    phase = Phase()
-    with progress_bar() as bar:
-        task = bar.add_task("read ", total=records, rate="")
-        t_start = time.monotonic()
-        while phase.records < records:
-            t0 = time.monotonic()
-            got = c.read(TOPIC, 0, phase.records, min(batch, records - phase.records))
-            phase.latencies_s.append(time.monotonic() - t0)
-            if not got:
-                mismatches.append(f"read at offset {phase.records} returned nothing: "
-                                  f"{records - phase.records} records missing")
-                break
-            for i, record in enumerate(got, start=phase.records):
-                if record.offset != i or record.value != value_of(i, size):
-                    mismatches.append(f"offset {i}: read offset {record.offset} value "
-                                      f"{record.value[:24]!r}…, "
-                                      f"expected {value_of(i, size)[:24]!r}…")
-            phase.records += len(got)
-            phase.seconds = time.monotonic() - t_start
-            bar.update(task, completed=phase.records, rate=f"{phase.per_s:,.0f} msgs/s")
-    return phase
+def check(spark: SparkSession, readback: Path) -> Check:
+    """Exactly once, in Spark SQL, over the rows read back."""
+    spark.read.parquet(str(readback)).createOrReplaceTempView("readback")
+    r = spark.sql("SELECT count(*) AS count, count(DISTINCT n) AS distinct, min(n) AS low, "
+                  "max(n) AS high, count_if(NOT good) AS bad FROM readback").first()
+    assert r is not None  # an aggregate without GROUP BY has one row
+    return Check(int(r["count"]), int(r["distinct"]), r["low"], r["high"], int(r["bad"]))
 
 
-def summary(w: Phase, r: Phase, size: int, batch: int) -> Table:
-    t = Table(title=f"shardnode demo: {w.records:,} records of {size} bytes, "
-                    f"batches of {batch}", title_justify="left")
-    for col in ("", "records", "msgs/s", "MB/s", "p50 ms / batch", "p99 ms / batch"):
+def summary(steps: list[Step], total_s: float, rows: int, partitions: int) -> Table:
+    t = Table(title=f"shardnode demo: {rows:,} rows through Spark into {partitions} "
+                    f"partitions and back", title_justify="left")
+    t.caption = "warm: after the first batch, which pays for starting Spark's Python workers"
+    t.caption_justify = "left"
+    for col in ("", "rows", "rows/s", "batches", "warm rows/s", "seconds"):
         t.add_column(col, justify="left" if not col else "right")
-    for name, phase in (("write (acked durable)", w), ("read back, checked", r)):
-        t.add_row(name, f"{phase.records:,}", f"{phase.per_s:,.0f}",
-                  f"{phase.per_s * size / 1e6:.1f}",
-                  f"{percentile(phase.latencies_s, 50) * 1000:.2f}",
-                  f"{percentile(phase.latencies_s, 99) * 1000:.2f}")
+    for s in steps:
+        t.add_row(s.name, "" if s.rows is None else f"{s.rows:,}", s.per_s,
+                  "" if s.batches is None else f"{s.batches}",
+                  "" if s.warm_per_s is None else f"{s.warm_per_s:,.0f}", f"{s.seconds:.1f}")
+    t.add_row("total", "", "", "", "", f"{total_s:.1f}", style="bold")
     return t
 
 
 def main(argv: list[str] | None = None) -> int:
+    assert __doc__ is not None
     p = argparse.ArgumentParser(prog="scripts/demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=200_000, help="rows to write (default 200 000)")
     p.add_argument("--port", type=int, default=7400, help="client port (default 7400)")
-    p.add_argument("--records", type=int, default=100_000)
-    p.add_argument("--batch", type=int, default=1000)
-    p.add_argument("--size", type=int, default=100, help="value bytes (at least 20)")
-    p.add_argument("--data-dir", type=Path, default=ROOT / "var" / "demo")
+    p.add_argument("--partitions", type=int, default=4, help="the topic's (default 4)")
+    p.add_argument("--batch-rows", type=int, default=50_000,
+                   help="rows per micro-batch of each query (default 50 000)")
+    p.add_argument("--data-dir", type=Path, default=ROOT / "var" / "demo",
+                   help="wiped first; the node's data, the input and Spark's checkpoints "
+                        "(default ./var/demo)")
     a = p.parse_args(argv)
-    if a.size < 20 or a.batch < 1 or a.records < 1:
-        p.error("need --size >= 20, --batch >= 1 and --records >= 1")
+    if a.rows < 1 or a.partitions < 1 or a.batch_rows < 1:
+        p.error("need --rows, --partitions and --batch-rows >= 1")
+    if -(-a.rows // a.batch_rows) > BATCHES_MAX:
+        p.error(f"--rows / --batch-rows must be at most {BATCHES_MAX:,} micro-batches")
     if not port_is_free(a.port):
         console.print(f"[red]port {a.port} is in use[/red] (another node?): pass --port N")
         return 2
+    t_start = time.monotonic()
     shutil.rmtree(a.data_dir, ignore_errors=True)
-    log_file = a.data_dir.parent / "demo-node.log"
-    log_file.unlink(missing_ok=True)
-    node = LocalNode(a.data_dir, port=a.port, log_file=log_file)
+    a.data_dir.mkdir(parents=True)
+    spark_dir = a.data_dir / "spark"
+    node = LocalNode(a.data_dir / "node", port=a.port, log_file=a.data_dir / "node.log")
+    steps: list[Step] = []
+    spark: SparkSession | None = None
     console.print(f"starting a node on {node.endpoint}, data in {a.data_dir}")
-    mismatches: list[str] = []
+    t0 = time.monotonic()
     node.start()
     try:
         with node.client() as c:
-            c.create_topic(TOPIC, partitions=1)
-            w = write(c, a.records, a.batch, a.size, mismatches)
-            r = read_back(c, a.records, a.batch, a.size, mismatches)
-    finally:
-        node.stop()
-    console.print(summary(w, r, a.size, a.batch))
-    if mismatches:
-        console.print(f"[red]FAILED: {len(mismatches)} mismatch(es)[/red]")
-        for m in mismatches[:MISMATCHES_SHOWN_MAX]:
-            console.print(f"  {m}", highlight=False)
+            c.create_topic(TOPIC, partitions=a.partitions)
+        steps.append(Step("node start", time.monotonic() - t0))
+        steps.append(generate(spark_dir / "input", a.rows, a.batch_rows))
+        with console.status("starting Spark (local[2])"):
+            t0 = time.monotonic()
+            spark = start_spark(a.data_dir)
+            steps.append(Step("Spark start", time.monotonic() - t0))
+        start_ms = int(time.time() * 1000)
+        steps.append(write(spark, node, spark_dir, a.rows, start_ms))
+        steps.append(read_back(spark, node, spark_dir, a.rows, a.batch_rows, start_ms))
+        with console.status("checking in Spark SQL"):
+            t0 = time.monotonic()
+            result = check(spark, spark_dir / "readback")
+            steps.append(Step("check (Spark SQL)", time.monotonic() - t0))
+    except DemoFailed as exc:
+        console.print(f"[red]FAILED[/red]: {exc}", highlight=False)
         return 1
-    console.print(f"[green]OK[/green]: all {r.records:,} records read back with the values "
-                  f"and offsets written; node stopped, log in {node.log_file}")
+    finally:
+        if spark is not None:
+            spark.stop()
+        node.stop()
+    console.print(summary(steps, time.monotonic() - t_start, a.rows, a.partitions))
+    failures = result.failures(a.rows)
+    if failures:
+        console.print("[red]FAILED[/red]: " + "; ".join(failures), highlight=False)
+        return 1
+    console.print(f"[green]OK[/green]: each of the {a.rows:,} rows read back exactly once, "
+                  f"with the key, value and timestamp written; node stopped, its log in "
+                  f"{node.log_file}", highlight=False)
     return 0
 
 
