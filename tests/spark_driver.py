@@ -29,6 +29,7 @@ SCHEMA = "key string, value string"
 def session() -> SparkSession:
     spark = (SparkSession.builder.master("local[2,4]").appName("shardnode-test-driver")
              .config("spark.ui.enabled", "false")
+             .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")  # as the tests
              .config("spark.sql.shuffle.partitions", "2")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")

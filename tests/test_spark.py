@@ -49,6 +49,9 @@ def spark() -> Iterator[SparkSession]:
     # mode never retries one).
     session = (SparkSession.builder.master("local[2,4]").appName("shardnode-tests")
                .config("spark.ui.enabled", "false")
+               # The JIT's quick tier only: its optimising compiler's threads took the CPU
+               # of short runs on two cores (scripts/demo.py measured it).
+               .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
                .config("spark.sql.shuffle.partitions", "2")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
