@@ -62,6 +62,7 @@ def test_bench_spark_quick_writes_and_reads_through_every_system(tmp_path: Path)
     for guarantee in ("exactly_once", "at_least_once"):
         sink = by[("sink", "shardnode", guarantee)]
         assert f"{QUICK_ROWS:,} records" in sink["note"] and "backlog" in sink["note"], sink
+        assert sink["backlog_s"] > 0 and "node_after" in sink["cpu_s"], sink
     for text in ("spark sink >= 500 000 rows/s", "spark exactly_once costs <= 1.3x",
                  "so its verdicts only indicate"):
         assert text in proc.stdout, text

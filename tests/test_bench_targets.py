@@ -135,6 +135,20 @@ def test_the_spark_targets_judge_the_exactly_once_sink() -> None:
     assert missed["spark exactly_once costs <= 1.3x at_least_once"] == (4.5, False)
 
 
+def test_the_spark_cost_with_the_backlog_counts_the_checkpoint_after_each_write() -> None:
+    rows = spark_rows(500_000, 600_000, 1, 1, 1, 1)
+    eo, alo = rows[0], rows[1]
+    eo.records = alo.records = 1_000_000
+    eo.seconds, eo.backlog_s = 2.0, 2.5   # 4.5 s in all
+    alo.seconds, alo.backlog_s = 1.5, 0.0
+    v = verdicts(rows)
+    assert v["spark exactly_once costs <= 1.3x at_least_once"] == (1.2, True)
+    assert v["spark exactly_once cost with the writers' backlog (no goal)"] == (3.0, None)
+    alo.backlog_s = None  # not measured: no figure
+    assert verdicts(rows)["spark exactly_once cost with the writers' backlog (no goal)"] == \
+        (None, None)
+
+
 def test_the_spark_ratios_compare_the_same_direction() -> None:
     rows = spark_rows(200_000, 250_000, 400_000, 800_000, 50_000, 500_000)
     ratios = {(r.direction, r.system, r.guarantee): r.shardnode_ratio for r in rows}
@@ -149,6 +163,7 @@ def test_the_spark_ratios_compare_the_same_direction() -> None:
     judged = verdicts(without_eo)
     assert all(judged[t.text] == (None, None) for t in SPARK_TARGETS
                if "source" not in t.text and "at_least_once rows/s" not in t.text)
+    assert judged["spark sink at_least_once rows/s (no goal)"] == (250_000, None)
 
 
 def test_repeated_spark_runs_give_the_median_of_each_cpu_group() -> None:

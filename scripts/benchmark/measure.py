@@ -113,6 +113,8 @@ class Row:
     direction: str | None = None        # sink (Spark writes) | source (Spark reads)
     guarantee: str | None = None        # the shardnode sink's: exactly_once | at_least_once
     cpu_s: dict[str, float] | None = None  # CPU seconds of each group of processes in the run
+    backlog_s: float | None = None      # the node's sink: the checkpoint after the run, in which
+                                        # the shard writers applied what they had not yet
 
     @classmethod
     def of(cls, scenario: str, system: str, m: Measurement, note: str = "") -> Row:
@@ -131,7 +133,7 @@ def median_row(rows: Sequence[Row]) -> Row:
     first = rows[0]
     out = replace(first, runs=len(rows), errors=sum(r.errors for r in rows))
     for name in ("msgs_per_s", "mb_per_s", "p50_ms", "p99_ms", "rss_mb", "seconds",
-                 "checkpoint_ms", "p99_ratio"):
+                 "checkpoint_ms", "p99_ratio", "backlog_s"):
         setattr(out, name, med([getattr(r, name) for r in rows]))
     out.records = int(statistics.median(r.records for r in rows))
     counts = [r.checkpoints for r in rows if r.checkpoints is not None]

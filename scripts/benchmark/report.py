@@ -186,8 +186,8 @@ def print_spark_table(rows: list[Row], s: Settings) -> None:
     runs = "1 run" if n == 1 else f"median of {n} runs"
     t = Table(title=f"spark  ({s.spark_rows:,} rows of {s.size}-byte values, one SparkSession "
                     f"local[{SPARK_PARTITIONS}], {runs})", title_justify="left")
-    for col in ("", "system", "seconds", "rows/s", "RSS MB", "CPU s " + "/".join(SPARK_CPU),
-                "cores", "ratio"):
+    for col in ("", "system", "seconds", "rows/s", "backlog s", "RSS MB",
+                "CPU s " + "/".join(SPARK_CPU), "cores", "ratio"):
         t.add_column(col, justify="left" if col in ("", "system") else "right", no_wrap=True)
     ordered = sorted(rows, key=lambda r: (r.direction != SINK, r.system != SHARDNODE,
                                           r.guarantee != EXACTLY_ONCE))
@@ -199,13 +199,16 @@ def print_spark_table(rows: list[Row], s: Settings) -> None:
         else:
             ratio = ""
         system = r.system + (f" {r.guarantee}" if r.guarantee else "")
-        t.add_row(r.direction or "", system, _num(r.seconds, 2), _num(r.msgs_per_s),
+        backlog = "" if r.backlog_s is None else _num(r.backlog_s, 2)
+        t.add_row(r.direction or "", system, _num(r.seconds, 2), _num(r.msgs_per_s), backlog,
                   _num(r.rss_mb), *_cpu(r), ratio)
-    (console if console.is_terminal else Console(width=132)).print(t)  # a file: don't crop
+    (console if console.is_terminal else Console(width=145)).print(t)  # a file: don't crop
     console.print("  rows/s: rows over the time of the write (save) or of the query (load, "
                   "count, sum of lengths), the node checkpointed before each; the sink's "
                   "ratios are exactly_once's, its cost is exactly_once's time per row over "
-                  "at_least_once's; CPU: seconds used in the run by the node, Spark's JVM, "
+                  "at_least_once's; backlog: the node's checkpoint after the write, in which "
+                  "its shard writers applied what they had not yet (untimed; CPU: --json "
+                  "cpu_s.node_after); CPU: seconds used in the run by the node, Spark's JVM, "
                   "Spark's Python workers and the bench (driver, drain thread); cores: all of "
                   "it over the wall time; RSS: the node's; MB/s: --json",
                   highlight=False)

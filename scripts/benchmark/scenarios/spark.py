@@ -36,7 +36,6 @@ import logging
 import math
 import os
 import shutil
-import statistics
 import sys
 import threading
 import time
@@ -315,28 +314,28 @@ class SparkScenario:
                         t.rss_mb)
         row = Row.of(SPARK, system, m, note)
         row.direction, row.guarantee, row.cpu_s = direction, guarantee, t.cpu_s
+        log.info("spark: %s %s%s: %.0f rows/s (%.2f s)", direction, system,
+                 f" {guarantee}" if guarantee else "", row.msgs_per_s, t.seconds)
         return row
 
     def sink_node(self, guarantee: str) -> Runs:
-        backlog_s: list[float] = []  # each run's checkpoint after the write
-
         def run() -> Row:
             topic = self.topic()
             t = self.timed(f"the shardnode sink ({guarantee})",
                            lambda: self.save_node(self.df, topic, guarantee), node_rss=True)
             after_s, after_cpu = self.settle()
-            backlog_s.append(after_s)
             written = self.records(topic)
             row = self.row(SHARDNODE, SINK, guarantee, t, abs(written - self.rows),
                            f"df.write.format('shardnode'), {guarantee}, into a topic of "
                            f"{SPARK_PARTITIONS} partitions: {written:,} records")
             row.cpu_s = {**t.cpu_s, BACKLOG: after_cpu}
+            row.backlog_s = after_s
             return row
 
         def done(row: Row) -> None:
-            after = (row.cpu_s or {}).get(BACKLOG, 0.0)
-            row.note += (f"; then a checkpoint (untimed) applied the writers' backlog: "
-                         f"{statistics.median(backlog_s):.2f} s, {after:.2f} CPU s of the node")
+            row.note += (f"; then a checkpoint (untimed) applied the writers' backlog in "
+                         f"{row.backlog_s or 0.0:.2f} s, {(row.cpu_s or {}).get(BACKLOG, 0.0):.2f} "
+                         f"CPU s of the node")
 
         return Runs(run, done, label=f"sink {guarantee}")
 
