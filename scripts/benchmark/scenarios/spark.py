@@ -150,9 +150,10 @@ def bounded(session: SparkSession, what: str) -> Iterator[None]:
 
 class CpuMeter:
     """CPU seconds (user + system) of groups of processes between ``start`` and ``stop``:
-    the node's, Spark's JVM, Spark's Python workers (the bench's other descendants) and the
-    bench's own. A process that ends in between loses what it used since ``start`` (Spark
-    reuses its Python workers: they live through a run)."""
+    the node's, Spark's JVM, Spark's Python workers (the bench's descendants running
+    pyspark) and the bench's own; other descendants (a peer's server) are not counted. A
+    process that ends in between loses what it used since ``start`` (Spark reuses its
+    Python workers: they live through a run)."""
 
     def __init__(self, node: Callable[[], list[psutil.Process]]) -> None:
         self.node = node
@@ -165,9 +166,11 @@ class CpuMeter:
         for p in [me, *me.children(recursive=True)]:
             with contextlib.suppress(psutil.Error):
                 group = ("bench" if p.pid == me.pid else "node" if p.pid in node_pids
-                         else "jvm" if p.name() == "java" else "py")
-                t = p.cpu_times()
-                out[p.pid] = (group, t.user + t.system)
+                         else "jvm" if p.name() == "java"
+                         else "py" if any("pyspark" in arg for arg in p.cmdline()) else None)
+                if group is not None:
+                    t = p.cpu_times()
+                    out[p.pid] = (group, t.user + t.system)
         return out
 
     def start(self) -> None:
