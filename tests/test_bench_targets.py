@@ -9,7 +9,7 @@ from typing import Any
 
 from scripts.benchmark.measure import Row, median_row
 from scripts.benchmark.scenarios import add_ratios
-from scripts.benchmark.targets import TARGETS, TXN_TARGETS
+from scripts.benchmark.targets import SPARK_TARGETS, TARGETS, TXN_TARGETS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,9 +103,80 @@ def test_repeated_txn_runs_give_the_median_of_each_op() -> None:
     assert med.ops_ms == {"begin": [2.0, 4.0], "commit": [20.0, None]}
 
 
+def spark_rows(eo: float, alo: float, parquet: float, bare: float, source: float,
+               parquet_read: float) -> list[Row]:
+    """The spark scenario's rows, rows/s each, with the ratios as ``run_scenario`` sets them."""
+    rows = [
+        row("spark", "shardnode", msgs_per_s=eo, direction="sink", guarantee="exactly_once"),
+        row("spark", "shardnode", msgs_per_s=alo, direction="sink", guarantee="at_least_once"),
+        row("spark", "parquet", msgs_per_s=parquet, direction="sink"),
+        row("spark", "zmq-pull", msgs_per_s=bare, direction="sink"),
+        row("spark", "shardnode", msgs_per_s=source, direction="source"),
+        row("spark", "parquet", msgs_per_s=parquet_read, direction="source"),
+    ]
+    add_ratios(rows)
+    return rows
+
+
+def test_the_spark_targets_judge_the_exactly_once_sink() -> None:
+    # 500 000/s at the bound, = Parquet's, half the bare socket's, 650 000 / 500 000 = 1.3x
+    v = verdicts(spark_rows(500_000, 650_000, 500_000, 1_000_000, 100_000, 400_000))
+    assert v["spark sink >= 500 000 rows/s"] == (500_000, True)
+    assert v["spark sink >= 1x Spark's Parquet sink"] == (1.0, True)
+    assert v["spark sink >= 0.5x a bare ZeroMQ socket"] == (0.5, True)
+    assert v["spark exactly_once costs <= 1.3x at_least_once"] == (1.3, True)
+    assert v["spark sink at_least_once rows/s (no goal)"] == (650_000, None)
+    assert v["spark source over Spark's Parquet reader (no goal)"] == (0.25, None)
+    # at_least_once's figures do not stand in for exactly_once's
+    missed = verdicts(spark_rows(200_000, 900_000, 400_000, 600_000, 1, 1))
+    assert missed["spark sink >= 500 000 rows/s"] == (200_000, False)
+    assert missed["spark sink >= 1x Spark's Parquet sink"] == (0.5, False)
+    assert missed["spark sink >= 0.5x a bare ZeroMQ socket"][1] is False
+    assert missed["spark exactly_once costs <= 1.3x at_least_once"] == (4.5, False)
+
+
+def test_the_spark_cost_with_the_backlog_counts_the_checkpoint_after_each_write() -> None:
+    rows = spark_rows(500_000, 600_000, 1, 1, 1, 1)
+    eo, alo = rows[0], rows[1]
+    eo.records = alo.records = 1_000_000
+    eo.seconds, eo.backlog_s = 2.0, 2.5   # 4.5 s in all
+    alo.seconds, alo.backlog_s = 1.5, 0.0
+    v = verdicts(rows)
+    assert v["spark exactly_once costs <= 1.3x at_least_once"] == (1.2, True)
+    assert v["spark exactly_once cost with the writers' backlog (no goal)"] == (3.0, None)
+    alo.backlog_s = None  # not measured: no figure
+    assert verdicts(rows)["spark exactly_once cost with the writers' backlog (no goal)"] == \
+        (None, None)
+
+
+def test_the_spark_ratios_compare_the_same_direction() -> None:
+    rows = spark_rows(200_000, 250_000, 400_000, 800_000, 50_000, 500_000)
+    ratios = {(r.direction, r.system, r.guarantee): r.shardnode_ratio for r in rows}
+    assert ratios == {("sink", "shardnode", "exactly_once"): None,
+                      ("sink", "shardnode", "at_least_once"): None,
+                      ("sink", "parquet", None): 0.5, ("sink", "zmq-pull", None): 0.25,
+                      ("source", "shardnode", None): None, ("source", "parquet", None): 0.1}
+    without_eo = [r for r in rows if r.guarantee != "exactly_once"]
+    for r in without_eo:
+        r.shardnode_ratio = None
+    add_ratios(without_eo)
+    judged = verdicts(without_eo)
+    assert all(judged[t.text] == (None, None) for t in SPARK_TARGETS
+               if "source" not in t.text and "at_least_once rows/s" not in t.text)
+    assert judged["spark sink at_least_once rows/s (no goal)"] == (250_000, None)
+
+
+def test_repeated_spark_runs_give_the_median_of_each_cpu_group() -> None:
+    runs = [row("spark", "shardnode", msgs_per_s=x, direction="sink", guarantee="exactly_once",
+                cpu_s={"node": x / 100_000, "jvm": 1.0}) for x in (300_000.0, 100_000.0, 200_000.0)]
+    med = median_row(runs)
+    assert (med.msgs_per_s, med.direction, med.guarantee) == (200_000.0, "sink", "exactly_once")
+    assert med.cpu_s == {"node": 2.0, "jvm": 1.0}
+
+
 def test_a_recorded_run_is_judged_as_its_notes_say() -> None:
     """Run 13 (docs/BENCHMARKS.md): every target met but the fuzzy checkpoint's; issue 11's
-    were not run (the txn scenario came later)."""
+    and 12's were not run (the txn and spark scenarios came later)."""
     names = {f.name for f in fields(Row)}
     rows = [Row(**{k: v for k, v in r.items() if k in names})
             for r in json.loads((ROOT / "docs" / "bench-run13.json").read_text())]
@@ -113,4 +184,4 @@ def test_a_recorded_run_is_judged_as_its_notes_say() -> None:
     missed = [text for text, (_value, met) in judged.items() if met is False]
     assert missed == ["fuzzy checkpoint p99 inside <= 2x outside"]
     assert [text for text, (value, _met) in judged.items() if value is None] == \
-        [t.text for t in TXN_TARGETS]
+        [t.text for t in (*TXN_TARGETS, *SPARK_TARGETS)]

@@ -5,8 +5,10 @@ workloads against peers in the same run, on the same machine.
     scripts/bench ingest-batched read-tail --seconds 10 --repeat 3
     scripts/bench --quick --json out.json --plot docs/bench.png
     scripts/bench ingest-batched ingest-single read-tail --peers rabbitmq
+    scripts/bench spark --repeat 3
 
-Scenarios: ingest-batched, ingest-single, read-tail, read-key, recovery, checkpoint, txn.
+Scenarios: ingest-batched, ingest-single, read-tail, read-key, recovery, checkpoint, txn;
+spark, only when named.
 Systems: shardnode (the node, started here on a fresh data dir); redis (Redis Streams,
 ``appendfsync always``, started here on a free loopback port); rabbitmq (quorum queues,
 publisher confirms, started here on free loopback ports: ingest-batched, ingest-single and
@@ -15,7 +17,9 @@ read-tail; runs only when named in --peers); floor (rocksdict, one
 the data dir: the ceiling, ingest only). ``checkpoint`` is shardnode's alone: acknowledgement
 latency inside checkpoints against outside them, in both checkpoint modes, at half load.
 ``txn``: the node's transactions of 100 and of 1 record against the same records without a
-transaction, and Redis MULTI/XADD/EXEC (redis).
+transaction, and Redis MULTI/XADD/EXEC (redis). ``spark``: one SparkSession writing the same
+rows through the shardnode sink (exactly_once, at_least_once), to Parquet files and to a
+bare ZeroMQ socket, and reading them back through the shardnode source and from Parquet.
 
 Every client workload runs in its own process (spawn start method): the parent starts the
 servers, lines the clients up, fires them together, samples the servers' RSS and collects
@@ -42,7 +46,7 @@ from .bench import Bench
 from .measure import Row
 from .peers import NAMES as PEERS
 from .report import console, plot, print_table, print_targets
-from .scenarios import SCENARIOS, run_scenario
+from .scenarios import NAMED_ONLY, SCENARIOS, run_scenario
 from .settings import DISK, FLOOR, QUICK, RABBITMQ, REDIS, Settings
 
 log = logging.getLogger(__name__)
@@ -59,7 +63,8 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
                                 epilog=paragraphs[2],  # the scenarios and the systems
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenarios", nargs="*", metavar="SCENARIO",
-                   help=f"any of {', '.join(SCENARIOS)} (default: all)")
+                   help=f"any of {', '.join(SCENARIOS)} (default: all but "
+                        f"{', '.join(NAMED_ONLY)}, which run only when named)")
     p.add_argument("--producers", type=int, default=4, help="producer processes (default 4)")
     p.add_argument("--batch", type=int, default=1000, help="records per batch (default 1000)")
     p.add_argument("--size", type=int, default=100, help="value bytes (default 100)")
@@ -70,6 +75,8 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
     p.add_argument("--read-records", type=int, help="read-tail: records to prefill and read")
     p.add_argument("--keys", type=int, help="read-key: keyed records to prefill")
     p.add_argument("--recovery-mb", type=int, help="recovery: log size to fill (default 256)")
+    p.add_argument("--spark-rows", type=int,
+                   help="spark: rows each system writes and reads (default 1 000 000)")
     p.add_argument("--peers",
                    help=f"comma-separated peers to run: {', '.join(PEERS)}, or none (default: "
                         f"{','.join(DEFAULT_PEERS)}; {RABBITMQ} runs only when named)")
@@ -92,8 +99,10 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
     base = QUICK if a.quick else {}
     given = {k: v for k, v in (("seconds", a.seconds), ("repeat", a.repeat),
                                ("read_records", a.read_records), ("keys", a.keys),
-                               ("recovery_mb", a.recovery_mb)) if v is not None}
-    settings = Settings(tuple(a.scenarios or SCENARIOS), a.producers, a.batch, a.size,
+                               ("recovery_mb", a.recovery_mb),
+                               ("spark_rows", a.spark_rows)) if v is not None}
+    default = tuple(x for x in SCENARIOS if x not in NAMED_ONLY)
+    settings = Settings(tuple(a.scenarios or default), a.producers, a.batch, a.size,
                         a.concurrency, peers=peers, install=not a.no_install, quick=a.quick,
                         **{**base, **given})
     return settings, a

@@ -41,6 +41,7 @@ class Bench:
         self.capacity: dict[tuple[int, int], tuple[float, str]] = {}
         self._names = 0
         self.failures: list[str] = []  # what went wrong outside a scenario
+        self._teardown: list[tuple[str, Callable[[], None]]] = []  # the running scenario's
 
     def start(self) -> None:
         node = NodeServer(self.work / SHARDNODE)
@@ -65,7 +66,25 @@ class Bench:
                 continue
             self.servers.append(server)
 
+    def after_scenario(self, what: str, step: Callable[[], None]) -> None:
+        """Run ``step`` once the running scenario's runs are over, failed or not (what it
+        set up for them all: Spark's session, a socket); the last added runs first."""
+        self._teardown.append((what, step))
+
+    def end_scenario(self) -> list[str]:
+        """Run the steps ``after_scenario`` left, and say which failed."""
+        failed = []
+        while self._teardown:
+            what, step = self._teardown.pop()
+            try:
+                step()
+            except Exception as exc:  # run every step, and say which failed
+                log.error("%s failed: %s", what, exc)
+                failed.append(f"{what}: {exc}")
+        return failed
+
     def close(self) -> None:
+        self.failures += self.end_scenario()
         for server in self.servers:
             try:
                 server.stop()

@@ -109,6 +109,12 @@ class Row:
     per_request: int | None = None      # records per transaction, or per batch without one
     txn: bool | None = None             # in transactions, or the same records without
     ops_ms: dict[str, list[float | None]] | None = None  # op → [p50, p99]: begin, produce, commit
+    # the spark scenario only (None elsewhere)
+    direction: str | None = None        # sink (Spark writes) | source (Spark reads)
+    guarantee: str | None = None        # the shardnode sink's: exactly_once | at_least_once
+    cpu_s: dict[str, float] | None = None  # CPU seconds of each group of processes in the run
+    backlog_s: float | None = None      # the node's sink: the checkpoint after the run, in which
+                                        # the shard writers applied what they had not yet
 
     @classmethod
     def of(cls, scenario: str, system: str, m: Measurement, note: str = "") -> Row:
@@ -127,11 +133,14 @@ def median_row(rows: Sequence[Row]) -> Row:
     first = rows[0]
     out = replace(first, runs=len(rows), errors=sum(r.errors for r in rows))
     for name in ("msgs_per_s", "mb_per_s", "p50_ms", "p99_ms", "rss_mb", "seconds",
-                 "checkpoint_ms", "p99_ratio"):
+                 "checkpoint_ms", "p99_ratio", "backlog_s"):
         setattr(out, name, med([getattr(r, name) for r in rows]))
     out.records = int(statistics.median(r.records for r in rows))
     counts = [r.checkpoints for r in rows if r.checkpoints is not None]
     out.checkpoints = int(statistics.median(counts)) if counts else None
+    if first.cpu_s is not None:
+        out.cpu_s = {name: statistics.median((r.cpu_s or {}).get(name, 0.0) for r in rows)
+                     for name in first.cpu_s}
     if first.ops_ms is not None:
         out.ops_ms = {op: [med([(r.ops_ms or {}).get(op, [None, None])[i] for r in rows])
                            for i in (0, 1)] for op in first.ops_ms}

@@ -13,17 +13,31 @@ from rich.table import Table
 
 from .measure import Row
 from .settings import (
+    AT_LEAST_ONCE,
     CKPT_BATCH,
     CKPT_GOAL,
     CKPT_LOAD,
     DISK,
+    EXACTLY_ONCE,
     INSIDE,
     REDIS,
     SHARDNODE,
+    SINK,
+    SPARK,
+    SPARK_CPU,
+    SPARK_PARTITIONS,
     TXN,
     Settings,
 )
-from .targets import TARGETS, TXN_TARGETS, Target, defaults_differ, txn_cost
+from .targets import (
+    SPARK_TARGETS,
+    TARGETS,
+    TXN_TARGETS,
+    Target,
+    defaults_differ,
+    spark_eo_cost,
+    txn_cost,
+)
 
 console = Console()
 
@@ -159,12 +173,65 @@ def print_txn_table(rows: list[Row], s: Settings) -> None:
     console.print()
 
 
+def _cpu(r: Row) -> tuple[str, str]:
+    """The run's CPU seconds per group of processes; all of them over the wall time."""
+    if not r.cpu_s:
+        return "-", "-"
+    groups = "/".join(f"{r.cpu_s.get(g, 0.0):.1f}" for g in SPARK_CPU)
+    return groups, f"{sum(r.cpu_s.get(g, 0.0) for g in SPARK_CPU) / r.seconds:.2f}"
+
+
+def print_spark_table(rows: list[Row], s: Settings) -> None:
+    n = max((r.runs for r in rows), default=1)
+    runs = "1 run" if n == 1 else f"median of {n} runs"
+    t = Table(title=f"spark  ({s.spark_rows:,} rows of {s.size}-byte values, one SparkSession "
+                    f"local[{SPARK_PARTITIONS}], {runs})", title_justify="left")
+    for col in ("", "system", "seconds", "rows/s", "backlog s", "RSS MB",
+                "CPU s " + "/".join(SPARK_CPU), "cores", "ratio"):
+        t.add_column(col, justify="left" if col in ("", "system") else "right", no_wrap=True)
+    ordered = sorted(rows, key=lambda r: (r.direction != SINK, r.system != SHARDNODE,
+                                          r.guarantee != EXACTLY_ONCE))
+    for r in ordered:
+        if r.system == SHARDNODE and r.guarantee == EXACTLY_ONCE:
+            ratio = f"cost {_x(spark_eo_cost(rows))}"
+        elif r.system != SHARDNODE and r.shardnode_ratio is not None:
+            ratio = f"shardnode ÷ this {_x(r.shardnode_ratio)}"
+        else:
+            ratio = ""
+        system = r.system + (f" {r.guarantee}" if r.guarantee else "")
+        backlog = "" if r.backlog_s is None else _num(r.backlog_s, 2)
+        t.add_row(r.direction or "", system, _num(r.seconds, 2), _num(r.msgs_per_s), backlog,
+                  _num(r.rss_mb), *_cpu(r), ratio)
+    (console if console.is_terminal else Console(width=145)).print(t)  # a file: don't crop
+    console.print("  rows/s: rows over the time of the write (save) or of the query (load, "
+                  "count, sum of lengths), the node checkpointed before each; the sink's "
+                  "ratios are exactly_once's, its cost is exactly_once's time per row over "
+                  "at_least_once's; backlog: the node's checkpoint after the write, in which "
+                  "its shard writers applied what they had not yet (untimed; CPU: --json "
+                  "cpu_s.node_after); CPU: seconds used in the run by the node, Spark's JVM, "
+                  "Spark's Python workers and the bench (driver, drain thread); cores: all of "
+                  "it over the wall time; RSS: the node's; MB/s: --json",
+                  highlight=False)
+    for r in ordered:
+        errors = f" [red]{r.errors} errors[/red]" if r.errors else ""
+        what = f"{r.direction} {r.system}" + (f" {r.guarantee}" if r.guarantee else "")
+        console.print(f"  {what}: {r.note}{errors}", highlight=False)
+    for target in SPARK_TARGETS:
+        value, met = target.verdict(rows)
+        console.print(f"  {target.text}: {_shown(target, value)}, {_verdict(value, met)}",
+                      highlight=False)
+    console.print()
+
+
 def print_table(scenario: str, rows: list[Row], s: Settings) -> None:
     if scenario == "checkpoint":
         print_checkpoint_table(rows, s)
         return
     if scenario == TXN:
         print_txn_table(rows, s)
+        return
+    if scenario == SPARK:
+        print_spark_table(rows, s)
         return
     n = max((r.runs for r in rows), default=1)
     runs = "1 run" if n == 1 else f"median of {n} runs"
@@ -189,9 +256,13 @@ def plot(rows: list[Row], path: Path) -> None:
 
     def group_of(r: Row) -> str:
         """A bar group: per scenario; per mode and phase (checkpoint); per size and whether
-        in transactions (txn: Redis' MULTI/EXEC beside the node's transactions)."""
+        in transactions (txn: Redis' MULTI/EXEC beside the node's transactions); per
+        direction (spark: the node's at-least-once sink a group of its own)."""
         if r.mode is not None:
             return f"{r.scenario}\n{r.mode} {r.phase}"
+        if r.direction is not None:
+            alone = "\nat_least_once" if r.guarantee == AT_LEAST_ONCE else ""
+            return f"{r.scenario} {r.direction}{alone}"
         if r.per_request is not None:
             return f"{r.scenario} x{r.per_request}\n{'txn' if r.txn else 'no txn'}"
         return r.scenario

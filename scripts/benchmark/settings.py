@@ -50,6 +50,35 @@ TXN_COST_MAX = 1.5          # a transaction's time per record at most this many 
 TXN_OVER_REDIS_MIN = 2.0    # transactions/s at least this many times Redis MULTI/EXEC's
 TXN_OPS = ("begin", "produce", "commit")  # a node transaction's round trips, timed apart
 
+# The spark scenario (issue 12): one SparkSession, local[SPARK_PARTITIONS], writes the same
+# cached DataFrame of --spark-rows values of --size bytes (SPARK_PARTITIONS partitions, so a
+# task per core) through the shardnode sink (both guarantees), to Parquet files and to a
+# bare ZeroMQ PULL socket; then reads the topic back through the source against the Parquet
+# files. Runs only when named: it needs Java, and Spark's JVM takes about 1 GB and 10-30 s
+# to start (not counted).
+SPARK = "spark"
+PARQUET = "parquet"
+BARE_ZMQ = "zmq-pull"       # a bare ZeroMQ PULL socket: a Python data source, nothing durable
+SINK = "sink"
+SOURCE = "source"
+EXACTLY_ONCE = "exactly_once"    # node/spark/options.py's names of the sink's guarantees
+AT_LEAST_ONCE = "at_least_once"
+SPARK_CPU = ("node", "jvm", "py", "bench")  # a run's CPU: the node, Spark's JVM and Python
+                                            # workers, the bench (driver, drain thread)
+SPARK_PARTITIONS = 2        # local[2] on this 2-CPU machine; the topics have as many
+SPARK_WARMUP_ROWS = 100_000  # each system writes (and reads) this many first, untimed: a
+                             # first read of 10 000 left the next read of 1 000 000 at half speed
+SPARK_FRAME_RECORDS = 5000  # the bare socket's records per frame: the sink's
+                            # maxRecordsPerRequest default, so both pack alike
+SPARK_RUN_TIMEOUT_S = 600.0  # one write or read; past it the bench cancels Spark's jobs
+SPARK_SEND_TIMEOUT_MS = 30_000  # a bare socket task's frame must be queued within this
+SPARK_LINGER_MS = 30_000    # ... and its queued frames delivered within this at close
+SPARK_DRAIN_POLL_MS = 100   # the drain thread looks for its stop signal this often
+SPARK_SINK_MIN = 500_000    # goals: sink rows/s, ...
+SPARK_OVER_PARQUET_MIN = 1.0  # ... over Parquet's, ...
+SPARK_OF_BARE_MIN = 0.5     # ... over the bare socket's, ...
+SPARK_EO_COST_MAX = 1.3     # ... and exactly_once's time per row over at_least_once's
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -63,6 +92,7 @@ class Settings:
     read_records: int = 1_000_000
     keys: int = 200_000
     recovery_mb: int = 256
+    spark_rows: int = 1_000_000
     peers: frozenset[str] = frozenset({REDIS, FLOOR, DISK})
     install: bool = True
     quick: bool = False
@@ -72,6 +102,8 @@ class Settings:
         assert self.size >= KEY_BYTES, "values carry their key number: at least 16 bytes"
         assert self.seconds > 0 and self.repeat >= 1 and self.recovery_mb >= 1
         assert self.read_records >= self.batch and self.keys >= 1
+        assert self.spark_rows >= SPARK_PARTITIONS
 
 
-QUICK = {"seconds": 0.5, "repeat": 1, "read_records": 20_000, "keys": 2_000, "recovery_mb": 4}
+QUICK = {"seconds": 0.5, "repeat": 1, "read_records": 20_000, "keys": 2_000, "recovery_mb": 4,
+         "spark_rows": 20_000}

@@ -8,9 +8,20 @@ from dataclasses import dataclass
 
 from .measure import Row
 from .settings import (
+    AT_LEAST_ONCE,
+    BARE_ZMQ,
     CKPT_GOAL,
+    EXACTLY_ONCE,
+    PARQUET,
     REDIS,
     SHARDNODE,
+    SINK,
+    SOURCE,
+    SPARK,
+    SPARK_EO_COST_MAX,
+    SPARK_OF_BARE_MIN,
+    SPARK_OVER_PARQUET_MIN,
+    SPARK_SINK_MIN,
     TXN,
     TXN_COST_MAX,
     TXN_GOAL_SIZE,
@@ -65,6 +76,49 @@ def txn_over_redis(size: int) -> Callable[[Sequence[Row]], float | None]:
     return measure
 
 
+def spark_row(rows: Sequence[Row], system: str, direction: str,
+              guarantee: str | None = None) -> Row | None:
+    """The spark scenario's row of ``system`` in ``direction`` (the node's sink: of
+    ``guarantee``)."""
+    return next((r for r in rows if r.scenario == SPARK and r.system == system
+                 and r.direction == direction and r.guarantee == guarantee), None)
+
+
+def spark_rate(guarantee: str) -> Callable[[Sequence[Row]], float | None]:
+    """The node's sink's rows/s with ``guarantee``."""
+    def measure(rows: Sequence[Row]) -> float | None:
+        row = spark_row(rows, SHARDNODE, SINK, guarantee)
+        return None if row is None else row.msgs_per_s
+    return measure
+
+
+def spark_over(system: str, direction: str) -> Callable[[Sequence[Row]], float | None]:
+    """The node's rows/s over ``system``'s in ``direction`` (the sink: exactly_once's)."""
+    def measure(rows: Sequence[Row]) -> float | None:
+        row = spark_row(rows, system, direction)
+        return None if row is None else row.shardnode_ratio
+    return measure
+
+
+def spark_eo_cost(rows: Sequence[Row]) -> float | None:
+    """The sink's time per row exactly once over at least once: at_least_once's rows/s ÷
+    exactly_once's."""
+    eo, alo = (spark_row(rows, SHARDNODE, SINK, g) for g in (EXACTLY_ONCE, AT_LEAST_ONCE))
+    if eo is None or alo is None or not eo.msgs_per_s:
+        return None
+    return alo.msgs_per_s / eo.msgs_per_s
+
+
+def spark_eo_cost_applied(rows: Sequence[Row]) -> float | None:
+    """As ``spark_eo_cost``, each write's time with the writers' backlog after it (the
+    checkpoint that applied it): time per row until the shards hold the rows."""
+    eo, alo = (spark_row(rows, SHARDNODE, SINK, g) for g in (EXACTLY_ONCE, AT_LEAST_ONCE))
+    if eo is None or alo is None or eo.backlog_s is None or alo.backlog_s is None:
+        return None
+    per_row = [(r.seconds + (r.backlog_s or 0.0)) / r.records for r in (eo, alo)]
+    return per_row[0] / per_row[1] if per_row[1] else None
+
+
 def _rss_peak(rows: Sequence[Row]) -> float | None:
     peaks = [r.rss_mb for r in rows if r.system == SHARDNODE and r.rss_mb is not None]
     return max(peaks) if peaks else None
@@ -104,6 +158,24 @@ TXN_TARGETS = (
     Target(11, "txn/s (of 1) over Redis MULTI/EXEC (no goal)", txn_over_redis(1), unit="x"),
 )
 
+# Issue 12's, judged on the sink's default guarantee, exactly_once; the spark table prints
+# them under itself too.
+SPARK_TARGETS = (
+    Target(12, "spark sink >= 500 000 rows/s", spark_rate(EXACTLY_ONCE), at_least=SPARK_SINK_MIN, unit="/s"),
+    Target(12, f"spark sink >= {SPARK_OVER_PARQUET_MIN:g}x Spark's Parquet sink",
+           spark_over(PARQUET, SINK), at_least=SPARK_OVER_PARQUET_MIN, unit="x"),
+    Target(12, f"spark sink >= {SPARK_OF_BARE_MIN:g}x a bare ZeroMQ socket",
+           spark_over(BARE_ZMQ, SINK), at_least=SPARK_OF_BARE_MIN, unit="x"),
+    Target(12, f"spark exactly_once costs <= {SPARK_EO_COST_MAX:g}x at_least_once",
+           spark_eo_cost, at_most=SPARK_EO_COST_MAX, unit="x"),
+    Target(12, "spark exactly_once cost with the writers' backlog (no goal)",
+           spark_eo_cost_applied, unit="x"),
+    Target(12, "spark sink at_least_once rows/s (no goal)", spark_rate(AT_LEAST_ONCE),
+           unit="/s"),
+    Target(12, "spark source over Spark's Parquet reader (no goal)",
+           spark_over(PARQUET, SOURCE), unit="x"),
+)
+
 TARGETS = (
     Target(2, "ingest-batched >= 200 000 records/s", _figure("ingest-batched", "msgs_per_s"),
            at_least=200_000, unit="/s"),
@@ -121,11 +193,12 @@ TARGETS = (
     Target(4, f"fuzzy checkpoint p99 inside <= {CKPT_GOAL:g}x outside",
            _figure("checkpoint", "p99_ratio", phase="inside"), at_most=CKPT_GOAL, unit="x"),
     *TXN_TARGETS,
+    *SPARK_TARGETS,
 )
 
 def defaults_differ(s: Settings) -> list[str]:
     """The settings of this run that differ from those the targets are set for."""
     base = Settings(s.scenarios)
     return [name for name in ("producers", "batch", "size", "concurrency", "seconds",
-                              "read_records", "keys", "recovery_mb", "quick")
+                              "read_records", "keys", "recovery_mb", "spark_rows", "quick")
             if getattr(s, name) != getattr(base, name)]

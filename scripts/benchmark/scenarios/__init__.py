@@ -13,13 +13,14 @@ from collections.abc import Callable, Sequence
 from ..bench import Bench, Runs
 from ..measure import Row, median_row
 from ..peers.base import Server
-from ..settings import DISK, SHARDNODE, TXN
+from ..settings import AT_LEAST_ONCE, DISK, SHARDNODE, SPARK, TXN
 from .checkpoint import checkpoint
 from .ingest_batched import ingest_batched
 from .ingest_single import ingest_single
 from .read_key import read_key
 from .read_tail import read_tail
 from .recovery import recovery
+from .spark import spark
 from .txn import txn
 
 log = logging.getLogger(__name__)
@@ -33,12 +34,22 @@ SCENARIOS: dict[str, Callable[[Bench, Server], Result]] = {
     "recovery": recovery,
     "checkpoint": checkpoint,
     TXN: txn,
+    SPARK: spark,
 }
+NAMED_ONLY = (SPARK,)  # run only when named: Spark needs Java, a JVM of about 1 GB, 10-30 s
 INGEST = ("ingest-batched", "ingest-single")  # the scenarios that show the references
 
 
 def run_scenario(b: Bench, scenario: str) -> tuple[list[Row], list[str]]:
-    """Every system's row of one scenario, with the ratios; and what failed."""
+    """Every system's row of one scenario, with the ratios; and what failed. What the
+    scenario set up for all its runs (``Bench.after_scenario``) is torn down at its end."""
+    try:
+        return _run_scenario(b, scenario)
+    finally:
+        b.failures += b.end_scenario()
+
+
+def _run_scenario(b: Bench, scenario: str) -> tuple[list[Row], list[str]]:
     rows: list[Row] = []
     failures: list[str] = []
     prepared: list[tuple[Server, Runs, list[Row]]] = []
@@ -83,10 +94,12 @@ def run_scenario(b: Bench, scenario: str) -> tuple[list[Row], list[str]]:
 
 def add_ratios(rows: list[Row]) -> None:
     """Each peer's row against the node's: the node's first row, or in the txn scenario its
-    transactions of as many records. Disk: the node's share of its MB/s."""
+    transactions of as many records, in the spark scenario its exactly-once sink or its
+    source. Disk: the node's share of its MB/s."""
     for r in rows:
         sn = next((x for x in rows if x.system == SHARDNODE and x.per_request == r.per_request
-                   and x.txn is not False), None)
+                   and x.txn is not False and x.direction == r.direction
+                   and x.guarantee != AT_LEAST_ONCE), None)
         if sn is None:
             continue
         if r.system == DISK:
