@@ -409,7 +409,11 @@ class Pipeline:
             self.queued, self.queued_bytes = [], 0
             self.client.sock.send(frame, 0, copy=len(frame) < 65536)
 
-    def poll(self, timeout_ms: int) -> list[tuple[int, list[tuple[int, int]] | NodeError]]:
+    def poll(self, timeout_ms: int, offsets: bool = True
+             ) -> list[tuple[int, list[tuple[int, int]] | NodeError]]:
+        """Finished requests: each one's records' ``(partition, offset)``, or its error. With
+        ``offsets=False`` a success is an empty list: a caller that does not use them (the
+        Spark sink) saves building a pair per record."""
         self.flush()
         out: list[tuple[int, list[tuple[int, int]] | NodeError]] = []
         sock = self.client.sock
@@ -425,7 +429,7 @@ class Pipeline:
                 if type(rid) is not int or (count := self.in_flight.pop(rid, None)) is None:
                     continue
                 if reply.get("ok"):
-                    out.append((rid, expand_offsets(reply, count)))
+                    out.append((rid, expand_offsets(reply, count) if offsets else []))
                 else:
                     out.append((rid, error_for(reply.get("code", 0), reply.get("error", ""))))
 

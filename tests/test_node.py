@@ -302,6 +302,13 @@ def test_a_pipeline_answers_out_of_order_and_bounds_what_is_in_flight(node: Loca
                          if not isinstance(out, NodeError))
         assert offsets == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3)]
         pipe.submit("p", [b"room again"], partition=0)  # answered ones free their places
+        pipe.submit("p", [b"bad"], partition=7)
+        late: list[tuple[int, list[tuple[int, int]] | NodeError]] = []
+        while len(late) < 2:
+            assert time.monotonic() < deadline, "answers never came"
+            late += pipe.poll(1000, offsets=False)  # successes without their offsets
+        assert sorted(type(out).__name__ for _rid, out in late) == ["UnknownPartition", "list"]
+        assert [out for _rid, out in late if isinstance(out, list)] == [[]]
         for bad in (0, 1025):
             with pytest.raises(ValueError, match=r"1\.\.1024"):
                 c.pipeline(in_flight_max=bad)

@@ -179,7 +179,7 @@ def _write_plain(opts: SinkOptions, batches: Iterator[pa.RecordBatch], sink_id: 
 
         def answered(limit: int) -> None:
             while len(sent) > limit:
-                got = pipe.poll(opts.request_timeout_ms)
+                got = pipe.poll(opts.request_timeout_ms, offsets=False)
                 if not got:
                     raise error_for(ErrorCode.TIMEOUT, f"no answer from {opts.endpoint} within "
                                     f"{opts.request_timeout_ms} ms")
