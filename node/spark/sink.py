@@ -65,6 +65,7 @@ XID_FORMAT = 0x53504B  # "SPK": the format id of the sink's XA branches
 BATCH_ID_KEY = "streaming.sql.batchId"  # local properties Spark gives a streaming query's tasks
 QUERY_ID_KEY = "sql.streaming.queryId"
 _RETRYABLE = (ErrorCode.BUSY, ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE)
+ROLLBACK_TIMEOUT_MS = 5000  # how long a failed task waits to roll back each of its branches
 
 
 @dataclass
@@ -136,7 +137,10 @@ class _Staging:
 
     def roll_back(self) -> None:
         """After a failure: nothing of this task may stay (best effort; the driver and the
-        branches' timeout see to what this cannot reach)."""
+        branches' timeout see to what this cannot reach). One try each, briefly: the
+        failure may be the node's, and the task's error should not wait on it."""
+        self.client.retries = 0
+        self.client.timeout_ms = min(self.client.timeout_ms, ROLLBACK_TIMEOUT_MS)
         for xid in [*self.done, *([self.xid] if self.xid is not None else [])]:
             try:
                 self.client.xa_rollback(xid)
