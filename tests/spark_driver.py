@@ -45,7 +45,7 @@ def sink(endpoint: str, topic: str, inputs: str, checkpoint: str) -> None:
          .option("requestTimeoutMs", "5000")
          .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
     print("started", flush=True)
-    q.awaitTermination()
+    q.awaitTermination(600)  # the test kills it sooner, or waits for it with a timeout
 
 
 def source(endpoint: str, topic: str, out: str, checkpoint: str, mode: str) -> None:
@@ -66,7 +66,7 @@ def source(endpoint: str, topic: str, out: str, checkpoint: str, mode: str) -> N
         writer = writer.trigger(processingTime="100 milliseconds")
     q = writer.start()
     print("started", flush=True)
-    q.awaitTermination()
+    q.awaitTermination(600)  # the test kills it sooner, or waits for it with a timeout
 
 
 if __name__ == "__main__":

@@ -31,8 +31,18 @@ from node.client import NodeClient
 from node.local import LocalNode
 from node.spark import ShardnodeDataSource, register
 from node.spark.options import OptionError, SinkOptions, SourceOptions
-from node.spark.sink import SINKS_TOPIC, XID_FORMAT, StreamWriter
+from node.spark.sink import (
+    SINKS_TOPIC,
+    XID_FORMAT,
+    Plan,
+    SinkCommit,
+    SinkIdInUse,
+    StreamWriter,
+    plan_abort,
+    plan_commit,
+)
 from node.spark.source import Split, bounded, read_split, splits
+from wire.xid import Xid
 
 if TYPE_CHECKING:
     from tests.conftest import MakeNode
@@ -88,6 +98,7 @@ def values_in(client: NodeClient, topic: str) -> list[bytes]:
         offset = 0
         while offset < end:
             got = client.read(topic, p, offset, max_records=5000)
+            assert got, f"{topic}/{p}: nothing to read at {offset}, below its end {end}"
             out += [r.value for r in got]
             offset += len(got)
     return out
@@ -306,14 +317,91 @@ def test_rows_are_invisible_until_the_batch_commits(spark: SparkSession, node: L
         opts = SinkOptions.parse({"endpoint": node.endpoint, "topic": "events",
                                   "sinkId": "direct"})
         writer = StreamWriter(opts)
-        df = spark.range(0, 300, numPartitions=2).selectExpr("cast(id as string) as value")
-        # The tasks' side, run by Spark tasks; the driver's side, run here.
-        messages = df.rdd.mapPartitions(lambda it: [writer.write(_arrow_batches(it))]).collect()
+        messages = _stage(spark, writer, 300)
         assert [x[0] for m in messages for x in m.xids] == [XID_FORMAT, XID_FORMAT]
         assert len(c.xa_recover()) == 2, "prepared, in doubt until the driver decides"
         assert total(c, "events") == 0
         writer.commit(list[WriterCommitMessage | None](messages), 0)
         assert total(c, "events") == 300
+        assert_no_branches(c)
+
+
+def _stage(spark: SparkSession, writer: StreamWriter, rows: int) -> list[SinkCommit]:
+    """The tasks' side of a batch, run by Spark tasks (the driver's side is the test's)."""
+    df = spark.range(0, rows, numPartitions=2).selectExpr("concat('v', id) as value")
+    return df.rdd.mapPartitions(lambda it: [writer.write(_arrow_batches(it))]).collect()
+
+
+def test_a_commit_that_fails_after_its_decision_is_finished_by_the_replay(
+        spark: SparkSession, node: LocalNode) -> None:
+    """The decision is written and one branch committed, then the commit fails: Spark's
+    abort leaves the rest prepared, and the replay of the batch commits them."""
+    with node.client() as c:
+        c.create_topic("events", partitions=1)
+        opts = SinkOptions.parse({"endpoint": node.endpoint, "topic": "events",
+                                  "sinkId": "halfway"})
+        writer = StreamWriter(opts)
+        first = _stage(spark, writer, 300)
+        xids = [Xid(*x) for m in first for x in m.xids]
+        assert len(xids) == 2
+        c.create_topic(SINKS_TOPIC, partitions=1)
+        c.produce(SINKS_TOPIC, msgpack.packb({"batch": 4, "xids": [list(x) for x in xids]}),
+                  key="halfway", partition=0)  # step 4, as commit_batch writes it
+        c.xa_commit(xids[0])  # step 5, cut short
+        writer.abort(list[WriterCommitMessage | None](first), 4)
+        assert sorted(c.xa_recover()) == [xids[1]], "abort left the decided branch prepared"
+        replay = _stage(spark, writer, 300)
+        writer.commit(list[WriterCommitMessage | None](replay), 4)
+        assert_exactly(c, "events", 300)
+        assert_no_branches(c)
+        with pytest.raises(SinkIdInUse, match="belongs to another query"):
+            writer.commit(list[WriterCommitMessage | None](_stage(spark, writer, 10)), 3)
+
+
+X1, X2, X3, X4 = (Xid(XID_FORMAT, b"s/1", str(i).encode()) for i in range(4))
+OLD = Xid(XID_FORMAT, b"s/0", b"z")
+
+
+@pytest.mark.parametrize("decided, live, ours, plan", [
+    # A new batch: roll back what the tasks' messages do not name (a zombie, an old batch's
+    # leftover), decide, commit the messages' branches.
+    (None, [X1, X2, X3, OLD], [X1, X2], Plan([X3, OLD], True, [X1, X2])),
+    ((0, [OLD]), [X1], [X1], Plan([], True, [X1])),
+    # A replay of a decided batch: commit what is left of the decision, roll back the rest
+    # (the replay's own branches among them), write nothing again.
+    ((1, [X1, X2]), [X2, X3, X4], [X3, X4], Plan([X3, X4], False, [X2])),
+    ((1, [X1, X2]), [X3], [X3], Plan([X3], False, [])),
+    # Nothing staged (no rows): nothing to decide.
+    (None, [X3], [], Plan([X3], False, [])),
+])
+def test_plan_commit_for_each_arrow_of_the_protocol(decided: Any, live: list[Xid],
+                                                    ours: list[Xid], plan: Plan) -> None:
+    assert plan_commit("s", 1, decided, live, ours) == plan
+
+
+def test_plan_commit_refuses_a_sink_id_with_a_later_decision() -> None:
+    with pytest.raises(SinkIdInUse, match="committed batch 7, after this batch 1"):
+        plan_commit("s", 1, (7, []), [X1], [X1])
+
+
+def test_plan_abort_leaves_a_decided_batch_to_its_replay() -> None:
+    assert plan_abort(1, None, [X1, X2]) == [X1, X2]
+    assert plan_abort(1, (0, [OLD]), [X1]) == [X1]
+    assert plan_abort(1, (1, [X1]), [X1, X2]) == []
+
+
+def test_rows_too_large_for_one_request_are_cut_by_bytes(spark: SparkSession,
+                                                        node: LocalNode) -> None:
+    """600 rows of 40 KB: 24 MB, over the node's 16 MiB frame limit for one request."""
+    with node.client() as c:
+        c.create_topic("big")
+        df = spark.range(0, 600, numPartitions=1).selectExpr(
+            "concat(lpad(cast(id as string), 8, '0'), repeat('x', 40000)) as value")
+        df.write.format("shardnode").mode("append").option("endpoint", node.endpoint) \
+            .option("topic", "big").option("maxBytesPerTransaction", str(8 << 20)).save()
+        assert c.end_offsets("big") == [600]
+        got = sorted(v[:8] for v in values_in(c, "big"))
+        assert got == [b"%08d" % i for i in range(600)]
         assert_no_branches(c)
 
 
@@ -404,6 +492,8 @@ def test_options_are_checked_before_any_task() -> None:
         SinkOptions.parse({"endpoint": "tcp://a:1,tcp://b:2", "topic": "t"})
     with pytest.raises(OptionError, match="sinkId"):
         SinkOptions.parse({"endpoint": "tcp://a:1", "sinkId": "x" * 41})
+    with pytest.raises(OptionError, match="at least 'maxRecordsPerRequest'"):
+        SinkOptions.parse({"endpoint": "tcp://a:1", "maxRecordsPerTransaction": "10"})
     with pytest.raises(OptionError, match="startingOffsets"):
         SourceOptions.parse({"endpoint": "tcp://a:1", "topic": "t", "startingOffsets": "[1]"})
     assert SourceOptions.parse({"endpoint": "tcp://a:1", "topic": "t",
@@ -420,6 +510,11 @@ def test_bounded_shares_a_trigger_limit_among_partitions() -> None:
     assert got == {"0": 57, "1": 3, "2": 5}
     assert sum(got[p] - start[p] for p in got) == 50
     assert bounded(start, ends, 1000) == ends
+    # A limit below the partitions with records: each gets its turn, none is starved.
+    at = dict.fromkeys("0123", 0)
+    for _trigger in range(4):
+        at = bounded(at, dict.fromkeys("0123", 10), 2)
+    assert at == dict.fromkeys("0123", 2)
 
 
 def test_splits_cut_large_ranges() -> None:

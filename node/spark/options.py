@@ -22,8 +22,13 @@ GUARANTEES = (EXACTLY_ONCE, AT_LEAST_ONCE)
 # A sink id is part of every XA global id the sink writes (``node/spark/sink.py``): with
 # ``/<batch id>`` after it, it must fit the XA limit of 64 bytes.
 SINK_ID_BYTES_MAX = 40
-# The node takes at most ``[limits] batch_records_max`` (10 000 by default) per request.
+# The node takes at most ``[limits] batch_records_max`` (10 000 by default) records and
+# ``frame_bytes_max`` (16 MiB) bytes per request, and ``[txn] records_max`` (1 000 000) and
+# ``bytes_max`` (256 MiB) per transaction.
 RECORDS_PER_REQUEST_MAX = 10_000
+REQUEST_BYTES_MAX = 15 << 20  # under the frame limit, with room for the request's fields
+TXN_RECORDS_MAX = 1_000_000
+TXN_BYTES_MAX = 256 << 20
 
 
 class OptionError(ValueError):
@@ -80,8 +85,10 @@ class SinkOptions:
     guarantee: str
     sink_id: str | None  # None: the streaming query's id
     records_per_request_max: int
+    request_bytes_max: int
     requests_in_flight_max: int
     records_per_txn_max: int
+    txn_bytes_max: int
     txn_timeout_ms: int
     request_timeout_ms: int
 
@@ -96,23 +103,36 @@ class SinkOptions:
                                         and "/" not in sink_id):
             raise OptionError(f"option 'sinkId' must be 1..{SINK_ID_BYTES_MAX} bytes without "
                               f"'/', got {sink_id!r}")
-        return cls(
+        opts = cls(
             endpoint=endpoint_of(options),
             topic=_topic(options, required=False),
             guarantee=guarantee,
             sink_id=sink_id,
             records_per_request_max=_int(options, "maxRecordsPerRequest", 5000, 1,
                                          RECORDS_PER_REQUEST_MAX),
+            request_bytes_max=_int(options, "maxBytesPerRequest", 4 << 20, 1 << 16,
+                                   REQUEST_BYTES_MAX),
             requests_in_flight_max=_int(options, "requestsInFlight", 16, 1, 1024),
-            # Under the node's ``[txn] records_max`` (1 000 000): a task with more rows
-            # stages them in several branches, all committed by the same decision.
+            # A task with more stages them in several branches, all committed by the same
+            # decision.
             records_per_txn_max=_int(options, "maxRecordsPerTransaction", 500_000, 1,
-                                     1_000_000),
+                                     TXN_RECORDS_MAX),
+            txn_bytes_max=_int(options, "maxBytesPerTransaction", 128 << 20, 1 << 16,
+                               TXN_BYTES_MAX),
             # How long a task's branch may stay unprepared before the node rolls it back
-            # (a task that died mid-write); prepared branches never time out.
+            # (a task that died mid-write); prepared branches never time out. A task
+            # prepares a branch and begins another at half of it. At most the node's
+            # ``[txn] timeout_ms_max``.
             txn_timeout_ms=_int(options, "transactionTimeoutMs", 300_000, 1000, 600_000),
             request_timeout_ms=_int(options, "requestTimeoutMs", 30_000, 100, 600_000),
         )
+        if opts.records_per_txn_max < opts.records_per_request_max:
+            raise OptionError("option 'maxRecordsPerTransaction' must be at least "
+                              "'maxRecordsPerRequest'")
+        if opts.txn_bytes_max < opts.request_bytes_max:
+            raise OptionError("option 'maxBytesPerTransaction' must be at least "
+                              "'maxBytesPerRequest'")
+        return opts
 
 
 def parse_offsets(text: str, name: str) -> dict[int, int] | str:

@@ -75,50 +75,97 @@ def _binary(column: pa.Array) -> pa.Array:
 
 
 def _millis(column: pa.Array) -> list[Any]:
+    """Milliseconds since the epoch (a timestamp without a time zone is taken as UTC)."""
     if pa.types.is_timestamp(column.type):
         column = pc.cast(column, pa.timestamp("ms", tz=column.type.tz), safe=False)
         column = column.cast(pa.int64())
+    if len(column) and (pc.min(column).as_py() or 0) < 0:
+        raise ValueError("a 'timestamp' is before 1970: the node keeps milliseconds since the "
+                         "epoch, from 0")
     return list(column.to_pylist())
 
 
-Group = tuple[str | None, int | None, list[Any]]  # topic (None: the option's), partition, records
+def _lengths(column: pa.Array) -> pa.Array:
+    return pc.fill_null(pc.binary_length(column), 0)
 
 
-def records_of(batch: pa.RecordBatch) -> Iterator[Group]:
-    """The batch's rows as wire records (``wire/records.py``), grouped by topic and partition
-    when the batch has those columns (None where it has not: the node picks)."""
+RECORD_OVERHEAD_BYTES = 16  # a record's msgpack headers, its tags and timestamp (an estimate)
+
+Request = tuple[str, int | None, list[Any]]  # topic, partition (None: the node picks), records
+
+
+def requests_of(batch: pa.RecordBatch, topic_option: str | None, records_max: int,
+                bytes_max: int) -> Iterator[Request]:
+    """The batch's rows as wire records (``wire/records.py``), in requests of at most
+    ``records_max`` records and about ``bytes_max`` bytes, per topic and partition when the
+    batch has those columns. The ``topic`` option, when given, wins over the column."""
     names = batch.schema.names
     values = _binary(batch.column(names.index("value")))
     if values.null_count:
         raise ValueError(f"{values.null_count} rows have a null 'value'; every record needs one")
     vals: list[Any] = values.to_pylist()
-    extra = [n for n in ("key", "tags", "timestamp") if n in names]
-    if extra:
-        keys = (_binary(batch.column(names.index("key"))).to_pylist() if "key" in names
-                else [None] * len(vals))
-        tags = (batch.column(names.index("tags")).to_pylist() if "tags" in names
-                else [None] * len(vals))
+    n = len(vals)
+    sizes = pc.add(_lengths(values), RECORD_OVERHEAD_BYTES)
+    keys: list[Any] = [None] * n
+    if "key" in names:
+        key_col = _binary(batch.column(names.index("key")))
+        keys = key_col.to_pylist()
+        sizes = pc.add(sizes, _lengths(key_col))
+    if "tags" in names or "timestamp" in names:
+        tags: list[Any] = [None] * n
+        if "tags" in names:
+            tag_col = batch.column(names.index("tags"))
+            if pc.list_flatten(tag_col).null_count:
+                raise ValueError("a 'tags' array holds a null; tags are strings")
+            tags = tag_col.to_pylist()
         stamps = (_millis(batch.column(names.index("timestamp"))) if "timestamp" in names
-                  else [None] * len(vals))
+                  else [None] * n)
         vals = [v if k is None and not t and s is None else [v, k, t or [], s]
                 for v, k, t, s in zip(vals, keys, tags, stamps, strict=True)]
-    if "topic" not in names and "partition" not in names:
-        yield None, None, vals
+    elif "key" in names:
+        vals = [v if k is None else [v, k, [], None] for v, k in zip(vals, keys, strict=True)]
+    # Only when a request of records_max of the largest rows could pass bytes_max are the
+    # rows' sizes needed one by one.
+    big = n and (pc.max(sizes).as_py() or 0) * records_max > bytes_max
+    row_sizes: list[int] | None = sizes.to_pylist() if big else None
+    by_topic = "topic" in names and topic_option is None
+    if not by_topic and "partition" not in names:
+        yield from _cut(topic_option or "", None, vals, row_sizes, records_max, bytes_max)
         return
-    topics = (batch.column(names.index("topic")).to_pylist() if "topic" in names
-              else [None] * len(vals))
+    if by_topic:
+        topic_col = batch.column(names.index("topic"))
+        if topic_col.null_count:
+            raise ValueError(f"{topic_col.null_count} rows have a null 'topic', and there is no "
+                             f"'topic' option")
+        topics: list[Any] = topic_col.to_pylist()
+    else:
+        topics = [topic_option] * n
     parts = (batch.column(names.index("partition")).to_pylist() if "partition" in names
-             else [None] * len(vals))
-    groups: dict[tuple[str | None, int | None], list[Any]] = {}
-    for t, p, rec in zip(topics, parts, vals, strict=True):
-        groups.setdefault((t, p), []).append(rec)
-    for (t, p), recs in groups.items():
-        yield t, p, recs
+             else [None] * n)
+    groups: dict[tuple[str, int | None], tuple[list[Any], list[int]]] = {}
+    for i, (t, p, rec) in enumerate(zip(topics, parts, vals, strict=True)):
+        recs, idx = groups.setdefault((t, p), ([], []))
+        recs.append(rec)
+        idx.append(i)
+    for (t, p), (recs, idx) in groups.items():
+        yield from _cut(t, p, recs, None if row_sizes is None else [row_sizes[i] for i in idx],
+                        records_max, bytes_max)
 
 
-def chunks(records: list[Any], size: int) -> Iterator[list[Any]]:
-    for i in range(0, len(records), size):
-        yield records[i:i + size]
+def _cut(topic: str, partition: int | None, records: list[Any], sizes: list[int] | None,
+         records_max: int, bytes_max: int) -> Iterator[Request]:
+    if sizes is None:
+        for i in range(0, len(records), records_max):
+            yield topic, partition, records[i:i + records_max]
+        return
+    first, total = 0, 0
+    for i, size in enumerate(sizes):
+        if i > first and (i - first == records_max or total + size > bytes_max):
+            yield topic, partition, records[first:i]
+            first, total = i, 0
+        total += size
+    if first < len(records):
+        yield topic, partition, records[first:]
 
 
 def batch_of(topic: str, partition: int, rows: Sequence[Sequence[Any]]) -> pa.RecordBatch:

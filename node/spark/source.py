@@ -67,7 +67,8 @@ def _resolve(spec: dict[int, int] | str, ends: Offsets, name: str) -> Offsets:
     if unknown:
         raise OptionError(f"option {name!r} names partitions {unknown}; the topic has "
                           f"0..{len(ends) - 1}")
-    out = dict.fromkeys(ends, 0)
+    # Partitions a JSON spec leaves out start at 0 and end at the latest.
+    out = dict.fromkeys(ends, 0) if name == "startingOffsets" else dict(ends)
     for p, off in spec.items():
         if off > ends[str(p)]:
             raise OptionError(f"option {name!r}: offset {off} of partition {p} is past its "
@@ -78,21 +79,25 @@ def _resolve(spec: dict[int, int] | str, ends: Offsets, name: str) -> Offsets:
 
 def bounded(start: Offsets, ends: Offsets, records_max: int) -> Offsets:
     """Ends at most ``records_max`` records past ``start`` in all, shared out evenly among
-    the partitions that have records (what one leaves unused goes to the others)."""
+    the partitions that have records (what one leaves unused goes to the others; a share
+    smaller than one record each goes to the partitions furthest behind)."""
     want = {p: max(0, ends[p] - start.get(p, 0)) for p in ends}
     give = dict.fromkeys(ends, 0)
     left = records_max
     hungry = [p for p in ends if want[p] > 0]
     while left > 0 and hungry:
-        share = max(1, left // len(hungry))
+        if left < len(hungry):
+            hungry.sort(key=lambda p: (give[p] - want[p], int(p)))
+            for p in hungry[:left]:
+                give[p] += 1
+            break
+        share = left // len(hungry)
         for p in list(hungry):
-            take = min(share, want[p] - give[p], left)
+            take = min(share, want[p] - give[p])
             give[p] += take
             left -= take
             if give[p] == want[p]:
                 hungry.remove(p)
-            if left == 0:
-                break
     return {p: start.get(p, 0) + give[p] for p in ends}
 
 
@@ -120,7 +125,13 @@ def read_split(opts: SourceOptions, split: Split) -> Iterator[pa.RecordBatch]:
             reply = c.call("read", topic=split.topic, partition=split.partition, offset=offset,
                            max_records=n)
             rows = msgpack.unpackb(reply["records"], raw=False, use_list=False)
-            rows = [r for r in rows if r[0] < split.end]
+            if rows and rows[0][0] != offset:
+                raise RuntimeError(f"{split.topic}/{split.partition}: expected offset {offset}, "
+                                   f"read {rows[0][0]}")
+            rows = rows[:split.end - offset]  # (the node answers at most n; never past)
+            if rows and rows[-1][0] != offset + len(rows) - 1:
+                raise RuntimeError(f"{split.topic}/{split.partition}: offsets {offset}.."
+                                   f"{rows[-1][0]} are not contiguous")
             if not rows:
                 # Cannot happen while the topic stands; if it was deleted and made again,
                 # say so instead of waiting for ever.
@@ -130,9 +141,6 @@ def read_split(opts: SourceOptions, split: Split) -> Iterator[pa.RecordBatch]:
                                        f"read (was the topic deleted?)")
                 time.sleep(0.05)  # back off before asking again
                 continue
-            if rows[0][0] != offset:
-                raise RuntimeError(f"{split.topic}/{split.partition}: expected offset {offset}, "
-                                   f"read {rows[0][0]}")
             yield batch_of(split.topic, split.partition, rows)
             offset = rows[-1][0] + 1
             deadline = time.monotonic() + READ_WAIT_MS_MAX / 1000

@@ -3,7 +3,7 @@ write path, with nothing durable and nothing answered.
 
 ``BareZmqDataSource`` (format ``bench-zmq-push``) runs inside Spark's Python workers: each
 task turns its Arrow batches into records as the shardnode sink does
-(``node.spark.rows.records_of``), packs them SPARK_FRAME_RECORDS to a frame with msgpack as
+(``node.spark.rows.requests_of``), packs them SPARK_FRAME_RECORDS to a frame with msgpack as
 the sink packs a request, and PUSHes each frame, with its record count, to the endpoint
 named by the option ``endpoint``. ``Drain`` runs in the bench: a PULL socket bound to a
 free loopback port and a thread that counts the records of each frame it receives.
@@ -29,7 +29,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from node.spark.rows import chunks, records_of
+from node.spark.options import REQUEST_BYTES_MAX
+from node.spark.rows import requests_of
 
 from ..settings import (
     SPARK_DRAIN_POLL_MS,
@@ -78,10 +79,10 @@ class BareWriter(DataSourceArrowWriter):
         try:
             sock.connect(self.endpoint)
             for batch in iterator:
-                for _topic, _partition, records in records_of(batch):
-                    for chunk in chunks(records, SPARK_FRAME_RECORDS):
-                        blob = msgpack.packb(chunk, use_bin_type=True)
-                        sock.send_multipart([len(chunk).to_bytes(COUNT_BYTES, "little"), blob])
+                for _topic, _partition, chunk in requests_of(batch, "bare", SPARK_FRAME_RECORDS,
+                                                             REQUEST_BYTES_MAX):
+                    blob = msgpack.packb(chunk, use_bin_type=True)
+                    sock.send_multipart([len(chunk).to_bytes(COUNT_BYTES, "little"), blob])
                 rows += batch.num_rows
         finally:
             sock.close()
