@@ -313,10 +313,7 @@ def test_rows_are_invisible_until_the_batch_commits(spark: SparkSession, node: L
                                                     tmp_path: Path) -> None:
     """Tasks stage: their rows take no offsets until the driver's commit."""
     with node.client() as c:
-        c.create_topic("events", partitions=1)
-        opts = SinkOptions.parse({"endpoint": node.endpoint, "topic": "events",
-                                  "sinkId": "direct"})
-        writer = StreamWriter(opts)
+        writer = _direct_writer(c, node, "direct")
         messages = _stage(spark, writer, 300)
         assert [x[0] for m in messages for x in m.xids] == [XID_FORMAT, XID_FORMAT]
         assert len(c.xa_recover()) == 2, "prepared, in doubt until the driver decides"
@@ -324,6 +321,13 @@ def test_rows_are_invisible_until_the_batch_commits(spark: SparkSession, node: L
         writer.commit(list[WriterCommitMessage | None](messages), 0)
         assert total(c, "events") == 300
         assert_no_branches(c)
+
+
+def _direct_writer(c: NodeClient, node: LocalNode, sink_id: str) -> StreamWriter:
+    """The sink's writer of the topic ``events`` (made here), driven by the test."""
+    c.create_topic("events", partitions=1)
+    return StreamWriter(SinkOptions.parse({"endpoint": node.endpoint, "topic": "events",
+                                           "sinkId": sink_id}))
 
 
 def _stage(spark: SparkSession, writer: StreamWriter, rows: int) -> list[SinkCommit]:
@@ -337,10 +341,7 @@ def test_a_commit_that_fails_after_its_decision_is_finished_by_the_replay(
     """The decision is written and one branch committed, then the commit fails: Spark's
     abort leaves the rest prepared, and the replay of the batch commits them."""
     with node.client() as c:
-        c.create_topic("events", partitions=1)
-        opts = SinkOptions.parse({"endpoint": node.endpoint, "topic": "events",
-                                  "sinkId": "halfway"})
-        writer = StreamWriter(opts)
+        writer = _direct_writer(c, node, "halfway")
         first = _stage(spark, writer, 300)
         xids = [Xid(*x) for m in first for x in m.xids]
         assert len(xids) == 2

@@ -4,6 +4,7 @@ their own), the targets table, and the ``--plot`` PNG."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -166,7 +167,12 @@ def print_txn_table(rows: list[Row], s: Settings) -> None:
             ops = "; per op p50/p99 ms: " + ", ".join(
                 f"{op} {_num(p50, 2)}/{_num(p99, 2)}" for op, (p50, p99) in r.ops_ms.items())
         console.print(f"  {r.system} x{r.per_request}: {r.note}{ops}{errors}", highlight=False)
-    for target in TXN_TARGETS:
+    _print_verdicts(TXN_TARGETS, rows)
+
+
+def _print_verdicts(targets: Sequence[Target], rows: list[Row]) -> None:
+    """A scenario's goals under its table: each one's figure and verdict."""
+    for target in targets:
         value, met = target.verdict(rows)
         console.print(f"  {target.text}: {_shown(target, value)}, {_verdict(value, met)}",
                       highlight=False)
@@ -216,11 +222,7 @@ def print_spark_table(rows: list[Row], s: Settings) -> None:
         errors = f" [red]{r.errors} errors[/red]" if r.errors else ""
         what = f"{r.direction} {r.system}" + (f" {r.guarantee}" if r.guarantee else "")
         console.print(f"  {what}: {r.note}{errors}", highlight=False)
-    for target in SPARK_TARGETS:
-        value, met = target.verdict(rows)
-        console.print(f"  {target.text}: {_shown(target, value)}, {_verdict(value, met)}",
-                      highlight=False)
-    console.print()
+    _print_verdicts(SPARK_TARGETS, rows)
 
 
 def print_table(scenario: str, rows: list[Row], s: Settings) -> None:
