@@ -171,13 +171,14 @@ def _cut(topic: str, partition: int | None, records: list[Any], sizes: list[int]
 def batch_of(topic: str, partition: int, rows: Sequence[Sequence[Any]]) -> pa.RecordBatch:
     """An Arrow batch of the source's schema from a read reply's rows
     (``[offset, timestamp_ms, key, tags, value]``)."""
-    offsets, stamps, keys, tags, values = (list(c) for c in zip(*rows, strict=True))
+    offsets, stamps, keys, tags, values = zip(*rows, strict=True)
     n = len(offsets)
     return pa.RecordBatch.from_arrays([
         pa.array([topic] * n, pa.string()),
         pa.array([partition] * n, pa.int32()),
         pa.array(offsets, pa.int64()),
-        pa.array([None if s is None else s * 1000 for s in stamps], pa.timestamp("us", tz="UTC")),
+        # ms → µs in Arrow, not per row in Python (a third of the function's time)
+        pc.multiply(pa.array(stamps, pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC")),
         pa.array(keys, pa.binary()),
         pa.array(values, pa.binary()),
         pa.array(tags, pa.list_(pa.string())),
