@@ -4,9 +4,12 @@ check's verdicts on counts that are wrong, so that it can be seen to fail."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +55,39 @@ def test_check_passes_each_row_once() -> None:
 def test_check_fails_a_row_missing_twice_or_changed(check: Check, says: str) -> None:
     failures = check.failures(10)
     assert any(says in f for f in failures), failures
+
+
+def test_the_scripts_say_so_when_java_is_missing(tmp_path: Path) -> None:
+    """``scripts/_venv.sh`` with the spark extra, on a PATH without java and no JAVA_HOME:
+    a clear message and exit 3, before anything starts. (A copy of the script, in a tree
+    whose .venv is already installed, so nothing is installed here.)"""
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "_venv.sh"
+    script.write_text((ROOT / "scripts" / "_venv.sh").read_text())
+    pyproject = (ROOT / "pyproject.toml").read_bytes()
+    (tmp_path / "pyproject.toml").write_bytes(pyproject)
+    venv_bin = tmp_path / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").symlink_to(sys.executable)
+    (tmp_path / ".venv" / ".installed-test-spark").write_text(
+        hashlib.sha1(pyproject).hexdigest() + "\n")
+    tools = tmp_path / "bin"  # what the script needs, and no java
+    tools.mkdir()
+    for tool in ("dirname", "sha1sum", "cut", "cat"):
+        found = shutil.which(tool)
+        assert found is not None, tool
+        (tools / tool).symlink_to(found)
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = str(tools)
+    bash = shutil.which("bash")
+    assert bash is not None
+    proc = subprocess.run([bash, "-c", f"source {script} test,spark; echo started"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 3, (proc.stdout, proc.stderr)
+    assert "Spark needs Java 17 or newer" in proc.stderr
+    assert "started" not in proc.stdout
+    env["JAVA_HOME"] = "/opt/some-jdk"  # a JDK named by JAVA_HOME is taken as there
+    proc = subprocess.run([bash, "-c", f"source {script} test,spark; echo $PYSPARK_PYTHON"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(tmp_path / ".venv" / "bin" / "python")
