@@ -28,6 +28,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.streaming.query import StreamingQuery
 
 from node.client import NodeClient
+from node.crashcheck import read_partition
 from node.local import LocalNode
 from node.spark import ShardnodeDataSource, register
 from node.spark.options import OptionError, SinkOptions, SourceOptions
@@ -92,15 +93,13 @@ def stream_inputs(spark: SparkSession, folder: Path) -> DataFrame:
 
 
 def values_in(client: NodeClient, topic: str) -> list[bytes]:
-    """Every record's value in the topic, partition by partition, in offset order."""
+    """Every record's value in the topic, partition by partition, in offset order (offsets
+    contiguous), up to each partition's end offset."""
     out: list[bytes] = []
     for p, end in enumerate(client.end_offsets(topic)):
-        offset = 0
-        while offset < end:
-            got = client.read(topic, p, offset, max_records=5000)
-            assert got, f"{topic}/{p}: nothing to read at {offset}, below its end {end}"
-            out += [r.value for r in got]
-            offset += len(got)
+        values = read_partition(client, topic, p)
+        assert len(values) == end, f"{topic}/{p}: {len(values)} records read, end offset {end}"
+        out += values
     return out
 
 
@@ -309,8 +308,7 @@ def test_sigkill_of_the_node_mid_batch_then_restart_of_the_query_writes_every_ro
         assert_no_branches(c)
 
 
-def test_rows_are_invisible_until_the_batch_commits(spark: SparkSession, node: LocalNode,
-                                                    tmp_path: Path) -> None:
+def test_rows_are_invisible_until_the_batch_commits(spark: SparkSession, node: LocalNode) -> None:
     """Tasks stage: their rows take no offsets until the driver's commit."""
     with node.client() as c:
         writer = _direct_writer(c, node, "direct")
@@ -448,7 +446,7 @@ def test_batch_write_with_every_column_and_batch_read_by_offsets(spark: SparkSes
 # ---- errors ---------------------------------------------------------------------------
 
 
-def _start_error(df: DataFrame, node: LocalNode, tmp_path: Path, **options: str) -> str:
+def _start_error(df: DataFrame, node: LocalNode, **options: str) -> str:
     with pytest.raises(PySparkException) as info:
         w = df.write.format("shardnode").mode("append").option("endpoint", node.endpoint)
         for k, v in options.items():
@@ -457,33 +455,32 @@ def _start_error(df: DataFrame, node: LocalNode, tmp_path: Path, **options: str)
     return str(info.value)
 
 
-def test_a_bad_input_or_option_fails_the_query_naming_it(spark: SparkSession, node: LocalNode,
-                                                         tmp_path: Path) -> None:
+def test_a_bad_input_or_option_fails_the_query_naming_it(spark: SparkSession, node: LocalNode) -> None:
     with node.client() as c:
         c.create_topic("t")
     no_value = spark.range(3).selectExpr("cast(id as string) as body")
-    assert "needs a 'value' column" in _start_error(no_value, node, tmp_path, topic="t")
+    assert "needs a 'value' column" in _start_error(no_value, node, topic="t")
     wrong = spark.range(3).selectExpr("id as value")
-    assert "column 'value' has type bigint" in _start_error(wrong, node, tmp_path, topic="t")
+    assert "column 'value' has type bigint" in _start_error(wrong, node, topic="t")
     ok = spark.range(3).selectExpr("cast(id as string) as value")
-    assert "needs a 'topic' option or a 'topic' column" in _start_error(ok, node, tmp_path)
-    assert "deliveryGuarantee" in _start_error(ok, node, tmp_path, topic="t",
+    assert "needs a 'topic' option or a 'topic' column" in _start_error(ok, node)
+    assert "deliveryGuarantee" in _start_error(ok, node, topic="t",
                                                deliveryGuarantee="maybe")
-    assert "maxRecordsPerRequest" in _start_error(ok, node, tmp_path, topic="t",
+    assert "maxRecordsPerRequest" in _start_error(ok, node, topic="t",
                                                   maxRecordsPerRequest="0")
 
 
 def test_a_row_over_a_node_limit_fails_its_task_with_the_nodes_error(
-        spark: SparkSession, node: LocalNode, tmp_path: Path) -> None:
+        spark: SparkSession, node: LocalNode) -> None:
     with node.client() as c:
         c.create_topic("t")
         big = spark.range(2, numPartitions=1).selectExpr("repeat('x', 2000000) as value")
-        text = _start_error(big, node, tmp_path, topic="t")
+        text = _start_error(big, node, topic="t")
         assert "value of 2000000 bytes is over" in text
         assert c.end_offsets("t") == [0]
         assert_no_branches(c)
         missing = spark.range(2).selectExpr("cast(id as string) as value")
-        assert "does not exist" in _start_error(missing, node, tmp_path, topic="nope")
+        assert "does not exist" in _start_error(missing, node, topic="nope")
 
 
 def test_options_are_checked_before_any_task() -> None:

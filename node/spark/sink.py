@@ -116,14 +116,10 @@ def _pack(value: Any) -> bytes:
     return bytes(msgpack.packb(value, use_bin_type=True))
 
 
-def _requests(opts: SinkOptions, batches: Iterator[pa.RecordBatch]
-              ) -> Iterator[tuple[str, int | None, list[Any], int]]:
-    """(topic, partition, records, rows of the Spark batch done) per request."""
-    for batch in batches:
-        for topic, part, records in requests_of(batch, opts.topic, opts.records_per_request_max,
-                                                opts.request_bytes_max):
-            yield topic, part, records, 0
-        yield "", None, [], batch.num_rows
+def _requests(opts: SinkOptions, batch: pa.RecordBatch) -> Iterator[tuple[str, int | None,
+                                                                           list[Any]]]:
+    """The batch's rows as requests of the sink's size: (topic, partition, records)."""
+    return requests_of(batch, opts.topic, opts.records_per_request_max, opts.request_bytes_max)
 
 
 # ---- tasks ------------------------------------------------------------------------------
@@ -188,10 +184,10 @@ def _write_staged(opts: SinkOptions, batches: Iterator[pa.RecordBatch], sink_id:
     with NodeClient(opts.endpoint, timeout_ms=opts.request_timeout_ms) as client:
         staging = _Staging(client, opts, global_id(sink_id, batch_id), partition, attempt)
         try:
-            for topic, part, records, done in _requests(opts, batches):
-                if records:
+            for batch in batches:
+                for topic, part, records in _requests(opts, batch):
                     staging.send(topic, part, records)
-                rows += done
+                rows += batch.num_rows
             staging.prepare()
         except BaseException:
             staging.roll_back()
@@ -227,14 +223,13 @@ def _write_plain(opts: SinkOptions, batches: Iterator[pa.RecordBatch], sink_id: 
                     again = pipe.submit(topic, [b""] * count, part, blob=blob, seq=seq)
                     sent[again] = (topic, part, blob, count, seq, times + 1)
 
-        for topic, part, records, done in _requests(opts, batches):
-            rows += done
-            if not records:
-                continue
-            answered(opts.requests_in_flight_max - 1)
-            blob, seq = _pack(records), client.next_seq()
-            rid = pipe.submit(topic, [b""] * len(records), part, blob=blob, seq=seq)
-            sent[rid] = (topic, part, blob, len(records), seq, 1)
+        for batch in batches:
+            for topic, part, records in _requests(opts, batch):
+                answered(opts.requests_in_flight_max - 1)
+                blob, seq = _pack(records), client.next_seq()
+                rid = pipe.submit(topic, [b""] * len(records), part, blob=blob, seq=seq)
+                sent[rid] = (topic, part, blob, len(records), seq, 1)
+            rows += batch.num_rows
         answered(0)
     return SinkCommit(sink_id, batch_id, [], rows)
 

@@ -4,16 +4,28 @@ scenario."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
+from collections.abc import Iterator
 
 from node.client import NodeClient, NodeError, Pipeline, Record
 from wire.records import pack_batch
 
-from ..clients import Gate, Job, Payload, key_of, start_clock, value_of
+from ..clients import Budget, Gate, Job, Payload, key_of, start_clock, value_of
 from ..measure import ClientResult
 from ..settings import CKPT_LATE_S, CKPT_TIMEOUT_MS, DRAIN_TIMEOUT_S, TXN_OPS
+
+
+@contextlib.contextmanager
+def started(job: Job, gate: Gate, res: ClientResult) -> Iterator[tuple[NodeClient, Budget]]:
+    """A client of the node that knows the topic's partitions, and, once the go signal came,
+    the client's started clock and budget."""
+    with NodeClient(job.target, timeout_ms=30_000) as c:
+        c.partitions(job.name)
+        gate.wait()
+        yield c, start_clock(job, res)
 
 
 def sn_produce(job: Job, gate: Gate) -> ClientResult:
@@ -21,10 +33,7 @@ def sn_produce(job: Job, gate: Gate) -> ClientResult:
     once durable. Unkeyed records go to ``job.partition``; keyed ones by key hash."""
     payload = Payload(job)
     res = ClientResult()
-    with NodeClient(job.target, timeout_ms=30_000) as c:
-        c.partitions(job.name)
-        gate.wait()
-        budget = start_clock(job, res)
+    with started(job, gate, res) as (c, budget):
         while n := budget.next_count(res.records, job.batch):
             keys, values = payload.batch(res.records, n)
             records: list[Record] | list[bytes] = values if keys is None else \
@@ -50,10 +59,7 @@ def sn_transact(job: Job, gate: Gate) -> ClientResult:
     payload = Payload(job)
     res = ClientResult()
     begin, produce, commit = (res.ops_s.setdefault(op, []) for op in TXN_OPS)
-    with NodeClient(job.target, timeout_ms=30_000) as c:
-        c.partitions(job.name)
-        gate.wait()
-        budget = start_clock(job, res)
+    with started(job, gate, res) as (c, budget):
         while n := budget.next_count(res.records, job.batch):
             _keys, values = payload.batch(res.records, n)
             t0 = time.monotonic()
@@ -142,10 +148,7 @@ def sn_read_key(job: Job, gate: Gate) -> ClientResult:
     """Random ``read_by_key`` calls, one at a time, each checked against its key."""
     rng = random.Random(job.seed * 1000 + job.index)
     res = ClientResult()
-    with NodeClient(job.target, timeout_ms=30_000) as c:
-        c.partitions(job.name)
-        gate.wait()
-        budget = start_clock(job, res)
+    with started(job, gate, res) as (c, budget):
         while budget.next_count(res.records, 1):
             i = rng.randrange(job.keys)
             t0 = time.monotonic()
