@@ -225,22 +225,51 @@ class LogState:
             return ErrorReply(msg.corr, ErrorCode.BAD_REQUEST,
                               f"partitions must be 1-{self.partitions_max} "
                               f"(limits.partitions_max), got {msg.partitions}")
-        if msg.name in self.topics:
-            return ErrorReply(msg.corr, ErrorCode.TOPIC_EXISTS, f"topic {msg.name!r} exists")
-        shards = sum(t.partitions for t in self.topics.values())
-        if shards + msg.partitions > self.shards_max:
+        owners = tuple(msg.owners)
+        if owners and len(owners) != msg.partitions:
             return ErrorReply(msg.corr, ErrorCode.BAD_REQUEST,
-                              f"the node has {shards} partitions; {msg.partitions} more would "
-                              f"pass limits.shards_max = {self.shards_max}")
+                              f"{len(owners)} owners for {msg.partitions} partitions")
+        have = self.topics.get(msg.name)
+        if msg.topic_id:  # a member copying the catalog member's topic: done once
+            if have is not None and have.topic_id == msg.topic_id:
+                return Done(msg.corr, self.catalog_lsn)
+            if have is not None or msg.topic_id in self.by_id:
+                return ErrorReply(msg.corr, ErrorCode.TOPIC_EXISTS,
+                                  f"topic {msg.name!r} (id {msg.topic_id}) clashes with topic "
+                                  f"{(have or self.by_id[msg.topic_id]).name!r} here")
+        elif have is not None:
+            return ErrorReply(msg.corr, ErrorCode.TOPIC_EXISTS, f"topic {msg.name!r} exists")
+        else:
+            refused = self._over_shards(msg.partitions, owners)
+            if refused:
+                return ErrorReply(msg.corr, ErrorCode.BAD_REQUEST, refused)
         self.last_lsn += 1
-        topic = Topic(msg.name, msg.partitions, self.next_topic_id)
+        topic = Topic(msg.name, msg.partitions, msg.topic_id or self.next_topic_id, owners)
         self._apply_create(topic, self.last_lsn)
         record = logrecord.encode(self.last_lsn, Kind.TOPIC_CREATE,
-                                  [topic.topic_id, topic.name, topic.partitions])
+                                  [topic.topic_id, topic.name, topic.partitions, list(owners)])
         return Log(record, Done(msg.corr, self.last_lsn), self.last_lsn, catalog_changed=True)
+
+    def _over_shards(self, partitions: int, owners: tuple[int, ...]) -> str:
+        """Why a new topic would pass ``limits.shards_max`` on a member (this node, or in a
+        cluster any member: the catalog member sees every topic's placement), or ""."""
+        if not owners:
+            shards = sum(t.partitions for t in self.topics.values())
+            if shards + partitions > self.shards_max:
+                return (f"the node has {shards} partitions; {partitions} more would pass "
+                        f"limits.shards_max = {self.shards_max}")
+            return ""
+        held = collections.Counter(o for t in self.topics.values() for o in t.owners)
+        for member, count in sorted(collections.Counter(owners).items()):
+            if held[member] + count > self.shards_max:
+                return (f"member {member} has {held[member]} partitions; {count} more would "
+                        f"pass limits.shards_max = {self.shards_max}")
+        return ""
 
     def _delete(self, msg: DeleteTopic) -> Log | Message:
         topic = self.topics.get(msg.name)
+        if msg.topic_id and (topic is None or topic.topic_id != msg.topic_id):
+            return Done(msg.corr, self.catalog_lsn)  # gone already: deleting is done once
         if topic is None:
             return ErrorReply(msg.corr, ErrorCode.UNKNOWN_TOPIC, f"topic {msg.name!r} does not exist")
         self.last_lsn += 1
@@ -445,7 +474,8 @@ class LogState:
             "last_lsn": self.last_lsn,
             "catalog_lsn": self.catalog_lsn,
             "next_topic_id": self.next_topic_id,
-            "topics": [[t.topic_id, t.name, t.partitions] for t in self.by_id.values()],
+            "topics": [[t.topic_id, t.name, t.partitions, list(t.owners)]
+                       for t in self.by_id.values()],
             "next_offset": [[tid, p, off] for (tid, p), off in self.next_offset.items()],
             "producers": [[pid, w.max_seq, w.results.copy()] for pid, w in self.producers.items()],
             **self.txns.snapshot(),
@@ -460,8 +490,8 @@ class LogState:
         self.next_topic_id = snap["next_topic_id"]
         self.topics.clear()
         self.by_id.clear()
-        for tid, name, parts in snap["topics"]:
-            topic = Topic(name, parts, tid)
+        for tid, name, parts, *owners in snap["topics"]:  # owners: since clusters
+            topic = Topic(name, parts, tid, tuple(owners[0]) if owners else ())
             self.topics[name] = topic
             self.by_id[tid] = topic
         self.next_offset = {(tid, p): off for tid, p, off in snap["next_offset"]}
@@ -495,8 +525,9 @@ class LogState:
                 acked.append((partition, first, count))
             self._remember(self._producer(producer_id), seq, entry.lsn, acked)
         elif kind == Kind.TOPIC_CREATE:
-            topic_id, name, partitions = entry.body()
-            self._apply_create(Topic(name, partitions, topic_id), entry.lsn)
+            topic_id, name, partitions, *owners = entry.body()  # owners: since clusters
+            self._apply_create(Topic(name, partitions, topic_id,
+                                     tuple(owners[0]) if owners else ()), entry.lsn)
         elif kind == Kind.TOPIC_DELETE:
             topic_id, _name = entry.body()
             self._apply_delete(topic_id, entry.lsn)

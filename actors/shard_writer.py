@@ -72,6 +72,7 @@ class ShardWriter(Actor):
         super().__init__(ctx)
         self.index = writer_index(self.role)
         self.writers = self.cfg.node.writers
+        self.node_id = self.cfg.cluster.node_id  # 0: a single node
         data = self.cfg.data_path
         self.log_dir = data / "log"
         self.shards_dir = data / "shards"
@@ -101,6 +102,8 @@ class ShardWriter(Actor):
         self.slow_apply_s = SLOW_APPLY_S if faults.armed("writer.slow_apply") else 0.0
 
     def owns(self, topic_id: int, partition: int) -> bool:
+        """This writer keeps the shard if it lives on this node (shards of partitions placed
+        on other members of a cluster are never created here)."""
         return shard_owner(topic_id, partition, self.writers) == self.index
 
     # ---- start and stop ---------------------------------------------------------------
@@ -299,8 +302,10 @@ class ShardWriter(Actor):
         if e.lsn <= self.catalog_lsn:
             return
         if e.kind == Kind.TOPIC_CREATE:
-            topic_id, _name, partitions = e.body()
-            for p in range(partitions):
+            topic_id, _name, partitions, *owners = e.body()
+            here = [p for p in range(partitions)  # in a cluster, the partitions placed here
+                    if not owners or not owners[0] or owners[0][p] == self.node_id]
+            for p in here:
                 if self.owns(topic_id, p) and (topic_id, p) not in self.stores:
                     store = ShardStore(shard_dir(self.shards_dir, topic_id, p), topic_id, p,
                                        self.memory)

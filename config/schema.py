@@ -13,7 +13,10 @@ import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from config.cluster import Member
 
 CHECKPOINT_MODES = ("fuzzy", "blocking")
 GROUP_BYTES_LIMIT = 48 * 1024 * 1024  # a group travels between actors as one frame (wire.codec)
@@ -93,6 +96,14 @@ class SupervisorConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    file: str
+    node_id: int
+    catalog_sync_ms: int
+    forwards_max: int
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     node: NodeSection
     limits: LimitsConfig
@@ -101,6 +112,7 @@ class NodeConfig:
     shards: ShardsConfig
     cache: CacheConfig
     supervisor: SupervisorConfig
+    cluster: ClusterConfig
 
     @property
     def data_path(self) -> Path:
@@ -109,6 +121,13 @@ class NodeConfig:
     @property
     def endpoint(self) -> str:
         return f"tcp://{self.node.host}:{self.node.port}"
+
+    @property
+    def members(self) -> tuple[Member, ...]:
+        """The cluster's members (the cluster file's), or () for a single node."""
+        from config.cluster import read_cluster
+
+        return read_cluster(self.cluster.file) if self.cluster.file else ()
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
@@ -122,6 +141,7 @@ _SECTION_TYPES: dict[str, type] = {
     "shards": ShardsConfig,
     "cache": CacheConfig,
     "supervisor": SupervisorConfig,
+    "cluster": ClusterConfig,
 }
 
 
@@ -158,8 +178,9 @@ def _build(table: dict[str, dict[str, Any]]) -> NodeConfig:
     return NodeConfig(**sections)
 
 
-# port 0: any free port; wait 0: no extra wait; nice 0: writers at normal priority
-_MAY_BE_ZERO = {"port", "group_wait_us_max", "writer_nice"}
+# port 0: any free port; wait 0: no extra wait; nice 0: writers at normal priority;
+# node id 0: a single node
+_MAY_BE_ZERO = {"port", "group_wait_us_max", "writer_nice", "node_id"}
 
 
 def _positive(cfg: NodeConfig) -> None:
@@ -174,7 +195,7 @@ def validate(cfg: NodeConfig) -> None:
     """Check each value and the relations between them; raise ``ConfigError`` naming the key."""
     _positive(cfg)
     for section, name in (("node", "port"), ("log", "group_wait_us_max"),
-                          ("shards", "writer_nice")):
+                          ("shards", "writer_nice"), ("cluster", "node_id")):
         if getattr(getattr(cfg, section), name) < 0:
             raise ConfigError(f"{section}.{name} must not be negative")
     if cfg.shards.writer_nice > 19:
@@ -232,6 +253,22 @@ def validate(cfg: NodeConfig) -> None:
                           f"limits.frame_bytes_max: {txn.bytes_max} < {lim.frame_bytes_max}")
     if cfg.cache.bytes_max < lim.value_bytes_max:
         raise ConfigError("cache.bytes_max must hold at least one record of limits.value_bytes_max")
+    _validate_cluster(cfg)
+
+
+def _validate_cluster(cfg: NodeConfig) -> None:
+    cl = cfg.cluster
+    if not cl.file:
+        if cl.node_id:
+            raise ConfigError("cluster.node_id is set but cluster.file is not")
+        return
+    me = {m.id: m for m in cfg.members}.get(cl.node_id)
+    if me is None:
+        raise ConfigError(f"cluster.node_id {cl.node_id} is not a member of {cl.file} "
+                          f"(members: {[m.id for m in cfg.members]})")
+    if (me.host, me.port) != (cfg.node.host, cfg.node.port):
+        raise ConfigError(f"node {me.id} listens on {cfg.endpoint}, but the cluster file "
+                          f"{cl.file} gives its endpoint as {me.endpoint}")
 
 
 def load_config(path: str | Path | None = None,

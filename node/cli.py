@@ -1,6 +1,6 @@
 """The ``shardnode`` command: run a node, look at it, and use it from a shell.
 
-    shardnode start [--config FILE] [--data-dir DIR] [--port N]
+    shardnode start [--config FILE] [--data-dir DIR] [--port N] [--cluster FILE --node-id N]
     shardnode status [--port N]
     shardnode checkpoint [--port N]
     shardnode create-topic NAME [--partitions N]
@@ -47,6 +47,10 @@ def cmd_start(args: argparse.Namespace) -> int:
     if args.port is not None:
         overrides["node"]["port"] = args.port
     try:
+        if (args.cluster is None) != (args.node_id is None):
+            raise ConfigError("--cluster and --node-id go together")
+        if args.cluster is not None:
+            overrides["cluster"] = _member_overrides(args.cluster, args.node_id, overrides["node"])
         cfg = load_config(args.config, overrides)
     except ConfigError as exc:
         err_console.print(f"[red]config error:[/red] {exc}")
@@ -65,6 +69,26 @@ def cmd_start(args: argparse.Namespace) -> int:
         err_console.print(f"[red]node stopped:[/red] {sup.stop_reason}")
         return 1
     return 0
+
+
+def _member_overrides(path: str, node_id: int, node: dict[str, Any]) -> dict[str, Any]:
+    """The config of member ``node_id`` of the cluster file at ``path``: its host and port
+    (from its endpoint) into ``node``; the ``[cluster]`` keys returned. The data dir is
+    ``node-N`` beside the cluster file unless one is given."""
+    from pathlib import Path
+
+    from config.cluster import read_cluster
+
+    file = str(Path(path).resolve())
+    member = {m.id: m for m in read_cluster(file)}.get(node_id)
+    if member is None:
+        raise ConfigError(f"node id {node_id} is not a member of {file}")
+    if "port" in node and node["port"] != member.port:
+        raise ConfigError(f"--port {node['port']} differs from node {node_id}'s endpoint "
+                          f"{member.endpoint} in {file}")
+    node["host"], node["port"] = member.host, member.port
+    node.setdefault("data_dir", str(Path(file).parent / f"node-{node_id}"))
+    return {"file": file, "node_id": node_id}
 
 
 def _mb(n: int | None) -> str:
@@ -285,6 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", help="TOML file overriding config/defaults.toml")
     s.add_argument("--data-dir", help="where the log and shards live (default ./var)")
     s.add_argument("--port", type=int, help=f"client port (default {DEFAULT_PORT})")
+    s.add_argument("--cluster", metavar="FILE",
+                   help="run as a member of the cluster this file lists (scripts/cluster writes "
+                        "it); the member's endpoint gives host and port")
+    s.add_argument("--node-id", type=int, help="this node's id in the cluster file")
     s.add_argument("--exit-with-parent", action="store_true",
                    help="stop cleanly when the process that started the node exits "
                         "(for harnesses: tests, benchmarks)")

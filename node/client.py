@@ -182,7 +182,7 @@ class NodeClient:
         self._partitions.pop(name, None)
 
     def list_topics(self) -> list[TopicInfo]:
-        topics = [Topic._make(row) for row in self.call("list_topics")["topics"]]
+        topics = [Topic.from_row(row) for row in self.call("list_topics")["topics"]]
         self._partitions = {t.name: t.partitions for t in topics}
         return [TopicInfo(t.name, t.partitions) for t in topics]
 

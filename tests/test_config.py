@@ -302,6 +302,7 @@ def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("key", sorted(_MAY_BE_ZERO))
 def test_keys_that_may_be_zero_still_refuse_negatives(tmp_path: Path, key: str) -> None:
-    section = {"port": "node", "group_wait_us_max": "log", "writer_nice": "shards"}[key]
+    section = {"port": "node", "group_wait_us_max": "log", "writer_nice": "shards",
+               "node_id": "cluster"}[key]
     load_config(overrides={section: {key: 0}})
     assert key in _error(tmp_path, f"[{section}]\n{key} = -1\n")

@@ -126,7 +126,7 @@ def test_create_topic_logs_a_record_and_answers_done() -> None:
     assert out.reply == Done(5, 1)
     e = only_entry(out)
     assert e.kind == Kind.TOPIC_CREATE
-    tid, name, parts = e.body()
+    tid, name, parts, owners = e.body()
     assert (name, parts) == ("orders", 3)
     assert d.state.topics["orders"].topic_id == tid
     assert {k: v for k, v in d.state.next_offset.items() if k[0] == tid} == {

@@ -78,6 +78,8 @@ def _sample(tp: Any, i: int, use_none: bool) -> Any:
     if origin is collections.abc.Sequence:  # in messages whose arrays decode as tuples
         (item,) = typing.get_args(tp)
         return tuple(_sample(item, i + k, use_none) for k in range(3))
+    if origin is tuple and typing.get_args(tp)[-1] is Ellipsis:  # tuple[int, ...]
+        return tuple(_sample(typing.get_args(tp)[0], i + k, use_none) for k in range(3))
     if origin is tuple:  # a typed row
         return tuple(_sample(item, i + k, use_none) for k, item in enumerate(typing.get_args(tp)))
     if isinstance(tp, type) and issubclass(tp, tuple) and hasattr(tp, "_fields"):  # NamedTuple

@@ -126,7 +126,8 @@ def decode(frame: bytes, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> Mess
     fields = list(obj[1:])
     try:
         for i, row in rows:
-            fields[i] = [row._make(r) for r in fields[i]]
+            make = getattr(row, "from_row", row._make)
+            fields[i] = [make(r) for r in fields[i]]
     except (TypeError, ValueError) as exc:
         raise CodecError(f"{cls.__name__}: a row is not {row.__name__}: {exc}") from None
     return cls(*fields)

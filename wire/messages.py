@@ -19,6 +19,8 @@ request on its way through the node.
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,6 +76,10 @@ class CreateTopic(Message):
     corr: int
     name: str
     partitions: int
+    # In a cluster: the owning member of each partition (the catalog member places them), and
+    # the topic's id when a member copies the catalog member's topic (0: the next free id).
+    owners: list[int] = dataclasses.field(default_factory=list)
+    topic_id: int = 0
 
 
 @message(12)
@@ -82,6 +88,7 @@ class DeleteTopic(Message):
 
     corr: int
     name: str
+    topic_id: int = 0  # a member following the catalog member: only the topic of this id
 
 
 @message(13)

@@ -22,7 +22,7 @@ answers it).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -49,6 +49,19 @@ class Topic(NamedTuple):
     name: str
     partitions: int
     topic_id: int
+    # The member id owning each partition, in partition order (``wire.placement``); empty on
+    # a single node, where this node owns them all.
+    owners: tuple[int, ...] = ()
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> Topic:
+        """A topic from its msgpack array (where ``owners`` comes back as a list)."""
+        name, partitions, topic_id, *rest = row
+        return cls(name, partitions, topic_id, tuple(rest[0]) if rest else ())
+
+    def owner(self, partition: int) -> int:
+        """The member id owning ``partition``; 0 on a single node."""
+        return self.owners[partition] if self.owners else 0
 
 
 class Placed(NamedTuple):
