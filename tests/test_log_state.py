@@ -127,6 +127,7 @@ def test_create_topic_logs_a_record_and_answers_done() -> None:
     e = only_entry(out)
     assert e.kind == Kind.TOPIC_CREATE
     tid, name, parts, owners = e.body()
+    assert owners == []  # a single node: every partition is its own
     assert (name, parts) == ("orders", 3)
     assert d.state.topics["orders"].topic_id == tid
     assert {k: v for k, v in d.state.next_offset.items() if k[0] == tid} == {

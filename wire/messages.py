@@ -20,7 +20,6 @@ request on its way through the node.
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Sequence
 from typing import Any
 
