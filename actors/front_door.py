@@ -22,7 +22,7 @@ import zmq
 
 from actors.base import Actor, ActorContext
 from actors.front_state import FrontDoorState, Out
-from actors.instructions import Produce, Reply, Request
+from actors.instructions import Produce, Reply, Request, ToPeer
 from actors.roles import LOG_MANAGER
 from wire import codec, protocol
 from wire.codec import Message
@@ -70,6 +70,9 @@ class FrontDoor(Actor):
         # Frames up to twice the limit are read and answered FRAME_TOO_LARGE; ZeroMQ drops
         # the connection of a client that sends more, so no frame can exhaust memory.
         self.router.setsockopt(zmq.MAXMSGSIZE, 2 * lim.frame_bytes_max)
+        # A member that restarts connects again under its routing id (``cluster_state``):
+        # the new connection takes it over from the old one.
+        self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.router.bind(self.cfg.endpoint)
         self.poller.register(self.router, zmq.POLLIN)
         self.state = FrontDoorState(self.cfg)
@@ -80,15 +83,22 @@ class FrontDoor(Actor):
         self.write_others: list[OtherWrite] = []
         self.replies: dict[bytes, list[bytes]] = {}  # client identity → reply frames
         self.replies_dropped = 0
+        self.peers: dict[int, zmq.Socket[bytes]] = {}  # member id → a socket to its front door
+        self.peer_of: dict[zmq.Socket[bytes], int] = {}
 
     def on_start(self) -> None:
         self.send(LOG_MANAGER, Hello(self.role), wait_ms=100)
+        if self.state.cluster is not None:
+            for member in self.state.cluster.others():  # connected before they are needed
+                self.member_socket(member)
         log.info("listening on %s", self.cfg.endpoint)
 
     def on_stop(self) -> None:
         self.perform(self.state.stop())
         self.flush_replies()
         self.router.close(0)
+        for sock in self.peers.values():
+            sock.close(0)
 
     def perform(self, outs: list[Out]) -> None:
         for out in outs:
@@ -114,8 +124,42 @@ class FrontDoor(Actor):
                 case Request(role, corr, msg):
                     # A burst's requests to one actor go out together, as one bundle.
                     self.outbox.setdefault(role, []).append((corr, codec.encode(msg)))
+                case ToPeer(member, corr, frame):
+                    self.to_peer(member, corr, frame)
                 case _:
                     assert_never(out)
+
+    def member_socket(self, member: int) -> zmq.Socket[bytes]:
+        """The socket to another member's front door, connected on first use. Messages are
+        never queued for a member that is not connected (``IMMEDIATE``): a send to a member
+        that is down fails at once, and the request is answered UNAVAILABLE."""
+        sock = self.peers.get(member)
+        if sock is None:
+            cluster = self.state.cluster
+            assert cluster is not None
+            lim = self.cfg.limits
+            sock = self.zctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.setsockopt(zmq.ROUTING_ID, cluster.peer_identity())
+            sock.setsockopt(zmq.SNDHWM, lim.mailbox_messages_max)
+            sock.setsockopt(zmq.RCVHWM, lim.mailbox_messages_max)
+            sock.setsockopt(zmq.MAXMSGSIZE, 2 * lim.read_bytes_max + 2 * lim.frame_bytes_max)
+            sock.connect(cluster.members[member].endpoint)
+            self.poller.register(sock, zmq.POLLIN)
+            self.peers[member] = sock
+            self.peer_of[sock] = member
+        return sock
+
+    def to_peer(self, member: int, corr: int, frame: bytes) -> None:
+        try:
+            self.member_socket(member).send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            cluster = self.state.cluster
+            assert cluster is not None
+            self.perform(self.state.fail([corr], ErrorCode.UNAVAILABLE,
+                                         f"{cluster.name(member)} is not reachable (down, or "
+                                         f"its queue is full); retry later"))
 
     def flush_outbox(self) -> None:
         if self.write_corrs:
@@ -151,6 +195,9 @@ class FrontDoor(Actor):
                     log.warning("the send queue of a client is full: a reply was dropped")
 
     def on_socket(self, sock: zmq.Socket[bytes]) -> None:
+        if sock is not self.router:
+            self.on_peer(sock)
+            return
         now = time.monotonic()
         state = self.state
         first = state.requests
@@ -161,6 +208,25 @@ class FrontDoor(Actor):
                 except zmq.Again:
                     return
                 self.perform(state.request(frames[0], frames[1:], now))
+        finally:
+            self.flush_outbox()
+            self.flush_replies()
+
+    def on_peer(self, sock: zmq.Socket[bytes]) -> None:
+        """Answers of another member to requests forwarded to it."""
+        try:
+            for _ in range(CLIENT_BURST_MAX):
+                try:
+                    frame = sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    return
+                try:
+                    replies = protocol.unpack_replies(frame)
+                except ValueError:
+                    log.warning("node %d sent a reply that does not decode", self.peer_of[sock])
+                    continue
+                for reply in replies:
+                    self.perform(self.state.peer_reply(reply))
         finally:
             self.flush_outbox()
             self.flush_replies()
@@ -189,6 +255,8 @@ class FrontDoor(Actor):
 
     def on_tick(self, now: float) -> None:
         self.perform(self.state.expire(now))
+        self.perform(self.state.tick(now))
+        self.flush_outbox()
         self.flush_replies()
         if self.state.catalog_version < 0:
             self.send(LOG_MANAGER, Hello(self.role))
@@ -202,5 +270,6 @@ class FrontDoor(Actor):
             "errors": s.errors,
             "timeouts": s.timeouts,
             "replies_dropped": self.replies_dropped,
+            "forwarded": s.forwarded,
         }
 

@@ -18,7 +18,16 @@ from typing import Any, assert_never
 
 import msgpack
 
-from actors.instructions import Produce, Reply, Request
+from actors.cluster_state import (
+    PARKED_MAX,
+    PEER_PREFIX,
+    ClusterView,
+    Gather,
+    catalog_changes,
+    join_offsets,
+    join_produce,
+)
+from actors.instructions import Produce, Reply, Request, ToPeer
 from actors.roles import (
     CACHE_MANAGER,
     LOG_MANAGER,
@@ -32,7 +41,7 @@ from actors.roles import (
 from config import NodeConfig
 from wire import protocol
 from wire.codec import Message
-from wire.errors import ErrorCode, NodeError
+from wire.errors import CrossNode, ErrorCode, NodeError, NotOwner
 from wire.messages import (
     Ack,
     Answer,
@@ -67,6 +76,7 @@ from wire.messages import (
     TxnWritten,
     ValueReply,
 )
+from wire.placement import place
 from wire.protocol import Topic
 from wire.records import check_batch, key_of
 
@@ -76,7 +86,7 @@ STOPPING_TEXT = "the front door is stopping (node stop or restart); retry"
 
 
 # The instructions (actors/instructions.py) the front door's logic gives its shell.
-Out = Reply | Request | Produce
+Out = Reply | Request | Produce | ToPeer
 
 # How an op other than produce is routed: from its checked fields, the actor to send to and
 # the message to send it (given the request's correlation id, allocated once routing passed).
@@ -84,13 +94,30 @@ Target = tuple[str, Callable[[int], Message]]
 Route = Callable[[dict[str, Any]], Target]
 
 
+# An answer to a request the front door waits on, as the fields of a reply, or an error.
+Fields = dict[str, Any]
+Failure = tuple[int, str]
+# What to do with a request's answer instead of replying (the request is one of the front
+# door's own steps): given the waiting entry, the fields or the failure, the instructions.
+Then = Callable[["Waiting", Fields | None, Failure | None], list[Out]]
+
+# Ops that name one partition: in a cluster, its owner answers them.
+PARTITION_OPS = frozenset({"read", "read_by_key", "read_by_tag", "offset_for_timestamp",
+                           "committed_offset", "commit_offset"})
+
+
 @dataclass(slots=True)
 class Waiting:
-    identity: bytes
+    identity: bytes  # b"": a request of the front door's own (copying the catalog)
     rid: int
     deadline: float
     assign: list[int] | None = None  # produce split by key: the partition of each record
     parts: list[list[int]] | None = None  # txn_produce: [partition, count] of each part
+    peer: int = 0  # forwarded to this member, whose answer is relayed
+    parent: int = 0  # a part of the gathered request ``parent``; its answer goes there
+    member: int = 0  # the member that answers this part
+    gather: Gather | None = None  # this request is answered from parts
+    then: Then | None = None
 
 
 class FrontDoorState:
@@ -107,6 +134,21 @@ class FrontDoorState:
         self.requests = 0
         self.errors = 0
         self.timeouts = 0
+        # A cluster (None: a single node): forwarding, gathering, copying the catalog.
+        self.cluster = ClusterView.of(cfg)
+        self.forwards_max = cfg.cluster.forwards_max
+        self.catalog_sync_s = cfg.cluster.catalog_sync_ms / 1000
+        self.clock = 0.0  # the latest time seen, for the front door's own requests
+        self.forwarded = 0  # requests forwarded to other members
+        self.pulling = False  # a copy of the catalog is under way
+        self.pull_error = ""  # why the last copy failed
+        self.pull_left = 0  # its topics not yet copied
+        self.next_pull = 0.0
+        # Requests naming a topic this member does not know, until the catalog was copied
+        # (fresh: parked while a copy was under way, which may predate the topic).
+        self.parked: list[tuple[bytes, int, str, dict[str, Any], bool]] = []
+        # Topic creations and deletions the catalog member answered: replied once copied.
+        self.after_pull: list[tuple[bytes, int, Fields, bool]] = []
         self.routes: dict[str, Route] = {
             "read": self.read,
             "read_by_key": self.read_by_key,
@@ -133,7 +175,8 @@ class FrontDoorState:
             "xa_recover": lambda _req: (TRANSACTION_MANAGER, lambda c: TxnList(c, True)),
             "txn_list": lambda _req: (TRANSACTION_MANAGER, lambda c: TxnList(c, False)),
         }
-        missing = protocol.OPS.keys() - self.routes.keys() - {"produce", "txn_produce"}
+        missing = protocol.OPS.keys() - self.routes.keys() - {"produce", "txn_produce",
+                                                               "cluster_map"}
         assert not missing, f"ops of wire.protocol.OPS with no route: {sorted(missing)}"
         # Ops that take longer than a request: a checkpoint flushes every shard.
         self.timeouts_ms = {"checkpoint": 3 * self.checkpoint_timeout_ms}
@@ -156,17 +199,31 @@ class FrontDoorState:
                     getattr(parsed, "request_id", 0), parsed.code, parsed.message)))
                 continue
             rid, op, req = parsed
-            try:
-                out.append(self.route(identity, rid, op, req, now))
-            except NodeError as exc:
-                self.errors += 1
-                out.append(Reply(identity, protocol.error(rid, exc.code, exc.message)))
-            except Exception as exc:  # a request must never take the front door down
-                log.exception("request %d failed", rid)
-                self.errors += 1
-                out.append(Reply(identity, protocol.error(rid, ErrorCode.INTERNAL,
-                                                             f"{type(exc).__name__}: {exc}")))
+            out += self.one(identity, rid, op, req, now, may_park=True)
         return out
+
+    def one(self, identity: bytes, rid: int, op: str, req: dict[str, Any], now: float,
+            may_park: bool) -> list[Out]:
+        """One checked request: routed, or answered with its error; in a cluster, parked
+        until the catalog is copied when it names a topic this member does not know."""
+        self.clock = now
+        try:
+            return self.route(identity, rid, op, req, now)
+        except NodeError as exc:
+            if (exc.code == ErrorCode.UNKNOWN_TOPIC and may_park and self.cluster is not None
+                    and not self.cluster.is_catalog and len(self.parked) < PARKED_MAX):
+                self.parked.append((identity, rid, op, req, self.pulling))
+                return self.pull()
+            self.errors += 1
+            text = exc.message
+            if exc.code == ErrorCode.UNKNOWN_TOPIC and self.pull_error:
+                text += f" here, and the catalog could not be asked: {self.pull_error}"
+            return [Reply(identity, protocol.error(rid, exc.code, text))]
+        except Exception as exc:  # a request must never take the front door down
+            log.exception("request %d failed", rid)
+            self.errors += 1
+            return [Reply(identity, protocol.error(rid, ErrorCode.INTERNAL,
+                                                   f"{type(exc).__name__}: {exc}"))]
 
     def topic(self, name: str) -> Topic:
         if self.catalog_version < 0:
@@ -198,18 +255,232 @@ class FrontDoorState:
         return corr
 
     def route(self, identity: bytes, rid: int, op: str, req: dict[str, Any],
-              now: float) -> Request | Produce:
-        try:
-            if op == "produce":  # the hot path
-                return self.produce(identity, rid, req, now)
-            if op == "txn_produce":
-                return self.txn_produce(identity, rid, req, now)
-            role, make = self.routes[op](req)
-            corr = self.wait(identity, rid, now, timeout_ms=self.timeouts_ms.get(op))
-            return Request(role, corr, make(corr))
-        except NodeError as exc:
-            exc.request_id = rid  # type: ignore[attr-defined]
-            raise
+              now: float) -> list[Out]:
+        if self.cluster is not None:
+            routed = self.route_in_cluster(identity, rid, op, req, now)
+            if routed is not None:
+                return routed
+        if op == "produce":  # the hot path
+            return [self.produce(identity, rid, req, now)]
+        if op == "txn_produce":
+            return [self.txn_produce(identity, rid, req, now)]
+        if op == "cluster_map":  # a single node
+            return [Reply(identity, protocol.ok(rid, members=[], node_id=0))]
+        role, make = self.routes[op](req)
+        corr = self.wait(identity, rid, now, timeout_ms=self.timeouts_ms.get(op))
+        return [Request(role, corr, make(corr))]
+
+    # ---- a cluster: forward to owners, gather from several, copy the catalog ----------
+
+    def route_in_cluster(self, identity: bytes, rid: int, op: str, req: dict[str, Any],
+                         now: float) -> list[Out] | None:
+        """How a request goes when this node is a member of a cluster, or None when it is
+        served here as on a single node."""
+        c = self.cluster
+        assert c is not None
+        from_peer = identity.startswith(PEER_PREFIX)  # forwarded once: never again
+        if op == "cluster_map":
+            return [Reply(identity, protocol.ok(rid, members=c.map_rows(), node_id=c.me))]
+        if op in ("create_topic", "delete_topic"):
+            if c.is_catalog:
+                return None
+            if from_peer:
+                raise NotOwner(f"topics are created and deleted on {c.name(c.catalog_id)}")
+            return self.forward(identity, rid, req, now, c.catalog_id, then=self.catalog_written)
+        if op in PARTITION_OPS or (op == "produce" and "partition" in req):
+            t = self.topic(req["topic"])
+            p = self.partition(t.name, req["partition"])[1]
+            owner = t.owner(p)
+            if owner in (0, c.me):
+                return None
+            if from_peer:
+                raise NotOwner(f"partition {p} of {t.name!r} is owned by {c.name(owner)}")
+            return self.forward(identity, rid, req, now, owner)
+        if op == "produce":
+            return self.produce_spread(identity, rid, req, now, from_peer)
+        if op == "end_offsets":
+            t = self.topic(req["topic"])
+            others = sorted(set(t.owners) - {c.me})
+            if not others or from_peer:
+                return None
+            return self.gather_offsets(identity, rid, req, now, t, others)
+        if op in ("txn_produce", "txn_commit_offset"):
+            t = self.topic(req["topic"])
+            ps = ([req["partition"]] if "partition" in req
+                  else sorted({a for a in self.split(req, 0)[1] or [0]}))
+            away = sorted({t.owner(p) for p in ps} - {0, c.me})
+            if away:
+                raise CrossNode(
+                    f"a transaction stays on one node: {t.name!r} partition(s) "
+                    f"{[p for p in ps if t.owner(p) in away]} live on "
+                    f"{', '.join(c.name(m) for m in away)}, not on {c.name(c.me)}; coordinate "
+                    f"several nodes with XA (a branch on each)")
+        return None
+
+    def forward(self, identity: bytes, rid: int, req: dict[str, Any], now: float, member: int,
+                then: Then | None = None, parent: int = 0) -> list[Out]:
+        """Send the request on to ``member``; its answer is relayed (or given to ``then``,
+        or to the gathered request ``parent``)."""
+        if self.forwarded_in_flight() >= self.forwards_max:
+            raise NodeError(f"{self.forwards_max} requests forwarded to other members wait for "
+                            f"answers (cluster.forwards_max); retry later", ErrorCode.BUSY)
+        corr = self.wait(identity, rid, now)
+        w = self.pending[corr]
+        w.peer = w.member = member
+        w.then, w.parent = then, parent
+        self.forwarded += 1
+        fields = {k: v for k, v in req.items() if k != "id"}
+        fields["id"] = corr
+        return [ToPeer(member, corr, msgpack.packb(fields, use_bin_type=True))]
+
+    def forwarded_in_flight(self) -> int:
+        return sum(1 for w in self.pending.values() if w.peer)
+
+    def produce_spread(self, identity: bytes, rid: int, req: dict[str, Any], now: float,
+                       from_peer: bool) -> list[Out] | None:
+        """A produce with no partition named, split by key over partitions of several
+        members: each member is sent its records (with the same producer id and sequence
+        number, so a retry is recognised on each), and the answers joined."""
+        c = self.cluster
+        assert c is not None
+        t = self.topic(req["topic"])
+        if not t.owners or set(t.owners) == {c.me}:
+            return None
+        rr = req["producer_id"] + req["seq"]
+        parts, assign = self.split(req, rr)
+        by_owner: dict[int, list[PartRow]] = {}
+        for part in parts:
+            by_owner.setdefault(t.owner(part[1]), []).append(part)
+        if list(by_owner) == [c.me]:
+            return None
+        if from_peer:
+            away = sorted(set(by_owner) - {c.me})
+            raise NotOwner(f"records of this batch belong to {', '.join(c.name(m) for m in away)}")
+        if len(by_owner) == 1:
+            return self.forward(identity, rid, req, now, next(iter(by_owner)))
+        parent = self.wait(identity, rid, now)
+        self.pending[parent].gather = Gather("produce", len(by_owner), assign=assign)
+        out: list[Out] = []
+        for member, mine in by_owner.items():
+            if member == c.me:
+                corr = self.wait(b"", 0, now)
+                w = self.pending[corr]
+                w.parent, w.member = parent, member
+                out.append(Produce(corr, (req["producer_id"], req["seq"], mine)))
+                continue
+            records = [r for _t, _p, _n, blob in mine for r in msgpack.unpackb(blob, raw=False)]
+            sub = {"topic": t.name, "producer_id": req["producer_id"], "seq": req["seq"],
+                   "records": msgpack.packb(records, use_bin_type=True), "op": "produce"}
+            out += self.forward(b"", 0, sub, now, member, parent=parent)
+        return out
+
+    def gather_offsets(self, identity: bytes, rid: int, req: dict[str, Any], now: float,
+                       t: Topic, others: list[int]) -> list[Out]:
+        c = self.cluster
+        assert c is not None
+        parent = self.wait(identity, rid, now)
+        self.pending[parent].gather = Gather("end_offsets", len(others) + 1, topic=t)
+        corr = self.wait(b"", 0, now)
+        w = self.pending[corr]
+        w.parent, w.member = parent, c.me
+        out: list[Out] = [Request(LOG_MANAGER, corr, EndOffsets(corr, t.topic_id))]
+        for member in others:
+            out += self.forward(b"", 0, req, now, member, parent=parent)
+        return out
+
+    def tick(self, now: float) -> list[Out]:
+        """Copy the catalog every ``catalog_sync_ms`` (a member other than the catalog's)."""
+        self.clock = now
+        if self.cluster is None or self.cluster.is_catalog or now < self.next_pull:
+            return []
+        return self.pull()
+
+    def pull(self) -> list[Out]:
+        """Ask the catalog member for every topic (unless a copy is under way)."""
+        c = self.cluster
+        if c is None or c.is_catalog or self.pulling:
+            return []
+        self.pulling = True
+        self.next_pull = self.clock + self.catalog_sync_s
+        return self.forward(b"", 0, {"op": "list_topics"}, self.clock, c.catalog_id,
+                            then=self.pulled)
+
+    def pulled(self, _w: Waiting, ok: Fields | None, err: Failure | None) -> list[Out]:
+        """The catalog member's topics: copy what changed (deletions first), durably."""
+        if err is not None or ok is None:
+            self.pull_error = err[1] if err else "no answer"
+            self.pulling = False
+            return self.release()
+        self.pull_error = ""
+        deletes, creates = catalog_changes(self.topics,
+                                           [Topic.from_row(r) for r in ok["topics"]])
+        if not deletes and not creates:
+            self.pulling = False
+            return self.release()
+        self.pull_left = len(deletes) + len(creates)
+        out: list[Out] = []
+        for t in deletes:
+            corr = self.wait(b"", 0, self.clock)
+            self.pending[corr].then = self.copied(t, deleted=True)
+            out.append(Request(self.writes_to, corr, DeleteTopic(corr, t.name, t.topic_id)))
+        for t in creates:
+            corr = self.wait(b"", 0, self.clock)
+            self.pending[corr].then = self.copied(t, deleted=False)
+            out.append(Request(self.writes_to, corr, CreateTopic(
+                corr, t.name, t.partitions, list(t.owners), t.topic_id)))
+        return out
+
+    def copied(self, topic: Topic, deleted: bool) -> Then:
+        def done(_w: Waiting, ok: Fields | None, err: Failure | None) -> list[Out]:
+            if ok is not None:
+                # Durable here: route by it now (the log manager's catalog follows).
+                if deleted:
+                    self.topics.pop(topic.name, None)
+                else:
+                    self.topics[topic.name] = topic
+                self.catalog_version = max(self.catalog_version, ok["lsn"])
+            else:
+                log.warning("copying topic %r from the catalog failed: %s", topic.name, err)
+            self.pull_left -= 1
+            if self.pull_left:
+                return []
+            self.pulling = False
+            return self.release()
+        return done
+
+    def release(self) -> list[Out]:
+        """After a copy of the catalog: route the parked requests again (those parked while
+        it was under way wait for one more), and answer the creations and deletions."""
+        parked, self.parked = self.parked, []
+        out: list[Out] = []
+        again = False
+        for identity, rid, op, req, fresh in parked:
+            if fresh:
+                self.parked.append((identity, rid, op, req, False))
+                again = True
+            else:
+                out += self.one(identity, rid, op, req, self.clock, may_park=False)
+        done, self.after_pull = self.after_pull, []
+        for identity, rid, fields, fresh in done:
+            if fresh:
+                self.after_pull.append((identity, rid, fields, False))
+                again = True
+            else:
+                out.append(Reply(identity, protocol.ok(rid, **fields)))
+        if again:
+            out += self.pull()
+        return out
+
+    def catalog_written(self, w: Waiting, ok: Fields | None, err: Failure | None) -> list[Out]:
+        """The catalog member created or deleted a topic: answered once it is copied here,
+        so the client's next request here finds it."""
+        if ok is None:
+            assert err is not None
+            self.errors += 1
+            return [Reply(w.identity, protocol.error(w.rid, *err))]
+        # A copy under way may predate the change: then the answer waits for one more.
+        self.after_pull.append((w.identity, w.rid, ok, self.pulling))
+        return self.pull()
 
     # ---- routes: an op's checked fields → (the actor, the message given its corr) ------
 
@@ -242,7 +513,11 @@ class FrontDoorState:
     def create_topic(self, req: dict[str, Any]) -> Target:
         name, partitions = req["name"], req["partitions"]
         protocol.check_name("topic name", name)
-        return self.writes_to, lambda c: CreateTopic(c, name, partitions)
+        owners: list[int] = []
+        if self.cluster is not None and 1 <= partitions <= self.lim.partitions_max:
+            # The catalog member places the partitions, once: the placement is metadata.
+            owners = list(place(name, partitions, self.cluster.members))
+        return self.writes_to, lambda c: CreateTopic(c, name, partitions, owners)
 
     def delete_topic(self, req: dict[str, Any]) -> Target:
         name = req["name"]
@@ -351,6 +626,8 @@ class FrontDoorState:
         fields: dict[str, Any] = {"lsn": lsn, "parts": parts}
         if w.assign is not None:
             fields["assign"] = w.assign
+        if w.parent:
+            return self.settle(w, fields, None)
         return [Reply(w.identity, protocol.ok(w.rid, **fields))]
 
     def answer(self, msg: Answer) -> list[Out]:
@@ -361,45 +638,89 @@ class FrontDoorState:
         w = self.pending.pop(msg.corr, None)
         if w is None:
             return []  # answered already (timed out) or never ours
+        fields: Fields
         match msg:
             case Done(lsn=lsn):
                 self.lsn_seen = max(self.lsn_seen, lsn)
-                frame = protocol.ok(w.rid, lsn=lsn)
+                fields = {"lsn": lsn}
             case RecordsReply(records=records, commit_lsn=commit_lsn):
                 # Every read after this one waits for the transactions this one saw: no
                 # reader sees a transaction in one partition and not in another.
                 self.lsn_seen = max(self.lsn_seen, commit_lsn)
-                frame = protocol.ok(w.rid, records=records)
+                fields = {"records": records}
             case ValueReply(value=value, commit_lsn=commit_lsn):
                 self.lsn_seen = max(self.lsn_seen, commit_lsn)
-                frame = protocol.ok(w.rid, value=value)
+                fields = {"value": value}
             case TxnId(txn=txn):
-                frame = protocol.ok(w.rid, txn=txn)
+                fields = {"txn": txn}
             case TxnWritten(records=records):
-                if w.parts is None:
-                    frame = protocol.ok(w.rid, records=records)
-                elif w.assign is None:
-                    frame = protocol.ok(w.rid, records=records, parts=w.parts)
-                else:
-                    frame = protocol.ok(w.rid, records=records, parts=w.parts, assign=w.assign)
+                fields = {"records": records}
+                if w.parts is not None:
+                    fields["parts"] = w.parts
+                    if w.assign is not None:
+                        fields["assign"] = w.assign
             case TxnCommitted(lsn=lsn, parts=parts):
                 self.lsn_seen = max(self.lsn_seen, lsn)
-                frame = protocol.ok(w.rid, lsn=lsn, parts=parts)
+                fields = {"lsn": lsn, "parts": parts}
             case TxnsReply(field=name, rows=rows):
-                frame = protocol.ok(w.rid, **{name: rows})
+                fields = {name: rows}
             case OffsetsReply(lsn=lsn, offsets=offsets):
                 self.lsn_seen = max(self.lsn_seen, lsn)  # reads below the offsets see them
-                frame = protocol.ok(w.rid, offsets=offsets)
+                fields = {"offsets": offsets}
             case TopicsReply(topics=topics):
-                frame = protocol.ok(w.rid, topics=topics)
+                fields = {"topics": topics}
             case StatusReply(status=status):
-                frame = protocol.ok(w.rid, status=status)
+                fields = {"status": status}
             case ErrorReply(code=code, text=text):
-                self.errors += 1
-                frame = protocol.error(w.rid, code, text)
+                return self.settle(w, None, (code, text))
             case _:
                 assert_never(msg)
-        return [Reply(w.identity, frame)]
+        return self.settle(w, fields, None)
+
+    def settle(self, w: Waiting, ok: Fields | None, err: Failure | None) -> list[Out]:
+        """A request's answer (its fields, or its failure) to where it goes: the client, the
+        gathered request it is a part of, or the front door's own next step."""
+        if w.parent:
+            parent = self.pending.get(w.parent)
+            g = parent.gather if parent is not None else None
+            if parent is None or g is None:
+                return []  # the whole request was answered already (timed out)
+            if err is not None:
+                g.error = g.error or err
+            elif ok is not None:
+                g.replies[w.member] = ok
+            g.left -= 1
+            if g.left:
+                return []
+            del self.pending[w.parent]
+            if g.error is not None:
+                return self.settle(parent, None, g.error)
+            return self.settle(parent, join_produce(g) if g.op == "produce" else join_offsets(g),
+                               None)
+        if w.then is not None:
+            return w.then(w, ok, err)
+        if err is not None:
+            self.errors += 1
+        if not w.identity:
+            return []  # the front door's own request: nobody to answer
+        if ok is None:
+            assert err is not None
+            return [Reply(w.identity, protocol.error(w.rid, *err))]
+        return [Reply(w.identity, protocol.ok(w.rid, **ok))]
+
+    def peer_reply(self, reply: dict[str, Any]) -> list[Out]:
+        """Another member's answer to a request forwarded to it."""
+        w = self.pending.pop(reply.get("id", -1), None)  # type: ignore[arg-type]
+        if w is None or not w.peer:
+            return []  # answered already (timed out), or not a forwarded request's id
+        if not reply.get("ok"):
+            return self.settle(w, None, (int(reply.get("code", ErrorCode.INTERNAL)),
+                                         str(reply.get("error", ""))))
+        if w.parent or w.then is not None or not w.identity:
+            return self.settle(w, {k: v for k, v in reply.items() if k not in ("id", "ok")},
+                               None)
+        reply["id"] = w.rid  # relayed as it came, under the client's id
+        return [Reply(w.identity, msgpack.packb(reply, use_bin_type=True))]
 
     def fail(self, corrs: list[int], code: ErrorCode, text: str) -> list[Out]:
         """Answer these waiting requests with an error (their actor could not take them)."""
@@ -407,15 +728,26 @@ class FrontDoorState:
         for corr in corrs:
             w = self.pending.pop(corr, None)
             if w is not None:
-                self.errors += 1
-                out.append(Reply(w.identity, protocol.error(w.rid, code, text)))
+                out += self.settle(w, None, (code, text))
         return out
 
     def expire(self, now: float) -> list[Out]:
+        self.clock = now
         late = [corr for corr, w in self.pending.items() if w.deadline <= now]
         self.timeouts += len(late)
-        return self.fail(late, ErrorCode.TIMEOUT, "no answer in time; retrying is safe "
-                         "(produce is idempotent)")
+        out: list[Out] = []
+        for corr in late:
+            w = self.pending.get(corr)
+            if w is None:
+                continue  # answered with the request it was a part of
+            if w.peer and self.cluster is not None:
+                out += self.fail([corr], ErrorCode.UNAVAILABLE,
+                                 f"{self.cluster.name(w.peer)} did not answer in time; it may "
+                                 f"be down (retrying is safe: produce is idempotent)")
+            else:
+                out += self.fail([corr], ErrorCode.TIMEOUT, "no answer in time; retrying is "
+                                 "safe (produce is idempotent)")
+        return out
 
     def stop(self) -> list[Out]:
         return self.fail(list(self.pending), ErrorCode.UNAVAILABLE, STOPPING_TEXT)

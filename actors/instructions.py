@@ -57,6 +57,17 @@ class Produce:
     request: ProduceRow
 
 
+@dataclass(frozen=True, slots=True)
+class ToPeer:
+    """Send a request ``frame`` to the cluster member ``member``'s client socket; ``corr``
+    (the frame's ``id``) waits for its answer, and is answered UNAVAILABLE if the member
+    cannot be reached."""
+
+    member: int
+    corr: int
+    frame: bytes
+
+
 # ---- to a client ---------------------------------------------------------------------
 
 

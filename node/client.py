@@ -34,8 +34,10 @@ from wire.errors import (
     Busy,
     ErrorCode,
     NodeError,
+    NotOwner,
     RequestTimeout,
     Unavailable,
+    UnknownTopic,
     XARBRollback,
     error_for,
 )
@@ -90,11 +92,31 @@ def expand_offsets(reply: dict[str, Any], count: int) -> list[tuple[int, int]]:
     return out
 
 
-class NodeClient:
-    """A synchronous client of one node. Not thread-safe: use one per thread."""
+# Ops that name one partition: a client of a cluster sends them to its owner.
+PARTITION_OPS = frozenset({"produce", "read", "read_by_key", "read_by_tag",
+                           "offset_for_timestamp", "commit_offset", "committed_offset"})
+SEND_TIMEOUT_MS_MAX = 1000  # how long a send waits for a member's connection
 
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, timeout_ms: int = 10_000,
+
+class NodeClient:
+    """A synchronous client of one node, or of a cluster. Not thread-safe: use one per
+    thread.
+
+    Given one endpoint, every request goes to that node (a member of a cluster forwards
+    what another member owns). Given a list, the client learns the cluster's members
+    (``cluster_map``) and each topic's owners (``list_topics``) from any of them, and sends
+    each request to the member owning its partition: a batch with no partition named is
+    split by key and sent to each owner at once; a ``NotOwner`` answer refreshes the map
+    and retries; topics are created and deleted on the catalog member."""
+
+    def __init__(self, endpoint: str | Sequence[str] = DEFAULT_ENDPOINT, timeout_ms: int = 10_000,
                  retries: int = 5, producer_id: int | None = None) -> None:
+        endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
+        if not endpoints:
+            raise ValueError("NodeClient needs at least one endpoint")
+        self.endpoints = endpoints
+        self.routed = len(endpoints) > 1
+        endpoint = endpoints[0]
         self.endpoint = endpoint
         self.timeout_ms = timeout_ms
         self.retries = retries
@@ -108,14 +130,28 @@ class NodeClient:
         self._unsettled: set[Transaction] = set()
         self._branches: weakref.WeakValueDictionary[Xid, Transaction] = weakref.WeakValueDictionary()
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self.sock = self._ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
+        self.sock = self._socket(endpoint)
+        # A cluster (routed): member id → endpoint, topic → owners, endpoint → socket.
+        self._members: dict[int, str] = {}
+        self._owners: dict[str, tuple[int, ...]] = {}
+        self._socks: dict[str, zmq.Socket[bytes]] = {endpoint: self.sock}
+
+    def _socket(self, endpoint: str) -> zmq.Socket[bytes]:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        if self.routed:
+            # Never queue a request for a member that is not connected: a send to one that
+            # is down fails (after SNDTIMEO), and the call says which member it was.
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.setsockopt(zmq.SNDTIMEO, min(self.timeout_ms, SEND_TIMEOUT_MS_MAX))
+        sock.connect(endpoint)
+        return sock
 
     # ---- plumbing -------------------------------------------------------------------
 
     def close(self) -> None:
-        self.sock.close(0)
+        for sock in self._socks.values():
+            sock.close(0)
 
     def __enter__(self) -> NodeClient:
         return self
@@ -129,16 +165,35 @@ class NodeClient:
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
         """Send one request of ``op`` (an op of ``wire.protocol.OPS``, with its request
         fields) and return its reply map, which carries the op's reply fields; retry what
-        the table says is safe to retry."""
+        the table says is safe to retry. A client of a cluster sends it to the member that
+        owns its partition, or that holds the catalog, and follows a changed map once."""
         self.settle_transactions()
+        if not self.routed:
+            return self._call_on(self.sock, op, fields)
+        try:
+            return self._call_on(self._route(op, fields), op, fields)
+        except (NotOwner, UnknownTopic):
+            if "topic" not in fields and op != "delete_topic":
+                raise
+            self._owners.clear()  # the map changed: learn it again, and try once more
+            return self._call_on(self._route(op, fields), op, fields)
+
+    def _call_on(self, sock: zmq.Socket[bytes], op: str, fields: dict[str, Any]
+                 ) -> dict[str, Any]:
         attempts = self.retries + 1 if op in OPS and OPS[op].retry else 1
         backoff_s = 0.01
         last: NodeError | None = None
         for _ in range(attempts):
             rid = next(self._ids)
-            self.sock.send(msgpack.packb(request_map(op, rid, fields), use_bin_type=True))
             try:
-                reply = self._await(rid)
+                sock.send(msgpack.packb(request_map(op, rid, fields), use_bin_type=True))
+            except zmq.Again:
+                last = Unavailable(f"{self._name(sock)} is not reachable (down?)")
+                time.sleep(backoff_s)  # back off before retrying an unreachable node
+                backoff_s = min(backoff_s * 2, 1.0)
+                continue
+            try:
+                reply = self._await(rid, sock)
                 check_reply(op, reply)
                 return reply
             except NodeError as exc:
@@ -158,18 +213,120 @@ class NodeClient:
             tx._send()
             tx._collect(0)
 
-    def _await(self, rid: int) -> dict[str, Any]:
+    def _await(self, rid: int, sock: zmq.Socket[bytes] | None = None) -> dict[str, Any]:
+        sock = self.sock if sock is None else sock
         deadline = time.monotonic() + self.timeout_ms / 1000
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not self.sock.poll(int(left * 1000) + 1, zmq.POLLIN):
-                raise RequestTimeout(f"no reply from {self.endpoint} within {self.timeout_ms} ms")
-            for reply in unpack_replies(self.sock.recv()):
+            if left <= 0 or not sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                raise RequestTimeout(f"no reply from {self._name(sock)} within "
+                                     f"{self.timeout_ms} ms")
+            for reply in unpack_replies(sock.recv()):
                 if reply.get("id") != rid:
                     continue  # the late answer to an attempt we gave up on
                 if not reply.get("ok"):
                     raise error_for(reply.get("code", 0), reply.get("error", ""))
                 return reply
+
+    # ---- a cluster: members, owners, routing ---------------------------------------
+
+    def _name(self, sock: zmq.Socket[bytes]) -> str:
+        endpoint = next((e for e, s in self._socks.items() if s is sock), self.endpoint)
+        member = next((m for m, e in self._members.items() if e == endpoint), 0)
+        return f"node {member} ({endpoint})" if member else endpoint
+
+    def _sock(self, endpoint: str) -> zmq.Socket[bytes]:
+        sock = self._socks.get(endpoint)
+        if sock is None:
+            sock = self._socks[endpoint] = self._socket(endpoint)
+        return sock
+
+    def _any(self, op: str, fields: dict[str, Any], first: str | None = None
+             ) -> dict[str, Any]:
+        """``op`` answered by the first member that answers: ``first``, then the endpoints
+        this client was given, then the other members it knows."""
+        order = [first] if first else []
+        order += self.endpoints + sorted(self._members.values())
+        last: NodeError | None = None
+        for endpoint in dict.fromkeys(order):
+            try:
+                return self._call_on(self._sock(endpoint), op, fields)
+            except (Unavailable, RequestTimeout) as exc:
+                last = exc
+        assert last is not None
+        raise Unavailable(f"no member of the cluster answered: {last.message}")
+
+    def members(self) -> dict[int, str]:
+        """The cluster's members, id → endpoint (empty for a single node)."""
+        if not self._members:
+            reply = self._any("cluster_map", {})
+            self._members = {int(m): str(e) for m, e in reply["members"]}
+        return dict(self._members)
+
+    def owners(self, topic: str) -> tuple[int, ...]:
+        """The member owning each partition of ``topic``, in partition order."""
+        if topic not in self._owners:
+            self.list_topics()
+        if topic not in self._owners:
+            raise error_for(ErrorCode.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
+        return self._owners[topic]
+
+    def owner_endpoint(self, topic: str, partition: int) -> str:
+        """The endpoint of the member owning a partition (this client's own on a single
+        node)."""
+        owners = self.owners(topic) if self.routed else ()
+        if not owners or not 0 <= partition < len(owners):
+            return self.endpoint  # the node answers UNKNOWN_PARTITION
+        return self.members().get(owners[partition], self.endpoint)
+
+    def _route(self, op: str, fields: dict[str, Any]) -> zmq.Socket[bytes]:
+        if op in PARTITION_OPS and "partition" in fields:
+            return self._sock(self.owner_endpoint(fields["topic"], fields["partition"]))
+        if op in ("create_topic", "delete_topic"):
+            members = self.members()
+            return self._sock(members[min(members)] if members else self.endpoint)
+        return self.sock
+
+    def _produce_routed(self, topic: str, recs: list[Record | bytes]
+                        ) -> list[tuple[int, int]]:
+        """A batch with no partition named, on a cluster: split by key as the node splits
+        it, each owner sent its records at once (same producer id and sequence number, so
+        each recognises a retry), the answers joined in batch order."""
+        owners = self.owners(topic)
+        seq = self.next_seq()
+        n = len(owners)
+        rr = (self.producer_id + seq) % n
+        by_member: dict[int, list[int]] = {}
+        for i, rec in enumerate(recs):
+            key = rec.key if isinstance(rec, Record) else None
+            p = rr if key is None else key_partition(key, n)
+            by_member.setdefault(owners[p], []).append(i)
+        sent: list[tuple[int, list[int], dict[str, Any], zmq.Socket[bytes], int | None]] = []
+        for member, idx in by_member.items():
+            fields = {"topic": topic, "producer_id": self.producer_id, "seq": seq,
+                      "records": pack_batch([recs[i] for i in idx])}
+            sock = self._sock(self.members()[member])
+            rid: int | None = next(self._ids)
+            try:
+                sock.send(msgpack.packb(request_map("produce", rid, fields), use_bin_type=True))
+            except zmq.Again:
+                rid = None  # sent again, with retries, below
+            sent.append((member, idx, fields, sock, rid))
+        out: list[tuple[int, int]] = [(0, 0)] * len(recs)
+        for _member, idx, fields, sock, rid in sent:
+            reply: dict[str, Any] | None = None
+            if rid is not None:
+                try:
+                    reply = self._await(rid, sock)
+                    check_reply("produce", reply)
+                except NodeError as exc:
+                    if exc.code not in _RETRYABLE:
+                        raise
+            if reply is None:
+                reply = self._call_on(sock, "produce", fields)
+            for i, placed in zip(idx, expand_offsets(reply, len(idx)), strict=True):
+                out[i] = placed
+        return out
 
     # ---- topics -------------------------------------------------------------------
 
@@ -182,8 +339,14 @@ class NodeClient:
         self._partitions.pop(name, None)
 
     def list_topics(self) -> list[TopicInfo]:
-        topics = [Topic.from_row(row) for row in self.call("list_topics")["topics"]]
+        if self.routed:  # the catalog member's are the latest
+            members = self.members()
+            reply = self._any("list_topics", {}, members[min(members)] if members else None)
+        else:
+            reply = self.call("list_topics")
+        topics = [Topic.from_row(row) for row in reply["topics"]]
         self._partitions = {t.name: t.partitions for t in topics}
+        self._owners = {t.name: t.owners for t in topics if t.owners}
         return [TopicInfo(t.name, t.partitions) for t in topics]
 
     def partitions(self, topic: str) -> int:
@@ -208,6 +371,8 @@ class NodeClient:
         recs = list(records)
         if not recs:
             raise error_for(ErrorCode.EMPTY_BATCH, "a batch needs at least one record")
+        if self.routed and partition is None and len(self.owners(topic)) > 1:
+            return self._produce_routed(topic, recs)
         blob = pack_batch(recs)
         fields: dict[str, Any] = {"topic": topic, "producer_id": self.producer_id,
                                   "seq": self.next_seq(), "records": blob}

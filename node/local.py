@@ -60,6 +60,12 @@ class LocalNode:
         return NodeClient(self.endpoint, **kw)
 
     def start(self, timeout_s: float = 60.0) -> LocalNode:
+        self.start_process()
+        self.wait_ready(timeout_s)
+        return self
+
+    def start_process(self) -> None:
+        """Start the node's process; ``wait_ready`` waits until it serves."""
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "node", "start", "--data-dir", str(self.data_dir),
                "--port", str(self.port), "--exit-with-parent"]
@@ -70,8 +76,6 @@ class LocalNode:
         env = None if self.env is None else {**os.environ, **self.env}
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True, env=env)
-        self.wait_ready(timeout_s)
-        return self
 
     def wait_ready(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """Ask ``status`` every ``READY_POLL_MS`` until every actor runs; raise with the
@@ -188,6 +192,54 @@ class LocalNode:
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
             self.stop()
+
+
+class LocalCluster:
+    """A cluster of ``LocalNode`` members on this machine: a cluster file listing ``n``
+    members on free ports, member ``i`` (1..n) with its data in ``root/node-i``."""
+
+    def __init__(self, root: Path, n: int, config: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        from config.cluster import Member, cluster_text
+
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.file = self.root / "cluster.toml"
+        ports = [free_port() for _ in range(n)]
+        members = [Member(i + 1, f"tcp://127.0.0.1:{port}") for i, port in enumerate(ports)]
+        self.file.write_text(cluster_text(members))
+        self.nodes = {
+            m.id: LocalNode(self.root / f"node-{m.id}", port=m.port, config=config,
+                            log_file=self.root / f"node-{m.id}.log", env=env,
+                            extra_args=["--cluster", str(self.file), "--node-id", str(m.id)])
+            for m in members}
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [n.endpoint for n in self.nodes.values()]
+
+    def client(self, **kw: Any) -> NodeClient:
+        """A client routed by the cluster's map."""
+        return NodeClient(self.endpoints, **kw)
+
+    def start(self, timeout_s: float = 90.0) -> LocalCluster:
+        """Start every member at once, then wait until each is ready."""
+        for node in self.nodes.values():
+            node.start_process()
+        for node in self.nodes.values():
+            node.wait_ready(timeout_s)
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            if node.proc is not None:
+                node.stop()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def _running(p: psutil.Process) -> bool:

@@ -21,6 +21,8 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_PARTITION = 11
     TOPIC_EXISTS = 12
     INVALID_NAME = 13
+    NOT_OWNER = 14  # the partition lives on another member of the cluster (the message names it)
+    CROSS_NODE = 15  # a transaction would span members of a cluster (use XA across them)
     STALE_SEQUENCE = 20  # a producer sequence number older than the remembered window
     BUSY = 30  # a bounded queue is full; retry later
     TIMEOUT = 31  # the node did not finish the request in time; retry (produce is idempotent)
@@ -71,6 +73,19 @@ class UnknownPartition(NodeError):
 
 class TopicExists(NodeError):
     code = ErrorCode.TOPIC_EXISTS
+
+
+class NotOwner(NodeError):
+    """The partition lives on another member: the client refreshes its map and retries."""
+
+    code = ErrorCode.NOT_OWNER
+
+
+class CrossNode(NodeError):
+    """A transaction touched partitions of two members; each member is its own resource
+    manager, so coordinate them with XA instead."""
+
+    code = ErrorCode.CROSS_NODE
 
 
 class StaleSequence(NodeError):
@@ -146,6 +161,8 @@ _BY_CODE: dict[ErrorCode, type[NodeError]] = {
     ErrorCode.UNKNOWN_TOPIC: UnknownTopic,
     ErrorCode.UNKNOWN_PARTITION: UnknownPartition,
     ErrorCode.TOPIC_EXISTS: TopicExists,
+    ErrorCode.NOT_OWNER: NotOwner,
+    ErrorCode.CROSS_NODE: CrossNode,
     ErrorCode.STALE_SEQUENCE: StaleSequence,
     ErrorCode.BUSY: Busy,
     ErrorCode.TIMEOUT: RequestTimeout,

@@ -171,6 +171,11 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("list_topics", "every topic, sorted by name",
        request=(),
        reply=(Field("topics", _ARRAY, "one row per topic", row=Topic._fields),)),
+    Op("cluster_map", "the cluster's members and which one answered (empty on a single "
+       "node); topics and their owners come from `list_topics`",
+       request=(),
+       reply=(Field("members", _ARRAY, "one row per member, by id", row=("id", "endpoint")),
+              Field("node_id", _INT, "the answering member's id (0: a single node)"))),
     Op("end_offsets", "the next offset of each partition: every record below it is durable, "
        "and a read sent after this answer sees it",
        request=(TOPIC,),
