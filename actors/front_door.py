@@ -21,6 +21,7 @@ from typing import Any, assert_never
 import zmq
 
 from actors.base import Actor, ActorContext
+from actors.curve import curve_server
 from actors.front_state import FrontDoorState, Out
 from actors.instructions import Produce, Reply, Request
 from actors.roles import LOG_MANAGER
@@ -70,6 +71,7 @@ class FrontDoor(Actor):
         # Frames up to twice the limit are read and answered FRAME_TOO_LARGE; ZeroMQ drops
         # the connection of a client that sends more, so no frame can exhaust memory.
         self.router.setsockopt(zmq.MAXMSGSIZE, 2 * lim.frame_bytes_max)
+        self.auth = curve_server(self.router, self.cfg)  # before bind: with CURVE on, ZAP first
         self.router.bind(self.cfg.endpoint)
         self.poller.register(self.router, zmq.POLLIN)
         self.state = FrontDoorState(self.cfg)
@@ -89,6 +91,8 @@ class FrontDoor(Actor):
         self.perform(self.state.stop())
         self.flush_replies()
         self.router.close(0)
+        if self.auth is not None:
+            self.auth.stop()
 
     def perform(self, outs: list[Out]) -> None:
         for out in outs:
