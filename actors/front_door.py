@@ -21,6 +21,7 @@ from typing import Any, assert_never
 import zmq
 
 from actors.base import Actor, ActorContext
+from actors.curve import curve_client, curve_server, server_keys
 from actors.front_state import FrontDoorState, Out
 from actors.instructions import Produce, Reply, Request, ToPeer
 from actors.roles import LOG_MANAGER
@@ -73,6 +74,7 @@ class FrontDoor(Actor):
         # A member that restarts connects again under its routing id (``cluster_state``):
         # the new connection takes it over from the old one.
         self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self.auth = curve_server(self.router, self.cfg)  # before bind: with CURVE on, ZAP first
         self.router.bind(self.cfg.endpoint)
         self.poller.register(self.router, zmq.POLLIN)
         self.state = FrontDoorState(self.cfg)
@@ -99,6 +101,8 @@ class FrontDoor(Actor):
         self.router.close(0)
         for sock in self.peers.values():
             sock.close(0)
+        if self.auth is not None:
+            self.auth.stop()
 
     def perform(self, outs: list[Out]) -> None:
         for out in outs:
@@ -145,6 +149,10 @@ class FrontDoor(Actor):
             sock.setsockopt(zmq.SNDHWM, lim.mailbox_messages_max)
             sock.setsockopt(zmq.RCVHWM, lim.mailbox_messages_max)
             sock.setsockopt(zmq.MAXMSGSIZE, 2 * lim.read_bytes_max + 2 * lim.frame_bytes_max)
+            keys = server_keys(self.cfg)
+            if keys is not None:  # CURVE: this node is a client of the member, by its key
+                theirs = cluster.members[member].public_key.encode() or keys.public
+                curve_client(sock, theirs, keys.public, keys.secret)
             sock.connect(cluster.members[member].endpoint)
             self.poller.register(sock, zmq.POLLIN)
             self.peers[member] = sock

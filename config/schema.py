@@ -9,6 +9,7 @@ relations between values, saying why each one must hold.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 CHECKPOINT_MODES = ("fuzzy", "blocking")
 GROUP_BYTES_LIMIT = 48 * 1024 * 1024  # a group travels between actors as one frame (wire.codec)
+LOOPBACK_NAMES = ("localhost",)  # besides the loopback addresses (127.0.0.0/8, ::1)
 
 
 class ConfigError(ValueError):
@@ -104,6 +106,12 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class SecurityConfig:
+    curve_secret_key_file: str
+    curve_allowed_keys_dir: str
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     node: NodeSection
     limits: LimitsConfig
@@ -113,6 +121,7 @@ class NodeConfig:
     cache: CacheConfig
     supervisor: SupervisorConfig
     cluster: ClusterConfig
+    security: SecurityConfig
 
     @property
     def data_path(self) -> Path:
@@ -142,6 +151,7 @@ _SECTION_TYPES: dict[str, type] = {
     "cache": CacheConfig,
     "supervisor": SupervisorConfig,
     "cluster": ClusterConfig,
+    "security": SecurityConfig,
 }
 
 
@@ -189,6 +199,35 @@ def _positive(cfg: NodeConfig) -> None:
             value = getattr(getattr(cfg, section.name), f.name)
             if isinstance(value, int) and value <= 0 and f.name not in _MAY_BE_ZERO:
                 raise ConfigError(f"{section.name}.{f.name} must be positive, got {value}")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name or an interface (ZeroMQ takes both): not known to be loopback
+        return False
+
+
+def _check_security(cfg: NodeConfig) -> None:
+    """The files themselves are read at start (``actors/curve.py``): they may change
+    between a load and a start."""
+    sec, host = cfg.security, cfg.node.host
+    if not sec.curve_secret_key_file and not is_loopback(host):
+        raise ConfigError(
+            f"node.host = {host!r}: listening on {host} requires CURVE: set "
+            "security.curve_secret_key_file (the node's secret key) and "
+            "security.curve_allowed_keys_dir (the clients' public keys); `shardnode keygen` "
+            "makes the keys")
+    if sec.curve_secret_key_file and not sec.curve_allowed_keys_dir:
+        raise ConfigError("security.curve_allowed_keys_dir must be set when "
+                          "security.curve_secret_key_file is: with CURVE on, only the clients "
+                          "whose public keys are in that directory may connect")
+    if sec.curve_allowed_keys_dir and not sec.curve_secret_key_file:
+        raise ConfigError("security.curve_allowed_keys_dir is set but CURVE is off: set "
+                          "security.curve_secret_key_file too, or clear it")
 
 
 def validate(cfg: NodeConfig) -> None:
@@ -253,6 +292,7 @@ def validate(cfg: NodeConfig) -> None:
                           f"limits.frame_bytes_max: {txn.bytes_max} < {lim.frame_bytes_max}")
     if cfg.cache.bytes_max < lim.value_bytes_max:
         raise ConfigError("cache.bytes_max must hold at least one record of limits.value_bytes_max")
+    _check_security(cfg)
     _validate_cluster(cfg)
 
 

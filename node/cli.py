@@ -12,15 +12,21 @@
     shardnode txn list
     shardnode txn commit XID          (a prepared XA branch, as `txn list` prints its xid)
     shardnode txn rollback XID|ID     (a branch, or a local transaction by its id)
+    shardnode keygen DIR [--name NAME]   (a CURVE key pair: DIR/NAME.key, DIR/NAME.pub)
+
+The commands that talk to a node take ``--server-key FILE --client-key FILE`` when the
+node has CURVE on: its public key file, and this client's secret key file.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -29,12 +35,71 @@ from config import ConfigError, load_config
 from wire.errors import NodeError
 from wire.protocol import DEFAULT_PORT
 
+if TYPE_CHECKING:
+    from node.client import NodeClient
+
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)  # errors stay one line in logs
 
 
 def _endpoint(args: argparse.Namespace) -> str:
     return f"tcp://{args.host}:{args.port}"
+
+
+class CommandError(Exception):
+    """A command that cannot run as given; the message says why."""
+
+
+def _client(args: argparse.Namespace, **kw: Any) -> NodeClient:
+    """A client of the node the command names, with its CURVE keys when given."""
+    from actors.curve import KeyFileError
+    from node.client import NodeClient, read_keypair, read_public_key
+
+    if (args.server_key is None) != (args.client_key is None):
+        raise CommandError("CURVE needs both --server-key (the node's .pub file) and "
+                           "--client-key (this client's .key file)")
+    if args.server_key is not None:
+        try:
+            kw.update(server_public_key=read_public_key(args.server_key),
+                      client_keys=read_keypair(args.client_key))
+        except KeyFileError as exc:
+            raise CommandError(str(exc)) from None
+    return NodeClient(_endpoint(args), timeout_ms=args.timeout_ms, **kw)
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    import zmq
+
+    from actors.curve import PUBLIC_SUFFIX, SECRET_SUFFIX
+    from actors.durable import fsync_dir
+
+    name = args.name
+    if not name or name.startswith(".") or "/" in name or os.sep in name:
+        raise CommandError(f"--name {name!r} must be a plain file name")
+    directory = Path(args.dir)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    secret_file = directory / (name + SECRET_SUFFIX)
+    public_file = directory / (name + PUBLIC_SUFFIX)
+    there = [str(p) for p in (secret_file, public_file) if os.path.lexists(p)]
+    if there:
+        raise CommandError(f"not overwriting {' and '.join(there)}: a key pair named "
+                           f"{name!r} exists; remove it first or choose another --name")
+    public, secret = zmq.curve_keypair()
+    # Created 0600 (O_EXCL: never over a file that appeared since, nor through a link),
+    # so the secret is never readable by others, not even before a chmod.
+    for path, key, mode in ((secret_file, secret, 0o600), (public_file, public, 0o644)):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        try:
+            os.fchmod(fd, mode)  # exactly this mode, whatever the umask
+            os.write(fd, key + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fsync_dir(directory)
+    print(f"secret key: {secret_file} (mode 0600: keep it private)")
+    print(f"public key: {public_file}")
+    print(public.decode())
+    return 0
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -59,6 +124,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     sup = Supervisor(cfg)
     try:
         sup.start()
+    except ConfigError as exc:
+        err_console.print(f"[red]config error:[/red] {exc}")
+        return 2
     except NodeStartError as exc:
         err_console.print(f"[red]cannot start:[/red] {exc}")
         return 1
@@ -96,9 +164,7 @@ def _mb(n: int | None) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from node.client import NodeClient
-
-    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms, retries=0) as c:
+    with _client(args, retries=0) as c:
         st = c.status()
     if args.json:
         import json
@@ -151,36 +217,28 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
-    from node.client import NodeClient
-
-    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms, retries=0) as c:
+    with _client(args, retries=0) as c:
         lsn = c.checkpoint()
     print(f"checkpoint done: shards durable to LSN {lsn}; older log segments deleted")
     return 0
 
 
 def cmd_create_topic(args: argparse.Namespace) -> int:
-    from node.client import NodeClient
-
-    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms) as c:
+    with _client(args) as c:
         c.create_topic(args.name, args.partitions)
     print(f"created topic {args.name} with {args.partitions} partition(s)")
     return 0
 
 
 def cmd_delete_topic(args: argparse.Namespace) -> int:
-    from node.client import NodeClient
-
-    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms) as c:
+    with _client(args) as c:
         c.delete_topic(args.name)
     print(f"deleted topic {args.name}")
     return 0
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
-    from node.client import NodeClient
-
-    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms) as c:
+    with _client(args) as c:
         topics = c.list_topics()
     t = Table(title="topics")
     t.add_column("name")
@@ -192,9 +250,9 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    from node.client import NodeClient, Record
+    from node.client import Record
 
-    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms) as c:
+    with _client(args) as c:
         key = None if args.key is None else args.key.encode()
         recs = [Record(v.encode(), key, tuple(args.tag)) for v in args.values]
         for (p, off), value in zip(c.produce_batch(args.topic, recs, args.partition), args.values, strict=False):
@@ -210,11 +268,9 @@ def _show(value: bytes) -> str:
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
-    from node.client import NodeClient
-
     offset = args.offset
     deadline = None if args.follow else 0.0
-    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms) as c:
+    with _client(args) as c:
         while True:
             recs = c.read(args.topic, args.partition, offset, args.max_records)
             for r in recs:
@@ -230,9 +286,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
 
 def cmd_offsets(args: argparse.Namespace) -> int:
-    from node.client import NodeClient
-
-    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms) as c:
+    with _client(args) as c:
         ends = c.end_offsets(args.topic)
         groups = {g: [c.committed_offset(g, args.topic, p) for p in range(len(ends))]
                   for g in args.group}
@@ -253,9 +307,7 @@ def cmd_offsets(args: argparse.Namespace) -> int:
 
 
 def cmd_txn_list(args: argparse.Namespace) -> int:
-    from node.client import NodeClient
-
-    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms) as c:
+    with _client(args) as c:
         txns = c.txn_list()
     t = Table(title=f"transactions open or prepared: {len(txns)}")
     for name, justify in (("id", "right"), ("xid", "left"), ("state", "left"),
@@ -270,11 +322,10 @@ def cmd_txn_list(args: argparse.Namespace) -> int:
 
 
 def cmd_txn_commit(args: argparse.Namespace) -> int:
-    from node.client import NodeClient
     from wire.xid import parse
 
     xid = parse(args.xid)
-    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms) as c:
+    with _client(args) as c:
         res = c.xa_commit(xid)
     where = ", ".join(f"{p.topic}/{p.partition} {p.first_offset}..{p.first_offset + p.record_count - 1}"
                       for p in res.parts) or "no records"
@@ -283,10 +334,9 @@ def cmd_txn_commit(args: argparse.Namespace) -> int:
 
 
 def cmd_txn_rollback(args: argparse.Namespace) -> int:
-    from node.client import NodeClient
     from wire.xid import parse
 
-    with NodeClient(_endpoint(args), timeout_ms=args.timeout_ms) as c:
+    with _client(args) as c:
         if args.txn.isdigit():
             c.call("txn_abort", txn=int(args.txn))
         else:
@@ -304,6 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--host", default="127.0.0.1")
         sp.add_argument("--port", type=int, default=DEFAULT_PORT)
         sp.add_argument("--timeout-ms", type=int, default=10_000)
+        sp.add_argument("--server-key", metavar="FILE",
+                        help="the node's public key file (CURVE on)")
+        sp.add_argument("--client-key", metavar="FILE",
+                        help="this client's secret key file (CURVE on)")
 
     s = sub.add_parser("start", help="run a node in the foreground")
     s.add_argument("--config", help="TOML file overriding config/defaults.toml")
@@ -382,6 +436,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("txn", metavar="XID|ID", help="an xid as `txn list` prints it, or a "
                    "local transaction's id")
     t.set_defaults(func=cmd_txn_rollback)
+
+    s = sub.add_parser("keygen", help="write a CURVE key pair: DIR/NAME.key (secret, mode "
+                       "0600) and DIR/NAME.pub (public)")
+    s.add_argument("dir", metavar="DIR")
+    s.add_argument("--name", default="node", help="the files' name (default: node)")
+    s.set_defaults(func=cmd_keygen)
     return p
 
 
@@ -393,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     except NodeError as exc:
         err_console.print(f"[red]error[/red] {exc}")
         return 1
+    except CommandError as exc:
+        err_console.print(f"[red]error[/red] {exc}")
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -13,6 +13,12 @@ as ``wire.errors.NodeError`` subclasses carrying the code and message.
         partition, offset = c.produce("events", b"hello", key=b"user-1")
         for record in c.read("events", partition, 0):
             print(record.offset, record.value)
+
+With CURVE on the node (``[security]``), a client names the node's public key and its own
+key pair, Z85 as ``shardnode keygen`` writes them:
+
+    NodeClient(endpoint, server_public_key=read_public_key("keys/node.pub"),
+               client_keys=read_keypair("keys/client.key"))
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any
 import msgpack
 import zmq
 
+from actors.curve import curve_client, read_keypair, read_public_key
 from actors.roles import key_partition
 from node.transaction import Transaction, TxnInfo, TxnResult, result_of
 from wire.errors import (
@@ -60,7 +67,7 @@ from wire.xid import check as check_xid
 PIPELINE_IN_FLIGHT_MAX = 1024
 
 __all__ = ["NodeClient", "NodeError", "Pipeline", "Record", "TopicInfo", "Transaction",
-           "TxnInfo", "TxnResult", "Xid"]
+           "TxnInfo", "TxnResult", "Xid", "read_keypair", "read_public_key"]
 
 DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{DEFAULT_PORT}"
 _RETRYABLE = (ErrorCode.BUSY, ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE)
@@ -107,10 +114,22 @@ class NodeClient:
     (``cluster_map``) and each topic's owners (``list_topics``) from any of them, and sends
     each request to the member owning its partition: a batch with no partition named is
     split by key and sent to each owner at once; a ``NotOwner`` answer refreshes the map
-    and retries; topics are created and deleted on the catalog member."""
+    and retries; topics are created and deleted on the catalog member.
+
+    For nodes with CURVE on, ``server_public_key`` is the node's public key (every member's,
+    in a cluster: they share one key pair or each is given the same) and ``client_keys``
+    this client's ``(public, secret)`` pair, all Z85 bytes (``read_public_key``,
+    ``read_keypair``): both or neither. A client the node does not allow, or one without
+    CURVE, is never answered: its calls raise ``RequestTimeout``."""
 
     def __init__(self, endpoint: str | Sequence[str] = DEFAULT_ENDPOINT, timeout_ms: int = 10_000,
-                 retries: int = 5, producer_id: int | None = None) -> None:
+                 retries: int = 5, producer_id: int | None = None, *,
+                 server_public_key: bytes | None = None,
+                 client_keys: tuple[bytes, bytes] | None = None) -> None:
+        if (server_public_key is None) != (client_keys is None):
+            raise ValueError("CURVE needs both server_public_key and client_keys, or neither")
+        self.server_public_key = server_public_key
+        self.client_keys = client_keys
         endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
         if not endpoints:
             raise ValueError("NodeClient needs at least one endpoint")
@@ -139,6 +158,7 @@ class NodeClient:
     def _socket(self, endpoint: str) -> zmq.Socket[bytes]:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        self._secure(sock)
         if self.routed:
             # Never queue a request for a member that is not connected: a send to one that
             # is down fails (after SNDTIMEO), and the call says which member it was.
@@ -148,6 +168,12 @@ class NodeClient:
         return sock
 
     # ---- plumbing -------------------------------------------------------------------
+
+    def _secure(self, sock: zmq.Socket[bytes]) -> None:
+        """Make ``sock`` a CURVE client of the node when this client has keys; before it
+        connects."""
+        if self.server_public_key is not None and self.client_keys is not None:
+            curve_client(sock, self.server_public_key, *self.client_keys)
 
     def close(self) -> None:
         for sock in self._socks.values():

@@ -23,6 +23,7 @@ import msgpack
 import psutil
 import zmq
 
+from actors.curve import curve_client
 from node.client import NodeClient
 from wire.protocol import unpack_replies
 
@@ -42,7 +43,8 @@ class NodeFailed(RuntimeError):
 class LocalNode:
     def __init__(self, data_dir: Path, port: int | None = None, config: Path | None = None,
                  log_file: Path | None = None, extra_args: list[str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, server_public_key: bytes | None = None,
+                 client_keys: tuple[bytes, bytes] | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.config = config
@@ -51,12 +53,17 @@ class LocalNode:
         self.env = env  # added to this process's environment (fault seams in tests)
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: Any = None
+        # A node with CURVE on (``[security]`` in its config): the keys its clients use.
+        self.server_public_key = server_public_key
+        self.client_keys = client_keys
 
     @property
     def endpoint(self) -> str:
         return f"tcp://127.0.0.1:{self.port}"
 
     def client(self, **kw: Any) -> NodeClient:
+        kw.setdefault("server_public_key", self.server_public_key)
+        kw.setdefault("client_keys", self.client_keys)
         return NodeClient(self.endpoint, **kw)
 
     def start(self, timeout_s: float = 60.0) -> LocalNode:
@@ -87,6 +94,8 @@ class LocalNode:
         sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IMMEDIATE, 1)
+        if self.server_public_key is not None and self.client_keys is not None:
+            curve_client(sock, self.server_public_key, *self.client_keys)
         sock.connect(self.endpoint)
         ids = itertools.count(1)
         try:
@@ -131,7 +140,7 @@ class LocalNode:
         return found
 
     def actor_pid(self, role: str) -> int:
-        with NodeClient(self.endpoint, timeout_ms=2000) as c:
+        with self.client(timeout_ms=2000) as c:
             for a in c.status()["actors"]:
                 if a["role"] == role:
                     return int(a["pid"])

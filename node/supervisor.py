@@ -34,6 +34,7 @@ import zmq
 
 from actors.base import Actor, ActorContext, mailbox_address, waiting_messages
 from actors.cache_manager import CacheManager
+from actors.curve import server_keys
 from actors.durable import fsync_dir, write_atomic
 from actors.front_door import FrontDoor
 from actors.instructions import Spawn, StopNode, Terminate
@@ -156,6 +157,10 @@ class Supervisor:
         fsync_dir(meta)
 
     def start(self, ready_timeout_s: float = 60.0) -> None:
+        """Start every actor and wait until they run. Raises ``ConfigError`` (before
+        anything is locked, spawned or bound) when CURVE is on and its keys cannot be read
+        or this libzmq must not be used, ``NodeStartError`` when the node cannot start."""
+        server_keys(self.cfg)
         self._lock()
         self._check_writer_count()
         self.run_dir.mkdir(parents=True, exist_ok=True)

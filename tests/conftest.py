@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import pytest
 
@@ -19,22 +19,23 @@ class MakeNode(Protocol):
     """The type of the ``make_node`` fixture (tests import it under ``TYPE_CHECKING``)."""
 
     def __call__(self, config_text: str | None = None, data_dir: Path | None = None,
-                 env: dict[str, str] | None = None) -> LocalNode: ...
+                 env: dict[str, str] | None = None, **node_kw: Any) -> LocalNode: ...
 
 
 @pytest.fixture
 def make_node(tmp_path: Path) -> Iterator[MakeNode]:
-    """A factory: ``make_node(config_text=None)`` starts a node on ``tmp_path/data``."""
+    """A factory: ``make_node(config_text=None)`` starts a node on ``tmp_path/data``;
+    other keywords go to ``LocalNode`` (a CURVE node's client keys)."""
     started: list[LocalNode] = []
 
     def make(config_text: str | None = None, data_dir: Path | None = None,
-             env: dict[str, str] | None = None) -> LocalNode:
+             env: dict[str, str] | None = None, **node_kw: Any) -> LocalNode:
         cfg = None
         if config_text is not None:
             cfg = tmp_path / f"node-{len(started)}.toml"
             cfg.write_text(config_text)
         n = LocalNode(data_dir or tmp_path / "data", config=cfg,
-                      log_file=tmp_path / f"node-{len(started)}.log", env=env)
+                      log_file=tmp_path / f"node-{len(started)}.log", env=env, **node_kw)
         n.start()
         started.append(n)
         return n
