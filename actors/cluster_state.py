@@ -77,6 +77,7 @@ class Gather:
     # produce: the partition of each record of the whole batch
     assign: list[int] | None = None
     topic: Topic | None = None  # end_offsets: the topic whose partitions are gathered
+    done: dict[str, Any] | None = None  # sync: the answer, whatever the members said
 
 
 def join_produce(g: Gather) -> dict[str, Any]:

@@ -176,7 +176,7 @@ class FrontDoorState:
             "txn_list": lambda _req: (TRANSACTION_MANAGER, lambda c: TxnList(c, False)),
         }
         missing = protocol.OPS.keys() - self.routes.keys() - {"produce", "txn_produce",
-                                                               "cluster_map"}
+                                                               "cluster_map", "cluster_sync"}
         assert not missing, f"ops of wire.protocol.OPS with no route: {sorted(missing)}"
         # Ops that take longer than a request: a checkpoint flushes every shard.
         self.timeouts_ms = {"checkpoint": 3 * self.checkpoint_timeout_ms}
@@ -266,6 +266,8 @@ class FrontDoorState:
             return [self.txn_produce(identity, rid, req, now)]
         if op == "cluster_map":  # a single node
             return [Reply(identity, protocol.ok(rid, members=[], node_id=0))]
+        if op == "cluster_sync":  # a single node: nothing to copy
+            return [Reply(identity, protocol.ok(rid, node_id=0))]
         role, make = self.routes[op](req)
         corr = self.wait(identity, rid, now, timeout_ms=self.timeouts_ms.get(op))
         return [Request(role, corr, make(corr))]
@@ -281,9 +283,16 @@ class FrontDoorState:
         from_peer = identity.startswith(PEER_PREFIX)  # forwarded once: never again
         if op == "cluster_map":
             return [Reply(identity, protocol.ok(rid, members=c.map_rows(), node_id=c.me))]
+        if op == "cluster_sync":
+            # Answered once copied (after a copy under way, which may predate the change).
+            self.after_pull.append((identity, rid, {"node_id": c.me}, self.pulling))
+            return self.pull() or ([] if self.pulling else self.release())
         if op in ("create_topic", "delete_topic"):
             if c.is_catalog:
-                return None
+                role, make = self.routes[op](req)
+                corr = self.wait(identity, rid, now)
+                self.pending[corr].then = self.catalog_changed
+                return [Request(role, corr, make(corr))]
             if from_peer:
                 raise NotOwner(f"topics are created and deleted on {c.name(c.catalog_id)}")
             return self.forward(identity, rid, req, now, c.catalog_id, then=self.catalog_written)
@@ -361,6 +370,8 @@ class FrontDoorState:
         parent = self.wait(identity, rid, now)
         self.pending[parent].gather = Gather("produce", len(by_owner), assign=assign)
         out: list[Out] = []
+        items = msgpack.unpackb(req["records"], raw=False)  # checked by split
+        assert assign is not None  # more than one partition: split by key
         for member, mine in by_owner.items():
             if member == c.me:
                 corr = self.wait(b"", 0, now)
@@ -368,7 +379,8 @@ class FrontDoorState:
                 w.parent, w.member = parent, member
                 out.append(Produce(corr, (req["producer_id"], req["seq"], mine)))
                 continue
-            records = [r for _t, _p, _n, blob in mine for r in msgpack.unpackb(blob, raw=False)]
+            # In batch order: the member splits them as this one did.
+            records = [r for r, p in zip(items, assign, strict=True) if t.owner(p) == member]
             sub = {"topic": t.name, "producer_id": req["producer_id"], "seq": req["seq"],
                    "records": msgpack.packb(records, use_bin_type=True), "op": "produce"}
             out += self.forward(b"", 0, sub, now, member, parent=parent)
@@ -469,6 +481,27 @@ class FrontDoorState:
                 out.append(Reply(identity, protocol.ok(rid, **fields)))
         if again:
             out += self.pull()
+        return out
+
+    def catalog_changed(self, w: Waiting, ok: Fields | None, err: Failure | None) -> list[Out]:
+        """The catalog member created or deleted a topic: every member is asked to copy it
+        before the client is answered, so that no member goes on without it (one that is
+        down copies it when it starts)."""
+        c = self.cluster
+        assert c is not None
+        if ok is None:
+            assert err is not None
+            self.errors += 1
+            return [Reply(w.identity, protocol.error(w.rid, *err))]
+        others = c.others()
+        if not others:
+            return [Reply(w.identity, protocol.ok(w.rid, **ok))]
+        parent = self.wait(w.identity, w.rid, self.clock)
+        self.pending[parent].gather = Gather("sync", len(others), done=ok)
+        out: list[Out] = []
+        for member in others:
+            out += self.forward(b"", 0, {"op": "cluster_sync"}, self.clock, member,
+                                parent=parent)
         return out
 
     def catalog_written(self, w: Waiting, ok: Fields | None, err: Failure | None) -> list[Out]:
@@ -693,6 +726,8 @@ class FrontDoorState:
             if g.left:
                 return []
             del self.pending[w.parent]
+            if g.done is not None:  # the members were told; those down copy at start
+                return self.settle(parent, g.done, None)
             if g.error is not None:
                 return self.settle(parent, None, g.error)
             return self.settle(parent, join_produce(g) if g.op == "produce" else join_offsets(g),

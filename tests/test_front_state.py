@@ -252,6 +252,7 @@ EXAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
     "delete_topic": ({"name": "t"}, lambda c: Done(c, 5)),
     "list_topics": ({}, lambda c: TopicsReply(c, [Topic("t", 4, 1)])),
     "cluster_map": ({}, None),  # answered by the front door itself
+    "cluster_sync": ({}, None),
     "end_offsets": ({"topic": "t"}, lambda c: OffsetsReply(c, 5, [1, 0, 0, 2])),
     "read": ({"topic": "t", "partition": 0, "offset": 0, "max_records": 5},
              lambda c: RecordsReply(c, b"\x90", 5)),
@@ -303,7 +304,8 @@ def test_every_op_of_the_table_is_routed_and_answered_with_its_reply_fields(op: 
 
 
 def test_the_routes_cover_the_table() -> None:
-    assert set(state().routes) | {"produce", "txn_produce", "cluster_map"} == set(OPS)
+    assert set(state().routes) | {"produce", "txn_produce", "cluster_map",
+                                                       "cluster_sync"} == set(OPS)
 
 
 def test_reads_after_a_read_wait_for_the_commits_it_saw() -> None:

@@ -120,6 +120,7 @@ MAX_RECORDS = Field("max_records", _INT, "at most this many records (the node ca
 GROUP = Field("group", _STR, "consumer group name", len_max=NAME_LEN_MAX)
 NAME = Field("name", _STR, "topic name", len_max=NAME_LEN_MAX)
 
+NODE_ID = Field("node_id", _INT, "the answering member's id (0: a single node)")
 LSN = Field("lsn", _INT, "the LSN that made it durable")
 RECORDS_READ = Field("records", _BIN, "packed array of `[offset, timestamp_ms, key, tags, "
                      "value]`, in offset order")
@@ -175,7 +176,12 @@ OPS: dict[str, Op] = {op.name: op for op in (
        "node); topics and their owners come from `list_topics`",
        request=(),
        reply=(Field("members", _ARRAY, "one row per member, by id", row=("id", "endpoint")),
-              Field("node_id", _INT, "the answering member's id (0: a single node)"))),
+              NODE_ID)),
+    Op("cluster_sync", "between members of a cluster: copy the catalog member's topics now; "
+       "answered once they are copied (the catalog member asks after each creation and "
+       "deletion)",
+       request=(),
+       reply=(NODE_ID,)),
     Op("end_offsets", "the next offset of each partition: every record below it is durable, "
        "and a read sent after this answer sees it",
        request=(TOPIC,),

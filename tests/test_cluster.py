@@ -1,0 +1,235 @@
+"""A local cluster of three real nodes: placement, routing, forwarding, the catalog member,
+transactions on one node and XA across two, and a node lost and recovered.
+
+One cluster serves the module (starting three nodes takes a while on two cores); the tests
+that stop or kill a member bring it back before they end.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from actors.shard_store import parse_shard_dir
+from node.client import NodeClient
+from node.crashcheck import read_partition
+from node.local import LocalCluster
+from wire.errors import CrossNode, NodeError, TopicExists, Unavailable, UnknownTopic
+from wire.placement import place
+from wire.records import Record
+from wire.xid import Xid
+
+WAIT_S = 20.0  # bound on every poll below
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("cluster"), 3) as cl:
+        yield cl
+
+
+def routed(cl: LocalCluster, **kw: int) -> NodeClient:
+    return NodeClient(cl.endpoints, timeout_ms=kw.pop("timeout_ms", 5000), **kw)
+
+
+def one(cl: LocalCluster, member: int, **kw: int) -> NodeClient:
+    return NodeClient(cl.nodes[member].endpoint, timeout_ms=kw.pop("timeout_ms", 5000), **kw)
+
+
+def keyed(prefix: str, n: int) -> list[Record]:
+    return [Record(f"{prefix}-{i}".encode(), f"key-{i}".encode()) for i in range(n)]
+
+
+def shard_dirs(cl: LocalCluster, member: int) -> set[str]:
+    return {d.name for d in (cl.nodes[member].data_dir / "shards").iterdir()}
+
+
+def test_partitions_are_placed_evenly_and_only_their_owner_keeps_them(
+        cluster: LocalCluster) -> None:
+    with routed(cluster) as c:
+        assert c.members() == {m: n.endpoint for m, n in cluster.nodes.items()}
+        c.create_topic("placed", partitions=6)
+        owners = c.owners("placed")
+    assert owners == place("placed", 6, [1, 2, 3])
+    assert collections.Counter(owners) == {1: 2, 2: 2, 3: 2}
+    for member in (1, 2, 3):
+        with one(cluster, member) as m:  # every member routes by the catalog's placement
+            m.produce("placed", b"x", key=b"k")
+            (row,) = [r for r in m.call("list_topics")["topics"] if r[0] == "placed"]
+        topic_id = row[2]
+        assert tuple(row[3]) == owners
+        shards = {parse_shard_dir(d) for d in shard_dirs(cluster, member)}
+        mine = {(topic_id, p) for p, o in enumerate(owners) if o == member}
+        assert {s for s in shards if s and s[0] == topic_id} == mine  # on the owner only
+
+
+def test_a_routed_client_sends_each_record_to_its_partitions_owner(cluster: LocalCluster) -> None:
+    with routed(cluster) as c:
+        c.create_topic("routed", partitions=6)
+        recs = keyed("r", 300)
+        placed = c.produce_batch("routed", recs)
+        for rec, (p, _off) in zip(recs, placed, strict=True):
+            assert rec.key is not None and p == c.key_partition("routed", rec.key)
+        by_partition: dict[int, list[bytes]] = collections.defaultdict(list)
+        for rec, (p, off) in zip(recs, placed, strict=True):
+            assert off == len(by_partition[p])
+            by_partition[p].append(rec.value)
+        owners = c.owners("routed")
+        for p in range(6):
+            with one(cluster, owners[p]) as owner:  # the owner has them, in order
+                assert read_partition(owner, "routed", p) == by_partition[p]
+        assert c.end_offsets("routed") == [len(by_partition[p]) for p in range(6)]
+        forwarded_before = forwarded(cluster)
+        c.produce_batch("routed", keyed("again", 30))
+        assert forwarded(cluster) == forwarded_before  # sent to owners: nothing forwarded
+
+
+def forwarded(cl: LocalCluster) -> int:
+    total = 0
+    for member in cl.nodes:
+        with one(cl, member) as m:
+            front = next(a for a in m.status()["actors"] if a["role"] == "front")
+            total += int(front["figures"]["forwarded"])
+    return total
+
+
+def test_a_client_that_knows_one_member_is_served_by_forwarding(cluster: LocalCluster) -> None:
+    with one(cluster, 3) as c3, one(cluster, 2) as c2, routed(cluster) as rc:
+        c3.create_topic("one-door", partitions=6)  # forwarded to the catalog member
+        recs = keyed("o", 120)
+        placed = c2.produce_batch("one-door", recs)  # split over three members by node 2
+        assert placed == [(rc.key_partition("one-door", r.key or b""), off)
+                          for r, (_p, off) in zip(recs, placed, strict=True)]
+        got = {p: read_partition(c3, "one-door", p) for p in range(6)}  # reads forwarded
+        assert sorted(v for vs in got.values() for v in vs) == sorted(r.value for r in recs)
+        assert got == {p: read_partition(rc, "one-door", p) for p in range(6)}
+        assert c2.end_offsets("one-door") == rc.end_offsets("one-door")
+        # a retry of the same split batch (same sequence number) writes nothing twice
+        fields = {"topic": "one-door", "producer_id": 77, "seq": 0,
+                  "records": msgpack_batch(recs[:20])}
+        first = c2.call("produce", **fields)
+        again = c2.call("produce", **fields)
+        assert first["parts"] == again["parts"] and first["assign"] == again["assign"]
+        assert sum(rc.end_offsets("one-door")) == 140
+
+
+def msgpack_batch(recs: list[Record]) -> bytes:
+    from wire.records import pack_batch
+
+    return pack_batch(recs)
+
+
+def test_a_topic_created_through_one_member_is_usable_through_another_at_once(
+        cluster: LocalCluster) -> None:
+    with one(cluster, 3) as c3, one(cluster, 2) as c2:
+        c3.create_topic("fresh", partitions=3)
+        c2.produce("fresh", b"first", key=b"k")  # member 2 learns it when asked
+        with pytest.raises(TopicExists):
+            c2.create_topic("fresh", partitions=3)
+        c2.delete_topic("fresh")
+        with pytest.raises(UnknownTopic):
+            c2.produce("fresh", b"gone", key=b"k")
+        deadline = time.monotonic() + WAIT_S  # member 3 copies the deletion in its next sync
+        while "fresh" in [t.name for t in c3.list_topics()]:
+            assert time.monotonic() < deadline, "member 3 still lists a deleted topic"
+            time.sleep(0.05)  # ok-sleep: polling the member's copy of the catalog
+
+
+def test_a_transaction_stays_on_one_member(cluster: LocalCluster) -> None:
+    with routed(cluster) as c:
+        c.create_topic("txn-one", partitions=6)
+        owners = c.owners("txn-one")
+        home = c.members()[1]
+        mine = owners.index(1)
+        away = next(p for p, o in enumerate(owners) if o != 1)
+        with NodeClient(home, timeout_ms=5000) as h:
+            with h.transaction() as tx:
+                tx.produce("txn-one", b"local", partition=mine)
+            assert [r.value for r in h.read("txn-one", mine, 0)] == [b"local"]
+            tx = h.transaction()
+            tx.produce("txn-one", b"elsewhere", partition=away)
+            with pytest.raises(CrossNode, match=f"node {owners[away]}"):
+                tx.commit()
+
+
+def test_xa_across_two_members_survives_a_crash_between_the_commits(
+        cluster: LocalCluster) -> None:
+    with routed(cluster) as c:
+        c.create_topic("xa-two", partitions=6)
+        owners = c.owners("xa-two")
+        p1, p2 = owners.index(1), owners.index(2)
+    xid1 = Xid(7, b"order-1", b"node-1")
+    xid2 = Xid(7, b"order-1", b"node-2")
+    with one(cluster, 1) as n1, one(cluster, 2) as n2:
+        t1 = n1.xa_start(xid1)
+        t1.produce("xa-two", b"debit", partition=p1)
+        n1.xa_end(xid1)
+        t2 = n2.xa_start(xid2)
+        t2.produce("xa-two", b"credit", partition=p2)
+        n2.xa_end(xid2)
+        n1.xa_prepare(xid1)
+        n2.xa_prepare(xid2)
+        n1.xa_commit(xid1)
+    cluster.nodes[2].kill()  # the coordinator's second commit never arrived
+    cluster.nodes[2].start()
+    with one(cluster, 2) as n2, one(cluster, 1) as n1:
+        assert xid2 in n2.xa_recover()  # in doubt, until the coordinator resolves it
+        assert n2.read("xa-two", p2, 0) == []
+        n2.xa_commit(xid2)
+        assert [r.value for r in n2.read("xa-two", p2, 0)] == [b"credit"]
+        assert [r.value for r in n1.read("xa-two", p1, 0)] == [b"debit"]
+
+
+def test_while_the_catalog_member_is_down_topics_stay_usable_but_fixed(
+        cluster: LocalCluster) -> None:
+    with routed(cluster) as c:
+        c.create_topic("steady", partitions=6)
+        owners = c.owners("steady")
+    cluster.nodes[1].stop()
+    try:
+        with one(cluster, 2, retries=1) as c2:
+            with pytest.raises(Unavailable, match="node 1"):
+                c2.create_topic("refused", partitions=1)
+            with pytest.raises(Unavailable, match="node 1"):
+                c2.delete_topic("steady")
+            for p, o in enumerate(owners):
+                if o == 1:
+                    continue
+                c2.produce("steady", b"still", partition=p)
+                assert [r.value for r in c2.read("steady", p, 0)] == [b"still"]
+    finally:
+        cluster.nodes[1].start()
+
+
+def test_a_member_killed_under_load_is_named_and_loses_nothing(cluster: LocalCluster) -> None:
+    with routed(cluster) as c:
+        c.create_topic("load", partitions=6)
+        owners = c.owners("load")
+    acked: dict[int, list[bytes]] = collections.defaultdict(list)
+    with routed(cluster, timeout_ms=3000, retries=2) as c:
+        for i in range(60):
+            p = i % 6
+            c.produce("load", f"before-{i}".encode(), partition=p)
+            acked[p].append(f"before-{i}".encode())
+        cluster.nodes[3].kill()
+        lost = [p for p, o in enumerate(owners) if o == 3]
+        for p in range(6):
+            t0 = time.monotonic()
+            if p in lost:
+                with pytest.raises(Unavailable, match="node 3"):
+                    c.produce("load", b"refused", partition=p)
+                assert time.monotonic() - t0 < 3 * 3.0  # within the request's bounds, no hang
+            else:
+                c.produce("load", f"during-{p}".encode(), partition=p)
+                acked[p].append(f"during-{p}".encode())
+    # forwarded by a member that knows the owner is down: named too
+    with one(cluster, 1, timeout_ms=3000, retries=0) as c1, pytest.raises(NodeError,
+                                                                          match="node 3"):
+        c1.read("load", lost[0], 0)
+    cluster.nodes[3].start()
+    with routed(cluster) as c:
+        for p in range(6):
+            assert read_partition(c, "load", p) == acked[p]

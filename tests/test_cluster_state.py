@@ -1,0 +1,320 @@
+"""A cluster's logic without sockets: placement, the cluster file, and the front door of a
+member forwarding, gathering and copying the catalog."""
+
+from __future__ import annotations
+
+import collections
+import zlib
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from actors.cluster_state import PEER_PREFIX, catalog_changes
+from actors.front_state import FrontDoorState
+from actors.instructions import Produce, Reply, Request, ToPeer
+from config import ConfigError, load_config
+from config.cluster import Member, cluster_text, parse_members
+from wire.errors import ErrorCode
+from wire.messages import Catalog, CreateTopic, DeleteTopic, Done, EndOffsets, OffsetsReply
+from wire.placement import place
+from wire.protocol import Topic
+
+ID = b"client-1"
+PEER = PEER_PREFIX + b"2"
+
+# ---- placement ---------------------------------------------------------------------------
+
+
+def test_placement_spreads_one_topic_evenly_and_is_stable() -> None:
+    for partitions in (1, 2, 3, 6, 7, 64):
+        owners = place("events", partitions, [1, 2, 3])
+        counts = collections.Counter(owners)
+        assert max(counts.values()) - min(counts.get(m, 0) for m in (1, 2, 3)) <= 1
+        assert owners == place("events", partitions, [3, 1, 2])  # not the order given
+
+
+def test_placement_of_one_partition_topics_spreads_over_members() -> None:
+    counts = collections.Counter(place(f"topic-{i}", 1, [1, 2, 3])[0] for i in range(300))
+    assert set(counts) == {1, 2, 3}
+    assert min(counts.values()) >= 70  # 100 each, give or take the hash
+
+
+def test_placement_moves_few_first_partitions_when_a_member_is_added() -> None:
+    """Rendezvous: with a member added, a topic's first partition either stays where it was
+    or moves to the new member, never between old ones."""
+    names = [f"t{i}" for i in range(300)]
+    before = {n: place(n, 1, [1, 2, 3])[0] for n in names}
+    after = {n: place(n, 1, [1, 2, 3, 4])[0] for n in names}
+    moved = [n for n in names if before[n] != after[n]]
+    assert all(after[n] == 4 for n in moved)
+    assert 40 <= len(moved) <= 110  # about a quarter
+
+
+# ---- the cluster file --------------------------------------------------------------------
+
+
+def test_the_cluster_file_round_trips_and_sorts_members() -> None:
+    members = (Member(2, "tcp://127.0.0.1:7401"), Member(1, "tcp://127.0.0.1:7400", "a" * 40))
+    assert parse_members(cluster_text(members), "x") == tuple(sorted(members, key=lambda m: m.id))
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("", "lists no [[member]]"),
+    ("[[member]]\nid = 1\n", "endpoint must be tcp://HOST:PORT"),
+    ("[[member]]\nid = 0\nendpoint = 'tcp://h:1'\n", "id must be an integer 1-65535"),
+    ("[[member]]\nid = 1\nendpoint = 'tcp://h:1'\n[[member]]\nid = 1\nendpoint = 'tcp://h:2'\n",
+     "id 1 is listed twice"),
+    ("[[member]]\nid = 1\nendpoint = 'tcp://h:1'\n[[member]]\nid = 2\nendpoint = 'tcp://h:1'\n",
+     "endpoint tcp://h:1 is listed twice"),
+    ("[[member]]\nid = 1\nendpoint = 'tcp://h:1'\ncolour = 'red'\n", "keys id, endpoint"),
+    ("members = 3\n", "unknown keys"),
+    ("[[member]\n", "not valid TOML"),
+])
+def test_a_bad_cluster_file_is_refused_saying_why(text: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=None) as exc:
+        parse_members(text, "cluster.toml")
+    assert says in str(exc.value)
+
+
+def test_a_node_must_be_a_member_at_its_endpoint(tmp_path: Path) -> None:
+    f = tmp_path / "cluster.toml"
+    f.write_text(cluster_text([Member(1, "tcp://127.0.0.1:7400")]))
+    ok = {"cluster": {"file": str(f), "node_id": 1}, "node": {"port": 7400}}
+    assert load_config(overrides=ok).members == (Member(1, "tcp://127.0.0.1:7400"),)
+    with pytest.raises(ConfigError, match="not a member"):
+        load_config(overrides={"cluster": {"file": str(f), "node_id": 2}})
+    with pytest.raises(ConfigError, match="gives its endpoint as"):
+        load_config(overrides={"cluster": {"file": str(f), "node_id": 1}, "node": {"port": 7411}})
+    with pytest.raises(ConfigError, match=r"cluster\.file is not"):
+        load_config(overrides={"cluster": {"node_id": 1}})
+
+
+# ---- a member's front door ---------------------------------------------------------------
+
+EVENTS = Topic("events", 6, 1, (1, 2, 3, 1, 2, 3))
+
+
+def member(tmp_path: Path, me: int, topics: list[Topic] | None = None) -> FrontDoorState:
+    f = tmp_path / "cluster.toml"
+    f.write_text(cluster_text([Member(i, f"tcp://127.0.0.1:{7400 + i}") for i in (1, 2, 3)]))
+    cfg = load_config(overrides={"cluster": {"file": str(f), "node_id": me},
+                                 "node": {"port": 7400 + me}})
+    s = FrontDoorState(cfg)
+    s.catalog(Catalog(7, topics if topics is not None else [EVENTS], 7))
+    return s
+
+
+def frame(op: str, rid: int = 1, **fields: Any) -> list[bytes]:
+    return [msgpack.packb({"op": op, "id": rid, **fields}, use_bin_type=True)]
+
+
+def unpack(data: bytes) -> dict[str, Any]:
+    out: dict[str, Any] = msgpack.unpackb(data, raw=False)
+    return out
+
+
+def test_a_read_of_another_members_partition_is_forwarded_and_its_answer_relayed(
+        tmp_path: Path) -> None:
+    s = member(tmp_path, 1)
+    (out,) = s.request(ID, frame("read", 5, topic="events", partition=1, offset=0,
+                                 max_records=10), now=0.0)
+    assert isinstance(out, ToPeer) and out.member == 2
+    sent = unpack(out.frame)
+    assert sent["op"] == "read" and sent["id"] == out.corr and sent["partition"] == 1
+    (rep,) = s.peer_reply({"records": b"\x90", "id": out.corr, "ok": True})
+    assert isinstance(rep, Reply) and rep.identity == ID
+    assert unpack(rep.frame) == {"records": b"\x90", "id": 5, "ok": True}
+    # its own partitions are served here
+    (own,) = s.request(ID, frame("read", 6, topic="events", partition=3, offset=0,
+                                 max_records=10), now=0.0)
+    assert isinstance(own, Request)
+
+
+def test_a_forwarded_request_is_never_forwarded_again(tmp_path: Path) -> None:
+    s = member(tmp_path, 1)
+    (out,) = s.request(PEER, frame("read", 5, topic="events", partition=1, offset=0,
+                                   max_records=10), now=0.0)
+    assert isinstance(out, Reply)
+    reply = unpack(out.frame)
+    assert reply["code"] == ErrorCode.NOT_OWNER and "node 2 (tcp://127.0.0.1:7402)" in reply["error"]
+
+
+def test_a_member_that_does_not_answer_in_time_is_named_unavailable(tmp_path: Path) -> None:
+    s = member(tmp_path, 1)
+    s.request(ID, frame("read", 5, topic="events", partition=2, offset=0, max_records=1), 0.0)
+    (rep,) = s.expire(now=60.0)
+    assert isinstance(rep, Reply)
+    reply = unpack(rep.frame)
+    assert reply["code"] == ErrorCode.UNAVAILABLE and "node 3" in reply["error"]
+    # a member that cannot be reached at all: the shell fails the request at once
+    (out,) = s.request(ID, frame("read", 6, topic="events", partition=2, offset=0,
+                                 max_records=1), 0.0)
+    assert isinstance(out, ToPeer)
+    (rep,) = s.fail([out.corr], ErrorCode.UNAVAILABLE, "node 3 is not reachable")
+    assert isinstance(rep, Reply) and unpack(rep.frame)["code"] == ErrorCode.UNAVAILABLE
+
+
+def keyed(n: int) -> list[list[Any]]:
+    return [[f"v{i}".encode(), f"k{i}".encode(), [], None] for i in range(n)]
+
+
+def test_a_batch_split_over_members_goes_to_each_and_the_answers_are_joined(
+        tmp_path: Path) -> None:
+    s = member(tmp_path, 1)
+    recs = keyed(12)
+    assign = [zlib.crc32(r[1]) % 6 for r in recs]
+    outs = s.request(ID, frame("produce", 9, topic="events", producer_id=5, seq=3,
+                               records=msgpack.packb(recs)), now=0.0)
+    local = [o for o in outs if isinstance(o, Produce)]
+    remote = {o.member: o for o in outs if isinstance(o, ToPeer)}
+    assert len(local) == 1 and set(remote) == {2, 3}
+    _pid, _seq, parts = local[0].request
+    assert {p for _t, p, _n, _b in parts} == {p for p in assign if EVENTS.owner(p) == 1}
+    answers = []
+    for m, o in remote.items():
+        sent = unpack(o.frame)
+        assert (sent["producer_id"], sent["seq"], "partition" in sent) == (5, 3, False)
+        theirs = [r for r, p in zip(recs, assign, strict=True) if EVENTS.owner(p) == m]
+        assert msgpack.unpackb(sent["records"]) == theirs
+        placed = sorted({p for p in assign if EVENTS.owner(p) == m})
+        rows = [[p, 100 * m, assign.count(p)] for p in placed]
+        answers.append({"lsn": 40 + m, "parts": rows, "id": o.corr, "ok": True})
+    assert s.peer_reply(answers[0]) == []
+    mine = sorted({p for p in assign if EVENTS.owner(p) == 1})
+    assert s.ack(local[0].corr, 12, [(p, 7, assign.count(p)) for p in mine]) == []
+    (rep,) = s.peer_reply(answers[1])
+    reply = unpack(rep.frame)
+    assert reply["id"] == 9 and reply["ok"] and reply["assign"] == assign
+    assert sorted(row[0] for row in reply["parts"]) == sorted(set(assign))
+    assert reply["lsn"] == 43
+
+
+def test_a_failed_part_fails_the_whole_batch(tmp_path: Path) -> None:
+    s = member(tmp_path, 1)
+    outs = s.request(ID, frame("produce", 9, topic="events", producer_id=5, seq=3,
+                               records=msgpack.packb(keyed(12))), now=0.0)
+    (local,) = [o for o in outs if isinstance(o, Produce)]
+    first, second = [o for o in outs if isinstance(o, ToPeer)]
+    assert s.fail([first.corr], ErrorCode.UNAVAILABLE, "node gone") == []
+    assert s.ack(local.corr, 1, []) == []
+    (rep,) = s.peer_reply({"lsn": 1, "parts": [], "id": second.corr, "ok": True})
+    reply = unpack(rep.frame)
+    assert (reply["id"], reply["code"], reply["error"]) == (9, ErrorCode.UNAVAILABLE, "node gone")
+    assert not s.pending
+
+
+def test_end_offsets_are_gathered_from_every_owner(tmp_path: Path) -> None:
+    s = member(tmp_path, 2)
+    outs = s.request(ID, frame("end_offsets", 4, topic="events"), now=0.0)
+    local = next(o for o in outs if isinstance(o, Request))
+    assert isinstance(local.msg, EndOffsets)
+    peers = {o.member: o for o in outs if isinstance(o, ToPeer)}
+    assert set(peers) == {1, 3}
+    assert s.answer(OffsetsReply(local.corr, 9, [0, 21, 0, 0, 24, 0])) == []
+    assert s.peer_reply({"offsets": [10, 0, 0, 13, 0, 0], "id": peers[1].corr, "ok": True}) == []
+    (rep,) = s.peer_reply({"offsets": [0, 0, 32, 0, 0, 35], "id": peers[3].corr, "ok": True})
+    assert unpack(rep.frame) == {"offsets": [10, 21, 32, 13, 24, 35], "id": 4, "ok": True}
+
+
+def test_the_catalog_member_places_a_new_topics_partitions(tmp_path: Path) -> None:
+    s = member(tmp_path, 1)
+    (out,) = s.request(ID, frame("create_topic", 2, name="orders", partitions=5), now=0.0)
+    assert isinstance(out, Request) and isinstance(out.msg, CreateTopic)
+    assert tuple(out.msg.owners) == place("orders", 5, [1, 2, 3])
+
+
+def test_a_member_forwards_a_creation_and_answers_once_it_copied_the_catalog(
+        tmp_path: Path) -> None:
+    s = member(tmp_path, 3)
+    (fwd,) = s.request(ID, frame("create_topic", 2, name="orders", partitions=3), now=0.0)
+    assert isinstance(fwd, ToPeer) and fwd.member == 1
+    (pull,) = s.peer_reply({"lsn": 12, "id": fwd.corr, "ok": True})
+    assert isinstance(pull, ToPeer) and unpack(pull.frame)["op"] == "list_topics"
+    orders = Topic("orders", 3, 2, place("orders", 3, [1, 2, 3]))
+    (copy,) = s.peer_reply({"topics": [list(EVENTS), list(orders)], "id": pull.corr, "ok": True})
+    assert isinstance(copy, Request) and isinstance(copy.msg, CreateTopic)
+    assert (copy.msg.topic_id, tuple(copy.msg.owners)) == (2, orders.owners)
+    (rep,) = s.answer(Done(copy.corr, 13))
+    assert unpack(rep.frame) == {"lsn": 12, "id": 2, "ok": True}
+    assert s.topics["orders"] == orders  # routed by at once
+
+
+def test_a_request_naming_an_unknown_topic_waits_for_a_copy_of_the_catalog(
+        tmp_path: Path) -> None:
+    s = member(tmp_path, 2)
+    (pull,) = s.request(ID, frame("read", 3, topic="late", partition=0, offset=0,
+                                  max_records=1), now=0.0)
+    assert isinstance(pull, ToPeer) and pull.member == 1
+    late = Topic("late", 1, 5, (2,))
+    (copy,) = s.peer_reply({"topics": [list(EVENTS), list(late)], "id": pull.corr, "ok": True})
+    (read,) = s.answer(Done(copy.corr, 20))
+    assert isinstance(read, Request)  # served here: partition 0 is this member's
+    # a topic the catalog does not have either is unknown, once asked
+    (pull,) = s.request(ID, frame("read", 4, topic="never", partition=0, offset=0,
+                                  max_records=1), now=0.0)
+    (rep,) = s.peer_reply({"topics": [list(EVENTS), list(late)], "id": pull.corr, "ok": True})
+    assert unpack(rep.frame)["code"] == ErrorCode.UNKNOWN_TOPIC
+
+
+def test_an_unreachable_catalog_member_is_named(tmp_path: Path) -> None:
+    s = member(tmp_path, 2)
+    (pull,) = s.request(ID, frame("read", 3, topic="late", partition=0, offset=0,
+                                  max_records=1), now=0.0)
+    (rep,) = s.fail([pull.corr], ErrorCode.UNAVAILABLE, "node 1 (tcp://x) is not reachable")
+    reply = unpack(rep.frame)
+    assert reply["code"] == ErrorCode.UNKNOWN_TOPIC and "node 1 (tcp://x)" in reply["error"]
+    (fwd,) = s.request(ID, frame("create_topic", 4, name="new", partitions=1), now=0.0)
+    (rep,) = s.fail([fwd.corr], ErrorCode.UNAVAILABLE, "node 1 (tcp://x) is not reachable")
+    assert unpack(rep.frame)["code"] == ErrorCode.UNAVAILABLE
+
+
+def test_a_transaction_across_members_is_refused_naming_them(tmp_path: Path) -> None:
+    s = member(tmp_path, 1)
+    (rep,) = s.request(ID, frame("txn_produce", 2, txn=7, seq=0, topic="events", partition=1,
+                                 records=msgpack.packb([b"a"])), now=0.0)
+    reply = unpack(rep.frame)
+    assert reply["code"] == ErrorCode.CROSS_NODE and "node 2" in reply["error"]
+    (ok,) = s.request(ID, frame("txn_produce", 3, txn=7, seq=0, topic="events", partition=3,
+                                records=msgpack.packb([b"a"])), now=0.0)
+    assert isinstance(ok, Request)
+
+
+def test_a_member_copies_deletions_and_recreations() -> None:
+    local = {"a": Topic("a", 1, 1, (1,)), "b": Topic("b", 2, 2, (1, 2)),
+             "c": Topic("c", 1, 3, (2,))}
+    catalog = [Topic("a", 1, 1, (1,)), Topic("b", 3, 7, (1, 2, 3)), Topic("d", 1, 8, (3,))]
+    deletes, creates = catalog_changes(local, catalog)
+    assert [t.name for t in deletes] == ["b", "c"]
+    assert [t.name for t in creates] == ["b", "d"]
+
+
+def test_a_member_copying_the_catalog_deletes_first(tmp_path: Path) -> None:
+    s = member(tmp_path, 2, [EVENTS, Topic("gone", 1, 4, (2,))])
+    (pull,) = s.tick(now=100.0)
+    outs = s.peer_reply({"topics": [list(EVENTS)], "id": pull.corr, "ok": True})
+    assert [type(o.msg) for o in outs if isinstance(o, Request)] == [DeleteTopic]
+    assert s.tick(now=100.5) == []  # not again before catalog_sync_ms
+
+
+def test_the_catalog_member_answers_a_creation_once_the_members_were_told(
+        tmp_path: Path) -> None:
+    s = member(tmp_path, 1)
+    (out,) = s.request(ID, frame("create_topic", 2, name="orders", partitions=3), now=0.0)
+    syncs = s.answer(Done(out.corr, 30))
+    assert sorted(o.member for o in syncs if isinstance(o, ToPeer)) == [2, 3]
+    assert all(unpack(o.frame)["op"] == "cluster_sync" for o in syncs if isinstance(o, ToPeer))
+    first, second = syncs
+    assert isinstance(first, ToPeer) and isinstance(second, ToPeer)
+    assert s.fail([first.corr], ErrorCode.UNAVAILABLE, "down") == []  # copies at its start
+    (rep,) = s.peer_reply({"node_id": second.member, "id": second.corr, "ok": True})
+    assert unpack(rep.frame) == {"lsn": 30, "id": 2, "ok": True}
+
+
+def test_a_member_told_to_sync_answers_once_it_copied(tmp_path: Path) -> None:
+    s = member(tmp_path, 3)
+    (pull,) = s.request(PEER_PREFIX + b"1", frame("cluster_sync", 8), now=0.0)
+    assert isinstance(pull, ToPeer) and pull.member == 1
+    (rep,) = s.peer_reply({"topics": [list(EVENTS)], "id": pull.corr, "ok": True})
+    assert unpack(rep.frame) == {"node_id": 3, "id": 8, "ok": True}
