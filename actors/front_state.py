@@ -745,7 +745,7 @@ class FrontDoorState:
 
     def peer_reply(self, reply: dict[str, Any]) -> list[Out]:
         """Another member's answer to a request forwarded to it."""
-        w = self.pending.pop(reply.get("id", -1), None)  # type: ignore[arg-type]
+        w = self.pending.pop(reply.get("id", -1), None)
         if w is None or not w.peer:
             return []  # answered already (timed out), or not a forwarded request's id
         if not reply.get("ok"):

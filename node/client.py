@@ -332,9 +332,10 @@ class NodeClient:
             fields = {"topic": topic, "producer_id": self.producer_id, "seq": seq,
                       "records": pack_batch([recs[i] for i in idx])}
             sock = self._sock(self.members()[member])
-            rid: int | None = next(self._ids)
+            first = next(self._ids)
+            rid: int | None = first
             try:
-                sock.send(msgpack.packb(request_map("produce", rid, fields), use_bin_type=True))
+                sock.send(msgpack.packb(request_map("produce", first, fields), use_bin_type=True))
             except zmq.Again:
                 rid = None  # sent again, with retries, below
             sent.append((member, idx, fields, sock, rid))

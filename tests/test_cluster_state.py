@@ -81,7 +81,8 @@ def test_a_bad_cluster_file_is_refused_saying_why(text: str, says: str) -> None:
 def test_a_node_must_be_a_member_at_its_endpoint(tmp_path: Path) -> None:
     f = tmp_path / "cluster.toml"
     f.write_text(cluster_text([Member(1, "tcp://127.0.0.1:7400")]))
-    ok = {"cluster": {"file": str(f), "node_id": 1}, "node": {"port": 7400}}
+    ok: dict[str, dict[str, Any]] = {"cluster": {"file": str(f), "node_id": 1},
+                                     "node": {"port": 7400}}
     assert load_config(overrides=ok).members == (Member(1, "tcp://127.0.0.1:7400"),)
     with pytest.raises(ConfigError, match="not a member"):
         load_config(overrides={"cluster": {"file": str(f), "node_id": 2}})
@@ -108,6 +109,18 @@ def member(tmp_path: Path, me: int, topics: list[Topic] | None = None) -> FrontD
 
 def frame(op: str, rid: int = 1, **fields: Any) -> list[bytes]:
     return [msgpack.packb({"op": op, "id": rid, **fields}, use_bin_type=True)]
+
+
+def answer_of(out: Any) -> dict[str, Any]:
+    """The reply map a client is sent."""
+    assert isinstance(out, Reply)
+    return unpack(out.frame)
+
+
+def corr_of(out: Any) -> int:
+    """The correlation id a request sent on waits under."""
+    assert isinstance(out, ToPeer | Request | Produce)
+    return out.corr
 
 
 def unpack(data: bytes) -> dict[str, Any]:
@@ -185,7 +198,7 @@ def test_a_batch_split_over_members_goes_to_each_and_the_answers_are_joined(
     mine = sorted({p for p in assign if EVENTS.owner(p) == 1})
     assert s.ack(local[0].corr, 12, [(p, 7, assign.count(p)) for p in mine]) == []
     (rep,) = s.peer_reply(answers[1])
-    reply = unpack(rep.frame)
+    reply = answer_of(rep)
     assert reply["id"] == 9 and reply["ok"] and reply["assign"] == assign
     assert sorted(row[0] for row in reply["parts"]) == sorted(set(assign))
     assert reply["lsn"] == 43
@@ -200,7 +213,7 @@ def test_a_failed_part_fails_the_whole_batch(tmp_path: Path) -> None:
     assert s.fail([first.corr], ErrorCode.UNAVAILABLE, "node gone") == []
     assert s.ack(local.corr, 1, []) == []
     (rep,) = s.peer_reply({"lsn": 1, "parts": [], "id": second.corr, "ok": True})
-    reply = unpack(rep.frame)
+    reply = answer_of(rep)
     assert (reply["id"], reply["code"], reply["error"]) == (9, ErrorCode.UNAVAILABLE, "node gone")
     assert not s.pending
 
@@ -215,7 +228,7 @@ def test_end_offsets_are_gathered_from_every_owner(tmp_path: Path) -> None:
     assert s.answer(OffsetsReply(local.corr, 9, [0, 21, 0, 0, 24, 0])) == []
     assert s.peer_reply({"offsets": [10, 0, 0, 13, 0, 0], "id": peers[1].corr, "ok": True}) == []
     (rep,) = s.peer_reply({"offsets": [0, 0, 32, 0, 0, 35], "id": peers[3].corr, "ok": True})
-    assert unpack(rep.frame) == {"offsets": [10, 21, 32, 13, 24, 35], "id": 4, "ok": True}
+    assert answer_of(rep) == {"offsets": [10, 21, 32, 13, 24, 35], "id": 4, "ok": True}
 
 
 def test_the_catalog_member_places_a_new_topics_partitions(tmp_path: Path) -> None:
@@ -237,7 +250,7 @@ def test_a_member_forwards_a_creation_and_answers_once_it_copied_the_catalog(
     assert isinstance(copy, Request) and isinstance(copy.msg, CreateTopic)
     assert (copy.msg.topic_id, tuple(copy.msg.owners)) == (2, orders.owners)
     (rep,) = s.answer(Done(copy.corr, 13))
-    assert unpack(rep.frame) == {"lsn": 12, "id": 2, "ok": True}
+    assert answer_of(rep) == {"lsn": 12, "id": 2, "ok": True}
     assert s.topics["orders"] == orders  # routed by at once
 
 
@@ -249,32 +262,32 @@ def test_a_request_naming_an_unknown_topic_waits_for_a_copy_of_the_catalog(
     assert isinstance(pull, ToPeer) and pull.member == 1
     late = Topic("late", 1, 5, (2,))
     (copy,) = s.peer_reply({"topics": [list(EVENTS), list(late)], "id": pull.corr, "ok": True})
-    (read,) = s.answer(Done(copy.corr, 20))
+    (read,) = s.answer(Done(corr_of(copy), 20))
     assert isinstance(read, Request)  # served here: partition 0 is this member's
     # a topic the catalog does not have either is unknown, once asked
     (pull,) = s.request(ID, frame("read", 4, topic="never", partition=0, offset=0,
                                   max_records=1), now=0.0)
-    (rep,) = s.peer_reply({"topics": [list(EVENTS), list(late)], "id": pull.corr, "ok": True})
-    assert unpack(rep.frame)["code"] == ErrorCode.UNKNOWN_TOPIC
+    (rep,) = s.peer_reply({"topics": [list(EVENTS), list(late)], "id": corr_of(pull), "ok": True})
+    assert answer_of(rep)["code"] == ErrorCode.UNKNOWN_TOPIC
 
 
 def test_an_unreachable_catalog_member_is_named(tmp_path: Path) -> None:
     s = member(tmp_path, 2)
     (pull,) = s.request(ID, frame("read", 3, topic="late", partition=0, offset=0,
                                   max_records=1), now=0.0)
-    (rep,) = s.fail([pull.corr], ErrorCode.UNAVAILABLE, "node 1 (tcp://x) is not reachable")
-    reply = unpack(rep.frame)
+    (rep,) = s.fail([corr_of(pull)], ErrorCode.UNAVAILABLE, "node 1 (tcp://x) is not reachable")
+    reply = answer_of(rep)
     assert reply["code"] == ErrorCode.UNKNOWN_TOPIC and "node 1 (tcp://x)" in reply["error"]
     (fwd,) = s.request(ID, frame("create_topic", 4, name="new", partitions=1), now=0.0)
-    (rep,) = s.fail([fwd.corr], ErrorCode.UNAVAILABLE, "node 1 (tcp://x) is not reachable")
-    assert unpack(rep.frame)["code"] == ErrorCode.UNAVAILABLE
+    (rep,) = s.fail([corr_of(fwd)], ErrorCode.UNAVAILABLE, "node 1 (tcp://x) is not reachable")
+    assert answer_of(rep)["code"] == ErrorCode.UNAVAILABLE
 
 
 def test_a_transaction_across_members_is_refused_naming_them(tmp_path: Path) -> None:
     s = member(tmp_path, 1)
     (rep,) = s.request(ID, frame("txn_produce", 2, txn=7, seq=0, topic="events", partition=1,
                                  records=msgpack.packb([b"a"])), now=0.0)
-    reply = unpack(rep.frame)
+    reply = answer_of(rep)
     assert reply["code"] == ErrorCode.CROSS_NODE and "node 2" in reply["error"]
     (ok,) = s.request(ID, frame("txn_produce", 3, txn=7, seq=0, topic="events", partition=3,
                                 records=msgpack.packb([b"a"])), now=0.0)
@@ -293,7 +306,7 @@ def test_a_member_copies_deletions_and_recreations() -> None:
 def test_a_member_copying_the_catalog_deletes_first(tmp_path: Path) -> None:
     s = member(tmp_path, 2, [EVENTS, Topic("gone", 1, 4, (2,))])
     (pull,) = s.tick(now=100.0)
-    outs = s.peer_reply({"topics": [list(EVENTS)], "id": pull.corr, "ok": True})
+    outs = s.peer_reply({"topics": [list(EVENTS)], "id": corr_of(pull), "ok": True})
     assert [type(o.msg) for o in outs if isinstance(o, Request)] == [DeleteTopic]
     assert s.tick(now=100.5) == []  # not again before catalog_sync_ms
 
@@ -302,14 +315,14 @@ def test_the_catalog_member_answers_a_creation_once_the_members_were_told(
         tmp_path: Path) -> None:
     s = member(tmp_path, 1)
     (out,) = s.request(ID, frame("create_topic", 2, name="orders", partitions=3), now=0.0)
-    syncs = s.answer(Done(out.corr, 30))
+    syncs = s.answer(Done(corr_of(out), 30))
     assert sorted(o.member for o in syncs if isinstance(o, ToPeer)) == [2, 3]
     assert all(unpack(o.frame)["op"] == "cluster_sync" for o in syncs if isinstance(o, ToPeer))
     first, second = syncs
     assert isinstance(first, ToPeer) and isinstance(second, ToPeer)
     assert s.fail([first.corr], ErrorCode.UNAVAILABLE, "down") == []  # copies at its start
     (rep,) = s.peer_reply({"node_id": second.member, "id": second.corr, "ok": True})
-    assert unpack(rep.frame) == {"lsn": 30, "id": 2, "ok": True}
+    assert answer_of(rep) == {"lsn": 30, "id": 2, "ok": True}
 
 
 def test_a_member_told_to_sync_answers_once_it_copied(tmp_path: Path) -> None:
@@ -317,4 +330,4 @@ def test_a_member_told_to_sync_answers_once_it_copied(tmp_path: Path) -> None:
     (pull,) = s.request(PEER_PREFIX + b"1", frame("cluster_sync", 8), now=0.0)
     assert isinstance(pull, ToPeer) and pull.member == 1
     (rep,) = s.peer_reply({"topics": [list(EVENTS)], "id": pull.corr, "ok": True})
-    assert unpack(rep.frame) == {"node_id": 3, "id": 8, "ok": True}
+    assert answer_of(rep) == {"node_id": 3, "id": 8, "ok": True}
