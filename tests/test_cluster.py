@@ -31,12 +31,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield cl
 
 
-def routed(cl: LocalCluster, **kw: int) -> NodeClient:
-    return NodeClient(cl.endpoints, timeout_ms=kw.pop("timeout_ms", 5000), **kw)
+def routed(cl: LocalCluster, timeout_ms: int = 5000, retries: int = 5) -> NodeClient:
+    return NodeClient(cl.endpoints, timeout_ms=timeout_ms, retries=retries)
 
 
-def one(cl: LocalCluster, member: int, **kw: int) -> NodeClient:
-    return NodeClient(cl.nodes[member].endpoint, timeout_ms=kw.pop("timeout_ms", 5000), **kw)
+def one(cl: LocalCluster, member: int, timeout_ms: int = 5000, retries: int = 5) -> NodeClient:
+    return NodeClient(cl.nodes[member].endpoint, timeout_ms=timeout_ms, retries=retries)
 
 
 def keyed(prefix: str, n: int) -> list[Record]:

@@ -14,7 +14,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from actors.front_state import FrontDoorState
+from actors.front_state import FrontDoorState, Out
 from actors.instructions import Produce, Reply, Request
 from config import load_config
 from node.client import NodeClient
@@ -139,7 +139,7 @@ def front() -> FrontDoorState:
     return s
 
 
-def send(s: FrontDoorState, op: str, rid: int, **fields: Any) -> Produce | Request | Reply:
+def send(s: FrontDoorState, op: str, rid: int, **fields: Any) -> Out:
     frame = msgpack.packb({"op": op, "id": rid, **fields}, use_bin_type=True)
     (out,) = s.request(b"c", [frame], 0.0)
     return out
