@@ -115,6 +115,9 @@ class Row:
     cpu_s: dict[str, float] | None = None  # CPU seconds of each group of processes in the run
     backlog_s: float | None = None      # the node's sink: the checkpoint after the run, in which
                                         # the shard writers applied what they had not yet
+    # the cluster scenario only (None elsewhere; cpu_s: each member's and the clients')
+    nodes: int | None = None            # members of the cluster
+    routing: str | None = None          # routed | forwarded
 
     @classmethod
     def of(cls, scenario: str, system: str, m: Measurement, note: str = "") -> Row:

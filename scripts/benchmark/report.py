@@ -18,10 +18,12 @@ from .settings import (
     CKPT_BATCH,
     CKPT_GOAL,
     CKPT_LOAD,
+    CLUSTER,
     DISK,
     EXACTLY_ONCE,
     INSIDE,
     REDIS,
+    ROUTED,
     SHARDNODE,
     SINK,
     SPARK,
@@ -225,7 +227,47 @@ def print_spark_table(rows: list[Row], s: Settings) -> None:
     _print_verdicts(SPARK_TARGETS, rows)
 
 
+def print_cluster_table(rows: list[Row], s: Settings) -> None:
+    n = max((r.runs for r in rows), default=1)
+    runs = "1 run" if n == 1 else f"median of {n} runs"
+    t = Table(title=f"cluster  ({s.size}-byte values, {s.producers} producers, {runs})",
+              title_justify="left")
+    for col in ("members", "kind", "routing", "msgs/s", "p50 ms", "p99 ms", "RSS MB",
+                "CPU s per member", "cores busy", "÷ 1 member", "÷ routed"):
+        t.add_column(col, justify="left" if col in ("kind", "routing") else "right",
+                     no_wrap=True)
+
+    def same(r: Row, nodes: int, routing: str) -> Row | None:
+        return next((x for x in rows if x.per_request == r.per_request and x.nodes == nodes
+                     and x.routing == routing), None)
+
+    ordered = sorted(rows, key=lambda r: (-(r.per_request or 0), r.nodes or 0,
+                                          r.routing != ROUTED))
+    for r in ordered:
+        one, routed = same(r, 1, ROUTED), same(r, r.nodes or 0, ROUTED)
+        cpu = r.cpu_s or {}
+        members = "/".join(f"{v:.1f}" for k, v in sorted(cpu.items()) if k.startswith("node-"))
+        t.add_row(str(r.nodes), "batched" if (r.per_request or 1) > 1 else "single",
+                  r.routing or "", _num(r.msgs_per_s), _num(r.p50_ms, 2), _num(r.p99_ms, 2),
+                  _num(r.rss_mb), members or "-",
+                  _num(cpu["machine"] / r.seconds, 2) if "machine" in cpu else "-",
+                  _x(r.msgs_per_s / one.msgs_per_s) if one and one is not r else "",
+                  _x(r.msgs_per_s / routed.msgs_per_s) if routed and routed is not r else "")
+    (console if console.is_terminal else Console(width=140)).print(t)  # a file: don't crop
+    console.print("  p50/p99: per batch, or per request; RSS: every member together; CPU: "
+                  "seconds used in the run by each member's processes; cores busy: the machine's "
+                  "busy CPU (clients included) over the run's time; "
+                  "÷ 1 member: msgs/s over the one-member cluster's of the same kind; "
+                  "÷ routed: forwarded over routed, same size", highlight=False)
+    for r in ordered:
+        errors = f" [red]{r.errors} errors[/red]" if r.errors else ""
+        console.print(f"  {r.note}{errors}", highlight=False)
+
+
 def print_table(scenario: str, rows: list[Row], s: Settings) -> None:
+    if scenario == CLUSTER:
+        print_cluster_table(rows, s)
+        return
     if scenario == "checkpoint":
         print_checkpoint_table(rows, s)
         return

@@ -57,6 +57,10 @@ TXN_OPS = ("begin", "produce", "commit")  # a node transaction's round trips, ti
 # files. Runs only when named: it needs Java, and Spark's JVM takes about 1 GB and 10-30 s
 # to start (not counted).
 SPARK = "spark"
+CLUSTER = "cluster"
+CLUSTER_SIZES = (1, 2, 3)   # members of the clusters the cluster scenario starts
+ROUTED = "routed"           # cluster: each request to its partition's owner
+FORWARDED = "forwarded"     # cluster: every request to member 1, which forwards the rest
 PARQUET = "parquet"
 BARE_ZMQ = "zmq-pull"       # a bare ZeroMQ PULL socket: a Python data source, nothing durable
 SINK = "sink"

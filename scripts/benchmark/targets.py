@@ -120,7 +120,9 @@ def spark_eo_cost_applied(rows: Sequence[Row]) -> float | None:
 
 
 def _rss_peak(rows: Sequence[Row]) -> float | None:
-    peaks = [r.rss_mb for r in rows if r.system == SHARDNODE and r.rss_mb is not None]
+    # One node's: the cluster scenario's RSS is every member's together.
+    peaks = [r.rss_mb for r in rows if r.system == SHARDNODE and r.rss_mb is not None
+             and r.nodes is None]
     return max(peaks) if peaks else None
 
 

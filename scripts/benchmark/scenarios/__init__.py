@@ -13,8 +13,9 @@ from collections.abc import Callable, Sequence
 from ..bench import Bench, Runs
 from ..measure import Row, median_row
 from ..peers.base import Server
-from ..settings import AT_LEAST_ONCE, DISK, SHARDNODE, SPARK, TXN
+from ..settings import AT_LEAST_ONCE, CLUSTER, DISK, SHARDNODE, SPARK, TXN
 from .checkpoint import checkpoint
+from .cluster import cluster
 from .ingest_batched import ingest_batched
 from .ingest_single import ingest_single
 from .read_key import read_key
@@ -35,8 +36,11 @@ SCENARIOS: dict[str, Callable[[Bench, Server], Result]] = {
     "checkpoint": checkpoint,
     TXN: txn,
     SPARK: spark,
+    CLUSTER: cluster,
 }
-NAMED_ONLY = (SPARK,)  # run only when named: Spark needs Java, a JVM of about 1 GB, 10-30 s
+# Run only when named: Spark needs Java, a JVM of about 1 GB, 10-30 s; the cluster scenario
+# starts three clusters (six more nodes).
+NAMED_ONLY = (SPARK, CLUSTER)
 INGEST = ("ingest-batched", "ingest-single")  # the scenarios that show the references
 
 

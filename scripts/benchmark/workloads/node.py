@@ -21,9 +21,13 @@ from ..settings import CKPT_LATE_S, CKPT_TIMEOUT_MS, DRAIN_TIMEOUT_S, TXN_OPS
 @contextlib.contextmanager
 def started(job: Job, gate: Gate, res: ClientResult) -> Iterator[tuple[NodeClient, Budget]]:
     """A client of the node that knows the topic's partitions, and, once the go signal came,
-    the client's started clock and budget."""
-    with NodeClient(job.target, timeout_ms=30_000) as c:
+    the client's started clock and budget. A target of several endpoints, comma-separated,
+    is a cluster: the client routes each request to its partition's owner."""
+    target = job.target.split(",") if "," in job.target else job.target
+    with NodeClient(target, timeout_ms=30_000) as c:
         c.partitions(job.name)
+        if isinstance(target, list):
+            c.owners(job.name)  # the map, before the clock starts
         gate.wait()
         yield c, start_clock(job, res)
 
