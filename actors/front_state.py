@@ -140,6 +140,7 @@ class FrontDoorState:
         self.catalog_sync_s = cfg.cluster.catalog_sync_ms / 1000
         self.clock = 0.0  # the latest time seen, for the front door's own requests
         self.forwarded = 0  # requests forwarded to other members
+        self.forwards_open = 0  # ... not answered yet (at most cluster.forwards_max)
         self.pulling = False  # a copy of the catalog is under way
         self.pull_error = ""  # why the last copy failed
         self.pull_left = 0  # its topics not yet copied
@@ -330,7 +331,7 @@ class FrontDoorState:
                 then: Then | None = None, parent: int = 0) -> list[Out]:
         """Send the request on to ``member``; its answer is relayed (or given to ``then``,
         or to the gathered request ``parent``)."""
-        if self.forwarded_in_flight() >= self.forwards_max:
+        if self.forwards_open >= self.forwards_max:
             raise NodeError(f"{self.forwards_max} requests forwarded to other members wait for "
                             f"answers (cluster.forwards_max); retry later", ErrorCode.BUSY)
         corr = self.wait(identity, rid, now)
@@ -338,12 +339,10 @@ class FrontDoorState:
         w.peer = w.member = member
         w.then, w.parent = then, parent
         self.forwarded += 1
+        self.forwards_open += 1
         fields = {k: v for k, v in req.items() if k != "id"}
         fields["id"] = corr
         return [ToPeer(member, corr, msgpack.packb(fields, use_bin_type=True))]
-
-    def forwarded_in_flight(self) -> int:
-        return sum(1 for w in self.pending.values() if w.peer)
 
     def produce_spread(self, identity: bytes, rid: int, req: dict[str, Any], now: float,
                        from_peer: bool) -> list[Out] | None:
@@ -745,9 +744,12 @@ class FrontDoorState:
 
     def peer_reply(self, reply: dict[str, Any]) -> list[Out]:
         """Another member's answer to a request forwarded to it."""
-        w = self.pending.pop(reply.get("id", -1), None)
+        corr = reply.get("id", -1)
+        w = self.pending.get(corr)
         if w is None or not w.peer:
             return []  # answered already (timed out), or not a forwarded request's id
+        del self.pending[corr]
+        self.forwards_open -= 1
         if not reply.get("ok"):
             return self.settle(w, None, (int(reply.get("code", ErrorCode.INTERNAL)),
                                          str(reply.get("error", ""))))
@@ -763,12 +765,17 @@ class FrontDoorState:
         for corr in corrs:
             w = self.pending.pop(corr, None)
             if w is not None:
+                if w.peer:
+                    self.forwards_open -= 1
                 out += self.settle(w, None, (code, text))
         return out
 
     def expire(self, now: float) -> list[Out]:
         self.clock = now
-        late = [corr for corr, w in self.pending.items() if w.deadline <= now]
+        # The parts of a gathered request first: it fails with what its parts failed with
+        # (a member named), not a bare TIMEOUT.
+        late = sorted((corr for corr, w in self.pending.items() if w.deadline <= now),
+                      key=lambda corr: not self.pending[corr].parent)
         self.timeouts += len(late)
         out: list[Out] = []
         for corr in late:

@@ -331,3 +331,29 @@ def test_a_member_told_to_sync_answers_once_it_copied(tmp_path: Path) -> None:
     assert isinstance(pull, ToPeer) and pull.member == 1
     (rep,) = s.peer_reply({"topics": [list(EVENTS)], "id": pull.corr, "ok": True})
     assert answer_of(rep) == {"node_id": 3, "id": 8, "ok": True}
+
+
+def test_a_split_batch_with_a_silent_member_fails_naming_it(tmp_path: Path) -> None:
+    s = member(tmp_path, 1)
+    outs = s.request(ID, frame("produce", 9, topic="events", producer_id=5, seq=3,
+                               records=msgpack.packb(keyed(12))), now=0.0)
+    (local,) = [o for o in outs if isinstance(o, Produce)]
+    assert s.ack(local.corr, 1, []) == []
+    (rep,) = s.expire(now=60.0)
+    reply = answer_of(rep)
+    assert reply["id"] == 9 and reply["code"] == ErrorCode.UNAVAILABLE
+    assert "did not answer in time" in reply["error"] and "node " in reply["error"]
+    assert not s.pending and s.forwards_open == 0
+
+
+def test_forwarded_requests_are_bounded(tmp_path: Path) -> None:
+    s = member(tmp_path, 1)
+    s.forwards_max = 2
+    read = {"topic": "events", "partition": 1, "offset": 0, "max_records": 1}
+    first, second = (s.request(ID, frame("read", i, **read), now=0.0)[0] for i in (1, 2))
+    assert isinstance(first, ToPeer) and isinstance(second, ToPeer)
+    (busy,) = s.request(ID, frame("read", 3, **read), now=0.0)
+    assert answer_of(busy)["code"] == ErrorCode.BUSY
+    s.peer_reply({"records": b"\x90", "id": first.corr, "ok": True})
+    (again,) = s.request(ID, frame("read", 4, **read), now=0.0)
+    assert isinstance(again, ToPeer)
