@@ -62,7 +62,8 @@ class ClusterView:
 
     def map_rows(self) -> list[list[Any]]:
         """``cluster_map``'s ``members``."""
-        return [[m.id, m.endpoint] for m in sorted(self.members.values(), key=lambda m: m.id)]
+        return [[m.id, m.endpoint, m.public_key]
+                for m in sorted(self.members.values(), key=lambda m: m.id)]
 
 
 @dataclass(slots=True)

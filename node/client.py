@@ -149,6 +149,7 @@ class NodeClient:
         self._unsettled: set[Transaction] = set()
         self._branches: weakref.WeakValueDictionary[Xid, Transaction] = weakref.WeakValueDictionary()
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._member_keys: dict[str, bytes] = {}  # endpoint → its CURVE key, from the map
         self.sock = self._socket(endpoint)
         # A cluster (routed): member id → endpoint, topic → owners, endpoint → socket.
         self._members: dict[int, str] = {}
@@ -158,7 +159,7 @@ class NodeClient:
     def _socket(self, endpoint: str) -> zmq.Socket[bytes]:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        self._secure(sock)
+        self._secure(sock, self._member_keys.get(endpoint))
         if self.routed:
             # Never queue a request for a member that is not connected: a send to one that
             # is down fails (after SNDTIMEO), and the call says which member it was.
@@ -169,11 +170,11 @@ class NodeClient:
 
     # ---- plumbing -------------------------------------------------------------------
 
-    def _secure(self, sock: zmq.Socket[bytes]) -> None:
-        """Make ``sock`` a CURVE client of the node when this client has keys; before it
-        connects."""
+    def _secure(self, sock: zmq.Socket[bytes], server_key: bytes | None = None) -> None:
+        """Make ``sock`` a CURVE client of the node when this client has keys (the member's
+        own key when the cluster map names one); before it connects."""
         if self.server_public_key is not None and self.client_keys is not None:
-            curve_client(sock, self.server_public_key, *self.client_keys)
+            curve_client(sock, server_key or self.server_public_key, *self.client_keys)
 
     def close(self) -> None:
         for sock in self._socks.values():
@@ -286,7 +287,8 @@ class NodeClient:
         """The cluster's members, id → endpoint (empty for a single node)."""
         if not self._members:
             reply = self._any("cluster_map", {})
-            self._members = {int(m): str(e) for m, e in reply["members"]}
+            self._members = {int(m): str(e) for m, e, _k in reply["members"]}
+            self._member_keys = {str(e): k.encode() for _m, e, k in reply["members"] if k}
         return dict(self._members)
 
     def owners(self, topic: str) -> tuple[int, ...]:

@@ -16,12 +16,13 @@ import zmq
 
 from actors import curve
 from config import ConfigError, NodeConfig, load_config
+from config.cluster import Member, cluster_text
 from config.schema import validate
 from node import cli
 from node.client import NodeClient, read_keypair, read_public_key
-from node.local import LocalNode
+from node.local import LocalNode, free_port
 from node.supervisor import Supervisor
-from wire.errors import RequestTimeout
+from wire.errors import NodeError, RequestTimeout
 
 if TYPE_CHECKING:
     from tests.conftest import MakeNode
@@ -281,3 +282,74 @@ def test_a_libzmq_without_curve_is_refused(keys: Keys, monkeypatch: pytest.Monke
     monkeypatch.setattr(zmq, "has", lambda feature: feature != "curve" and real_has(feature))
     with pytest.raises(ConfigError, match="built without it"):
         curve.server_keys(curve_config(keys))
+
+
+# ---- a cluster with CURVE: members are each other's clients, by their keys ----------------
+
+
+def curve_member(root: Path, member: Member, allowed: list[Path], cluster_file: Path,
+                 client_keys: tuple[bytes, bytes], server_key: bytes) -> LocalNode:
+    """Member ``member`` with its own key pair (``keys-N/node.key``) and an allowed dir
+    holding copies of the ``allowed`` public keys."""
+    allowed_dir = root / f"allowed-{member.id}"
+    allowed_dir.mkdir()
+    for pub in allowed:
+        (allowed_dir / pub.name).write_bytes(pub.read_bytes())
+    config = root / f"node-{member.id}.toml"
+    config.write_text(f'[security]\ncurve_secret_key_file = "{root / f"keys-{member.id}" / "node.key"}"\n'
+                      f'curve_allowed_keys_dir = "{allowed_dir}"\n')
+    return LocalNode(root / f"node-{member.id}", port=member.port, config=config,
+                     log_file=root / f"node-{member.id}.log",
+                     extra_args=["--cluster", str(cluster_file), "--node-id", str(member.id)],
+                     server_public_key=server_key, client_keys=client_keys)
+
+
+def test_members_forward_to_each_other_as_curve_clients_of_their_keys(tmp_path: Path) -> None:
+    """Member 2 forwards a client's reads and writes of member 1's partitions to member 1 as
+    a CURVE client with its own key, checked against member 1's allow-list; a routed client
+    learns each member's key from the cluster map. A member whose key member 1 does not
+    allow cannot have anything forwarded (the catalog member cannot even be asked)."""
+    client = keygen(tmp_path / "client-keys", "client")
+    pubs = {}
+    for m in (1, 2):
+        keygen(tmp_path / f"keys-{m}", "node")
+        pubs[m] = tmp_path / f"keys-{m}" / f"member-{m}.pub"
+        pubs[m].write_bytes((tmp_path / f"keys-{m}" / "node.pub").read_bytes())
+    node_keys = {m: read_keypair(tmp_path / f"keys-{m}" / "node.key") for m in (1, 2)}
+    members = [Member(m, f"tcp://127.0.0.1:{free_port()}", node_keys[m][0].decode())
+               for m in (1, 2)]
+    cluster_file = tmp_path / "cluster.toml"
+    cluster_file.write_text(cluster_text(members))
+    client_pub = tmp_path / "client-keys" / "client.pub"
+    nodes = {m.id: curve_member(tmp_path, m, [client_pub, pubs[1], pubs[2]], cluster_file,
+                                client, node_keys[m.id][0]) for m in members}
+    try:
+        for node in nodes.values():
+            node.start_process()
+        for node in nodes.values():
+            node.wait_ready()
+        with NodeClient([m.endpoint for m in members], timeout_ms=10_000,
+                        server_public_key=node_keys[1][0], client_keys=client) as routed:
+            routed.create_topic("sealed", partitions=4)
+            owners = routed.owners("sealed")
+            assert set(owners) == {1, 2}
+            for p in range(4):  # each to its owner, each owner by its own key
+                routed.produce("sealed", f"v{p}".encode(), partition=p)
+        first = owners.index(1)
+        with NodeClient(members[1].endpoint, timeout_ms=10_000, server_public_key=node_keys[2][0],
+                        client_keys=client) as via2:
+            via2.produce("sealed", b"forwarded", partition=first)
+            assert [r.value for r in via2.read("sealed", first, 0)] == [b"v%d" % first,
+                                                                     b"forwarded"]
+        # member 1 no longer allows member 2's key: nothing of member 2 gets through
+        nodes[1].stop()
+        (tmp_path / "allowed-1" / "member-2.pub").unlink()
+        nodes[1].start()
+        with NodeClient(members[1].endpoint, timeout_ms=3_000, retries=0,
+                        server_public_key=node_keys[2][0], client_keys=client) as via2, \
+                pytest.raises(NodeError, match="node 1"):
+            via2.read("sealed", first, 0)
+    finally:
+        for node in nodes.values():
+            if node.proc is not None:
+                node.stop()

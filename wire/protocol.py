@@ -175,7 +175,8 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("cluster_map", "the cluster's members and which one answered (empty on a single "
        "node); topics and their owners come from `list_topics`",
        request=(),
-       reply=(Field("members", _ARRAY, "one row per member, by id", row=("id", "endpoint")),
+       reply=(Field("members", _ARRAY, "one row per member, by id (public_key: its CURVE "
+                    "key, Z85, or empty)", row=("id", "endpoint", "public_key")),
               NODE_ID)),
     Op("cluster_sync", "between members of a cluster: copy the catalog member's topics now; "
        "answered once they are copied (the catalog member asks after each creation and "
