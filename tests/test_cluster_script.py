@@ -190,17 +190,23 @@ def test_up_after_every_node_is_killed_starts_them_and_they_recover(cluster: Clu
     cluster.run("up", "--nodes", "2", "--base-port", str(free_base_port(2)))
     endpoints = {m.id: m.endpoint for m in cluster.cdir.members()}
     written = []  # (endpoint, topic, partition, offset, value)
+    placed: collections.Counter[int] = collections.Counter()
     for n, endpoint in endpoints.items():
         topic, value = f"t{n}", f"written through node {n}".encode()
         with NodeClient(endpoint, timeout_ms=10_000) as c:
             c.create_topic(topic, partitions=2)
             owners = next(Topic.from_row(row) for row in c.call("list_topics")["topics"]
                           if row[0] == topic).owners
+        placed.update(owners)
         # A partition lives on its owner (on a node without owners, on that node).
         owner = endpoints[owners[0]] if owners else endpoint
         with NodeClient(owner, timeout_ms=10_000) as c:
             partition, offset = c.produce(topic, value, partition=0)
         written.append((owner, topic, partition, offset, value))
+
+    assert sum(placed.values()) == 4  # every partition placed on a member; status counts them
+    assert {n: row["partitions"] for n, row in cluster.status().items()} == {
+        n: placed[n] for n in endpoints}
 
     procs = cluster.processes()
     for n in endpoints:  # a crash of every node: the pid files stay behind
