@@ -123,6 +123,12 @@ def corr_of(out: Any) -> int:
     return out.corr
 
 
+def read_req(rid: int, topic: str, partition: int, max_records: int) -> list[bytes]:
+    """A client's read from offset 0."""
+    return frame("read", rid, topic=topic, partition=partition, offset=0,
+                 max_records=max_records)
+
+
 def unpack(data: bytes) -> dict[str, Any]:
     out: dict[str, Any] = msgpack.unpackb(data, raw=False)
     return out
@@ -131,8 +137,7 @@ def unpack(data: bytes) -> dict[str, Any]:
 def test_a_read_of_another_members_partition_is_forwarded_and_its_answer_relayed(
         tmp_path: Path) -> None:
     s = member(tmp_path, 1)
-    (out,) = s.request(ID, frame("read", 5, topic="events", partition=1, offset=0,
-                                 max_records=10), now=0.0)
+    (out,) = s.request(ID, read_req(5, "events", 1, 10), now=0.0)
     assert isinstance(out, ToPeer) and out.member == 2
     sent = unpack(out.frame)
     assert sent["op"] == "read" and sent["id"] == out.corr and sent["partition"] == 1
@@ -140,15 +145,13 @@ def test_a_read_of_another_members_partition_is_forwarded_and_its_answer_relayed
     assert isinstance(rep, Reply) and rep.identity == ID
     assert unpack(rep.frame) == {"records": b"\x90", "id": 5, "ok": True}
     # its own partitions are served here
-    (own,) = s.request(ID, frame("read", 6, topic="events", partition=3, offset=0,
-                                 max_records=10), now=0.0)
+    (own,) = s.request(ID, read_req(6, "events", 3, 10), now=0.0)
     assert isinstance(own, Request)
 
 
 def test_a_forwarded_request_is_never_forwarded_again(tmp_path: Path) -> None:
     s = member(tmp_path, 1)
-    (out,) = s.request(PEER, frame("read", 5, topic="events", partition=1, offset=0,
-                                   max_records=10), now=0.0)
+    (out,) = s.request(PEER, read_req(5, "events", 1, 10), now=0.0)
     assert isinstance(out, Reply)
     reply = unpack(out.frame)
     assert reply["code"] == ErrorCode.NOT_OWNER and "node 2 (tcp://127.0.0.1:7402)" in reply["error"]
@@ -156,14 +159,13 @@ def test_a_forwarded_request_is_never_forwarded_again(tmp_path: Path) -> None:
 
 def test_a_member_that_does_not_answer_in_time_is_named_unavailable(tmp_path: Path) -> None:
     s = member(tmp_path, 1)
-    s.request(ID, frame("read", 5, topic="events", partition=2, offset=0, max_records=1), 0.0)
+    s.request(ID, read_req(5, "events", 2, 1), 0.0)
     (rep,) = s.expire(now=60.0)
     assert isinstance(rep, Reply)
     reply = unpack(rep.frame)
     assert reply["code"] == ErrorCode.UNAVAILABLE and "node 3" in reply["error"]
     # a member that cannot be reached at all: the shell fails the request at once
-    (out,) = s.request(ID, frame("read", 6, topic="events", partition=2, offset=0,
-                                 max_records=1), 0.0)
+    (out,) = s.request(ID, read_req(6, "events", 2, 1), 0.0)
     assert isinstance(out, ToPeer)
     (rep,) = s.fail([out.corr], ErrorCode.UNAVAILABLE, "node 3 is not reachable")
     assert isinstance(rep, Reply) and unpack(rep.frame)["code"] == ErrorCode.UNAVAILABLE
@@ -257,24 +259,21 @@ def test_a_member_forwards_a_creation_and_answers_once_it_copied_the_catalog(
 def test_a_request_naming_an_unknown_topic_waits_for_a_copy_of_the_catalog(
         tmp_path: Path) -> None:
     s = member(tmp_path, 2)
-    (pull,) = s.request(ID, frame("read", 3, topic="late", partition=0, offset=0,
-                                  max_records=1), now=0.0)
+    (pull,) = s.request(ID, read_req(3, "late", 0, 1), now=0.0)
     assert isinstance(pull, ToPeer) and pull.member == 1
     late = Topic("late", 1, 5, (2,))
     (copy,) = s.peer_reply({"topics": [list(EVENTS), list(late)], "id": pull.corr, "ok": True})
     (read,) = s.answer(Done(corr_of(copy), 20))
     assert isinstance(read, Request)  # served here: partition 0 is this member's
     # a topic the catalog does not have either is unknown, once asked
-    (pull,) = s.request(ID, frame("read", 4, topic="never", partition=0, offset=0,
-                                  max_records=1), now=0.0)
+    (pull,) = s.request(ID, read_req(4, "never", 0, 1), now=0.0)
     (rep,) = s.peer_reply({"topics": [list(EVENTS), list(late)], "id": corr_of(pull), "ok": True})
     assert answer_of(rep)["code"] == ErrorCode.UNKNOWN_TOPIC
 
 
 def test_an_unreachable_catalog_member_is_named(tmp_path: Path) -> None:
     s = member(tmp_path, 2)
-    (pull,) = s.request(ID, frame("read", 3, topic="late", partition=0, offset=0,
-                                  max_records=1), now=0.0)
+    (pull,) = s.request(ID, read_req(3, "late", 0, 1), now=0.0)
     (rep,) = s.fail([corr_of(pull)], ErrorCode.UNAVAILABLE, "node 1 (tcp://x) is not reachable")
     reply = answer_of(rep)
     assert reply["code"] == ErrorCode.UNKNOWN_TOPIC and "node 1 (tcp://x)" in reply["error"]
