@@ -9,8 +9,10 @@ loss (``assert_exactly``), and on a branch left staged (``assert_no_branches``).
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,22 +29,30 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.streaming.query import StreamingQuery
 
+from actors.roles import key_partition
 from node.client import NodeClient
 from node.crashcheck import read_partition
-from node.local import LocalNode
-from node.spark import ShardnodeDataSource, register
+from node.local import LocalCluster, LocalNode
+from node.spark import ShardnodeDataSource, register, sink
+from node.spark.nodes import SINGLE
 from node.spark.options import OptionError, SinkOptions, SourceOptions
+from node.spark.rows import Routing, requests_of
 from node.spark.sink import (
     SINKS_TOPIC,
     XID_FORMAT,
+    Branch,
     Plan,
     SinkCommit,
     SinkIdInUse,
     StreamWriter,
+    decision_body,
+    decision_of,
     plan_abort,
     plan_commit,
 )
 from node.spark.source import Split, bounded, read_split, splits
+from wire.errors import NodeError, TopicExists, UnknownPartition
+from wire.records import Record
 from wire.xid import Xid
 
 if TYPE_CHECKING:
@@ -129,9 +139,14 @@ def total(client: NodeClient, topic: str) -> int:
     return sum(client.end_offsets(topic))
 
 
-def sink_stream(df: DataFrame, node: LocalNode, topic: str, ckpt: Path, fmt: str = "shardnode",
-                **options: str) -> StreamingQuery:
-    w = (df.writeStream.format(fmt).option("endpoint", node.endpoint).option("topic", topic)
+def endpoint(target: LocalNode | LocalCluster) -> str:
+    """The option ``endpoint`` of a node, or of every member of a cluster."""
+    return target.endpoint if isinstance(target, LocalNode) else ",".join(target.endpoints)
+
+
+def sink_stream(df: DataFrame, target: LocalNode | LocalCluster, topic: str, ckpt: Path,
+                fmt: str = "shardnode", **options: str) -> StreamingQuery:
+    w = (df.writeStream.format(fmt).option("endpoint", endpoint(target)).option("topic", topic)
          .option("checkpointLocation", str(ckpt)))
     for k, v in options.items():
         w = w.option(k, v)
@@ -182,7 +197,8 @@ def test_a_stream_is_written_once_and_the_decision_is_recorded(spark: SparkSessi
         decision = c.read_by_key(SINKS_TOPIC, str(q.id), partition=0)
         assert decision is not None
         body = msgpack.unpackb(decision.value, raw=False)
-        assert body["batch"] == 2 and body["xids"], body
+        assert body["batch"] == 2 and body["branches"], body
+        assert {b[0] for b in body["branches"]} == {SINGLE}, "a single node's branches"
 
 
 def test_a_replayed_batch_writes_nothing_twice(spark: SparkSession, node: LocalNode,
@@ -228,7 +244,7 @@ class FailingWriter(StreamWriter):
             return super().write(failing())
         message = super().write(iterator)
         if doomed:
-            assert message.xids, "the doomed attempt prepared its branch"
+            assert message.branches, "the doomed attempt prepared its branch"
             raise RuntimeError("injected: task fails after preparing")
         return message
 
@@ -313,7 +329,7 @@ def test_rows_are_invisible_until_the_batch_commits(spark: SparkSession, node: L
     with node.client() as c:
         writer = _direct_writer(c, node, "direct")
         messages = _stage(spark, writer, 300)
-        assert [x[0] for m in messages for x in m.xids] == [XID_FORMAT, XID_FORMAT]
+        assert [b.xid.format_id for m in messages for b in m.branches] == [XID_FORMAT] * 2
         assert len(c.xa_recover()) == 2, "prepared, in doubt until the driver decides"
         assert total(c, "events") == 0
         writer.commit(list[WriterCommitMessage | None](messages), 0)
@@ -329,8 +345,10 @@ def _direct_writer(c: NodeClient, node: LocalNode, sink_id: str) -> StreamWriter
 
 
 def _stage(spark: SparkSession, writer: StreamWriter, rows: int) -> list[SinkCommit]:
-    """The tasks' side of a batch, run by Spark tasks (the driver's side is the test's)."""
-    df = spark.range(0, rows, numPartitions=2).selectExpr("concat('v', id) as value")
+    """The tasks' side of a batch, run by Spark tasks (the driver's side is the test's):
+    rows ``v<n>`` keyed ``k<n>``."""
+    df = spark.range(0, rows, numPartitions=2).selectExpr("concat('v', id) as value",
+                                                          "concat('k', id) as key")
     return df.rdd.mapPartitions(lambda it: [writer.write(_arrow_batches(it))]).collect()
 
 
@@ -341,14 +359,14 @@ def test_a_commit_that_fails_after_its_decision_is_finished_by_the_replay(
     with node.client() as c:
         writer = _direct_writer(c, node, "halfway")
         first = _stage(spark, writer, 300)
-        xids = [Xid(*x) for m in first for x in m.xids]
-        assert len(xids) == 2
+        branches = [b for m in first for b in m.branches]
+        assert len(branches) == 2
         c.create_topic(SINKS_TOPIC, partitions=1)
-        c.produce(SINKS_TOPIC, msgpack.packb({"batch": 4, "xids": [list(x) for x in xids]}),
-                  key="halfway", partition=0)  # step 4, as commit_batch writes it
-        c.xa_commit(xids[0])  # step 5, cut short
+        c.produce(SINKS_TOPIC, msgpack.packb(decision_body(4, branches)), key="halfway",
+                  partition=0)  # step 4, as commit_batch writes it
+        c.xa_commit(branches[0].xid)  # step 5, cut short
         writer.abort(list[WriterCommitMessage | None](first), 4)
-        assert sorted(c.xa_recover()) == [xids[1]], "abort left the decided branch prepared"
+        assert c.xa_recover() == [branches[1].xid], "abort left the decided branch prepared"
         replay = _stage(spark, writer, 300)
         writer.commit(list[WriterCommitMessage | None](replay), 4)
         assert_exactly(c, "events", 300)
@@ -357,8 +375,11 @@ def test_a_commit_that_fails_after_its_decision_is_finished_by_the_replay(
             writer.commit(list[WriterCommitMessage | None](_stage(spark, writer, 10)), 3)
 
 
-X1, X2, X3, X4 = (Xid(XID_FORMAT, b"s/1", str(i).encode()) for i in range(4))
-OLD = Xid(XID_FORMAT, b"s/0", b"z")
+X1, X2, X3, X4 = (Branch(SINGLE, Xid(XID_FORMAT, b"s/1", str(i).encode())) for i in range(4))
+OLD = Branch(SINGLE, Xid(XID_FORMAT, b"s/0", b"z"))
+# A cluster's: the same batch's branches on members 1 and 2.
+A1, A2, B1, B2 = (Branch(m, Xid(XID_FORMAT, b"s/1", f"{t}/0/x/{m}/0".encode()))
+                  for t, m in ((0, 1), (0, 2), (1, 1), (1, 2)))
 
 
 @pytest.mark.parametrize("decided, live, ours, plan", [
@@ -372,9 +393,17 @@ OLD = Xid(XID_FORMAT, b"s/0", b"z")
     ((1, [X1, X2]), [X3], [X3], Plan([X3], False, [])),
     # Nothing staged (no rows): nothing to decide.
     (None, [X3], [], Plan([X3], False, [])),
+    # A cluster: branches on each member, committed each on its member; a stray on either
+    # rolled back there.
+    (None, [A1, A2, B1, B2, OLD], [A1, A2, B2], Plan([B1, OLD], True, [A1, A2, B2])),
+    # A replay after member 2 was down at the commit: member 1's branch was committed, member
+    # 2's is still prepared, and the replay's own branches are rolled back on both.
+    ((1, [A1, A2]), [A2, B1, B2], [B1, B2], Plan([B1, B2], False, [A2])),
+    # A branch is its member's: the same xid on another member is not the decision's.
+    ((1, [A1]), [Branch(2, A1.xid)], [], Plan([Branch(2, A1.xid)], False, [])),
 ])
-def test_plan_commit_for_each_arrow_of_the_protocol(decided: Any, live: list[Xid],
-                                                    ours: list[Xid], plan: Plan) -> None:
+def test_plan_commit_for_each_arrow_of_the_protocol(decided: Any, live: list[Branch],
+                                                    ours: list[Branch], plan: Plan) -> None:
     assert plan_commit("s", 1, decided, live, ours) == plan
 
 
@@ -387,6 +416,16 @@ def test_plan_abort_leaves_a_decided_batch_to_its_replay() -> None:
     assert plan_abort(1, None, [X1, X2]) == [X1, X2]
     assert plan_abort(1, (0, [OLD]), [X1]) == [X1]
     assert plan_abort(1, (1, [X1]), [X1, X2]) == []
+    assert plan_abort(1, None, [A1, A2, B2]) == [A1, A2, B2]  # each rolled back on its member
+    assert plan_abort(1, (1, [A1, A2]), [A1, A2]) == []
+
+
+def test_a_decision_names_each_branchs_member_and_an_older_one_its_single_node() -> None:
+    body = msgpack.unpackb(msgpack.packb(decision_body(3, [A1, B2])), raw=False)
+    assert body == {"batch": 3, "branches": [[1, *A1.xid], [2, *B2.xid]]}
+    assert decision_of(body) == (3, [A1, B2])
+    before = {"batch": 2, "xids": [list(X1.xid), list(X2.xid)]}  # written before clusters
+    assert decision_of(before) == (2, [X1, X2])
 
 
 def test_rows_too_large_for_one_request_are_cut_by_bytes(spark: SparkSession,
@@ -404,11 +443,58 @@ def test_rows_too_large_for_one_request_are_cut_by_bytes(spark: SparkSession,
         assert_no_branches(c)
 
 
+def _row_of(record: Any) -> tuple[int, bytes | None]:
+    """A wire record's row number (value ``v<n>``) and key."""
+    value, key = (record, None) if isinstance(record, bytes) else (record[0], record[1])
+    return int(value[1:]), key
+
+
+def test_requests_of_a_cluster_go_to_the_owners_of_their_rows_partitions() -> None:
+    """Routing, without I/O: every request names a partition and goes to its owner: a row's
+    named partition, else its key's, else (keyless) the next partition in turn, a request
+    at a time; every request within its limit, rows in their order."""
+    import pyarrow as pa
+
+    owners, n = (2, 1, 2, 1), 400
+    named = {i: (i // 5) % 4 for i in range(0, n, 5)}  # a key too: the partition wins
+    keyless = set(range(1, n, 5))
+    batch = pa.RecordBatch.from_pydict({
+        "value": pa.array([f"v{i}" for i in range(n)], pa.string()),
+        "key": pa.array([None if i in keyless else f"k{i}" for i in range(n)], pa.string()),
+        "partition": pa.array([named.get(i) for i in range(n)], pa.int32())})
+    routing = Routing(lambda topic: owners, turn=3)
+    seen: list[int] = []
+    spread: list[int] = []
+    for member, topic, partition, records in requests_of(batch, "t", 30, 1 << 20, routing):
+        assert topic == "t" and 0 < len(records) <= 30
+        assert partition is not None and member == owners[partition]
+        rows = [_row_of(r) for r in records]
+        assert [i for i, _k in rows] == sorted(i for i, _k in rows), "rows in their order"
+        seen += [i for i, _k in rows]
+        if rows[0][0] in keyless:
+            assert all(i in keyless for i, _k in rows), "keyless rows have requests of their own"
+            spread.append(partition)
+            continue
+        for i, key in rows:
+            assert i not in keyless and key is not None
+            assert partition == named.get(i, key_partition(key, 4)), f"row {i}"
+    assert sorted(seen) == list(range(n))
+    assert spread == [3, 0, 1], "80 keyless rows: 3 requests, to the partitions in turn"
+    # A single node: every request to it, keyed and keyless rows placed by it.
+    single = list(requests_of(batch, "t", 1000, 1 << 20))
+    assert {(m, p) for m, _t, p, _r in single} == {(SINGLE, None), (SINGLE, 0), (SINGLE, 1),
+                                                  (SINGLE, 2), (SINGLE, 3)}
+    bad = pa.RecordBatch.from_pydict({"value": pa.array(["v0"]), "partition": pa.array([4])})
+    with pytest.raises(UnknownPartition, match=r"has partitions 0\.\.3, not 4"):
+        list(requests_of(bad, "t", 30, 1 << 20, routing))
+
+
 def _arrow_batches(rows: Iterable[Any]) -> Iterator[Any]:
     import pyarrow as pa
 
-    values = [r.value for r in rows]
-    yield pa.RecordBatch.from_pydict({"value": pa.array(values, pa.string())})
+    rows = list(rows)
+    yield pa.RecordBatch.from_pydict({"value": pa.array([r.value for r in rows], pa.string()),
+                                      "key": pa.array([r.key for r in rows], pa.string())})
 
 
 def test_batch_write_with_every_column_and_batch_read_by_offsets(spark: SparkSession,
@@ -486,8 +572,13 @@ def test_a_row_over_a_node_limit_fails_its_task_with_the_nodes_error(
 def test_options_are_checked_before_any_task() -> None:
     with pytest.raises(OptionError, match="endpoint"):
         SinkOptions.parse({"topic": "t"})
-    with pytest.raises(OptionError, match="names 2 nodes"):
-        SinkOptions.parse({"endpoint": "tcp://a:1,tcp://b:2", "topic": "t"})
+    cluster = SinkOptions.parse({"endpoint": " tcp://a:1, tcp://b:2,,tcp://a:1", "topic": "t"})
+    assert cluster.endpoints == ("tcp://a:1", "tcp://b:2")
+    assert SourceOptions.parse({"endpoint": "tcp://a:1", "topic": "t"}).endpoints == ("tcp://a:1",)
+    with pytest.raises(OptionError, match="is not an endpoint"):
+        SinkOptions.parse({"endpoint": "tcp://a:1,b:2", "topic": "t"})
+    with pytest.raises(OptionError, match="names no endpoint"):
+        SinkOptions.parse({"endpoint": " , ", "topic": "t"})
     with pytest.raises(OptionError, match="sinkId"):
         SinkOptions.parse({"endpoint": "tcp://a:1", "sinkId": "x" * 41})
     with pytest.raises(OptionError, match="at least 'maxRecordsPerRequest'"):
@@ -589,3 +680,216 @@ def test_group_id_commits_the_sources_progress(spark: SparkSession, node: LocalN
              .start())
         finish(q)
         assert [c.committed_offset("spark-readers", "t", p) for p in (0, 1)] == [30, 12]
+
+
+# ---- a cluster --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Two members, for the tests of a cluster only: started when the first of them asks.
+    A member copies the catalog only when it changes (not every 2 s), so each member's
+    ``forwarded`` counts the requests it forwarded for clients."""
+    root = tmp_path_factory.mktemp("cluster")
+    config = root / "member.toml"
+    config.write_text("[cluster]\ncatalog_sync_ms = 600000\n")
+    with LocalCluster(root, 2, config=config) as cl:
+        yield cl
+
+
+def member(cl: LocalCluster, m: int, timeout_ms: int = 10_000) -> NodeClient:
+    """A client of one member only (what it does not own, it forwards)."""
+    return NodeClient(cl.nodes[m].endpoint, timeout_ms=timeout_ms)
+
+
+def forwarded(cl: LocalCluster) -> int:
+    """Requests the members forwarded to each other, in all: their front doors' figures, as
+    reported after this call began (an actor reports them about once a second)."""
+    since = time.time()
+    total = 0
+    for m in cl.nodes:
+        with member(cl, m) as c:
+            figures: dict[str, Any] = {}
+
+            def fresh() -> bool:
+                nonlocal figures
+                front = next(a for a in c.status()["actors"] if a["role"] == "front")
+                figures = front["figures"]
+                return float(figures.get("reported_at", 0)) > since
+
+            poll(fresh, f"member {m}'s figures", timeout_s=10)
+            total += int(figures["forwarded"])
+    return total
+
+
+def cluster_topic(c: NodeClient, name: str, partitions: int = 4) -> tuple[int, ...]:
+    """A topic with partitions on both members, and the decisions' topic: made before a
+    test counts what is forwarded (the catalog member asks each member to copy a new
+    topic, which counts)."""
+    c.create_topic(name, partitions=partitions)
+    with contextlib.suppress(TopicExists):
+        c.create_topic(SINKS_TOPIC, partitions=1)
+    owners = c.owners(name)
+    assert set(owners) == {1, 2}, f"{name}: both members own partitions ({owners})"
+    return owners
+
+
+def records_on_owner(cl: LocalCluster, topic: str, partition: int, owner: int) -> list[Record]:
+    """A partition's records read from its owner (nothing forwarded), in offset order."""
+    out: list[Record] = []
+    with member(cl, owner) as c:
+        while batch := c.read(topic, partition, len(out), 1000):
+            out += batch
+    assert [r.offset for r in out] == list(range(len(out)))
+    return out
+
+
+def assert_no_branches_on(cl: LocalCluster) -> None:
+    for m in cl.nodes:
+        with member(cl, m) as c:
+            assert_no_branches(c)
+
+
+def test_exactly_once_into_a_cluster_stages_on_each_owner_and_forwards_nothing(
+        spark: SparkSession, cluster: LocalCluster, tmp_path: Path) -> None:
+    rows = write_inputs(spark, tmp_path / "in", files=3, rows_per_file=600)
+    with cluster.client() as c:
+        owners = cluster_topic(c, "c-once")
+        before = forwarded(cluster)
+        q = sink_stream(stream_inputs(spark, tmp_path / "in"), cluster, "c-once",
+                        tmp_path / "ck")
+        finish(q)
+        assert forwarded(cluster) == before, "each request went to its partition's owner"
+        assert_exactly(c, "c-once", rows)
+        assert_no_branches_on(cluster)
+        for p, owner in enumerate(owners):  # each row in its key's partition, on its owner
+            recs = records_on_owner(cluster, "c-once", p, owner)
+            assert recs and all(r.key is not None and key_partition(r.key, 4) == p
+                                for r in recs)
+        decision = c.read_by_key(SINKS_TOPIC, str(q.id), partition=0)
+        assert decision is not None
+        body = msgpack.unpackb(decision.value, raw=False)
+        assert body["batch"] == 2
+        assert {b[0] for b in body["branches"]} == {1, 2}, "a branch on each member"
+
+
+def test_at_least_once_into_a_cluster_through_one_member(spark: SparkSession,
+                                                         cluster: LocalCluster) -> None:
+    """One member's endpoint: the sink learns the others from it. Keyless rows are spread
+    over every partition; rows naming a partition land in it."""
+    with cluster.client() as c:
+        owners = cluster_topic(c, "c-plain")
+        before = forwarded(cluster)
+        df = spark.range(0, 3000, numPartitions=2).selectExpr(
+            "concat('v', id) as value", "if(id % 3 = 0, cast(id % 4 as int), null) as partition")
+        (df.write.format("shardnode").mode("append").option("endpoint", cluster.nodes[2].endpoint)
+         .option("topic", "c-plain").option("deliveryGuarantee", "at_least_once")
+         .option("maxRecordsPerRequest", "100").save())
+        assert forwarded(cluster) == before, "each request went to its partition's owner"
+        assert_exactly(c, "c-plain", 3000)  # nothing failed: nothing sent twice
+        for p, owner in enumerate(owners):
+            values = [r.value for r in records_on_owner(cluster, "c-plain", p, owner)]
+            named = [v for v in values if int(v[1:]) % 3 == 0]
+            assert all(int(v[1:]) % 4 == p for v in named)
+            assert len(values) > len(named), f"keyless rows reach partition {p} too"
+
+
+def test_exactly_once_rows_whose_keys_share_a_partition_are_staged_on_its_owner(
+        spark: SparkSession, cluster: LocalCluster) -> None:
+    """Every key in one partition, of the member that does not own partition 0: the
+    requests name the partition, and its owner stages them in its branch."""
+    with cluster.client() as c:
+        owners = cluster_topic(c, "c-one-key")
+        p = next(p for p, o in enumerate(owners) if o != owners[0])
+        key = next(k for k in (f"k{i}" for i in range(100)) if key_partition(k.encode(), 4) == p)
+        df = spark.range(0, 50, numPartitions=2).selectExpr("concat('v', id) as value",
+                                                            f"'{key}' as key")
+        (df.write.format("shardnode").mode("append").option("endpoint", endpoint(cluster))
+         .option("topic", "c-one-key").save())
+        assert c.end_offsets("c-one-key") == [50 if q == p else 0 for q in range(4)]
+    assert_no_branches_on(cluster)
+
+
+def test_the_source_reads_a_cluster_topic_every_record_once(spark: SparkSession,
+                                                          cluster: LocalCluster,
+                                                          tmp_path: Path) -> None:
+    with cluster.client() as c:
+        owners = cluster_topic(c, "c-read")
+        c.produce_batch("c-read", [Record(f"v{i}".encode(), f"k{i}".encode())
+                                   for i in range(2000)])  # split by key over both members
+        ends = c.end_offsets("c-read")
+        q = (spark.readStream.format("shardnode").option("endpoint", cluster.nodes[1].endpoint)
+             .option("topic", "c-read").option("groupId", "c-readers")
+             .option("maxRecordsPerPartition", "300").load()
+             .writeStream.format("memory").queryName("c_read_rows")
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True)
+             .start())
+        finish(q)
+        got = spark.sql("select partition, offset, value from c_read_rows").collect()
+        assert sorted((r.partition, r.offset) for r in got) == [
+            (p, o) for p, end in enumerate(ends) for o in range(end)]
+        assert sorted(int(r.value[1:]) for r in got) == list(range(2000))
+        for p, owner in enumerate(owners):  # each group offset committed on the owner
+            with member(cluster, owner) as m:
+                assert m.committed_offset("c-readers", "c-read", p) == ends[p]
+
+
+def test_a_member_down_after_the_decision_fails_the_commit_and_the_replay_finishes_it(
+        spark: SparkSession, cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Member 1 is killed once the decision is written (on member 2, the owner of the
+    decisions' partition): committing its branches fails, Spark's abort leaves them
+    prepared, and the replay of the batch, member 1 back, commits them."""
+    with cluster.client() as c:
+        cluster_topic(c, "c-down")
+        assert c.owners(SINKS_TOPIC) == (2,)
+    writer = StreamWriter(SinkOptions.parse({"endpoint": endpoint(cluster), "topic": "c-down",
+                                             "sinkId": "c-down", "requestTimeoutMs": "1000"}))
+    first = _stage(spark, writer, 400)
+    branches = [b for m in first for b in m.branches]
+    assert {b.member for b in branches} == {1, 2}, branches
+    decide = sink._decide
+
+    def decide_then_lose_member_1(*args: Any) -> None:
+        decide(*args)
+        cluster.nodes[1].kill()
+
+    monkeypatch.setattr(sink, "_decide", decide_then_lose_member_1)
+    with pytest.raises(NodeError, match=re.escape(cluster.nodes[1].endpoint)):
+        writer.commit(list[WriterCommitMessage | None](first), 7)
+    monkeypatch.undo()
+    cluster.nodes[1].start()
+    writer.abort(list[WriterCommitMessage | None](first), 7)  # decided: left for the replay
+    with member(cluster, 1) as m1:
+        mine = {b.xid for b in branches if b.member == 1}
+        assert mine <= set(m1.xa_recover()), "member 1's branches are still prepared"
+    replay = _stage(spark, writer, 400)
+    writer.commit(list[WriterCommitMessage | None](replay), 7)
+    with cluster.client() as c:
+        assert_exactly(c, "c-down", 400)
+    assert_no_branches_on(cluster)
+
+
+@pytest.mark.timeout(300)
+def test_a_member_down_during_a_batch_fails_the_query_and_the_restart_writes_every_row_once(
+        spark: SparkSession, cluster: LocalCluster, tmp_path: Path) -> None:
+    """Member 2 (which also holds the decisions) is killed once the first rows are in: the
+    query fails (the batch under way cannot stage nor be decided, or the first batch's
+    commit, past its decision, cannot finish); restarted from its checkpoint with member 2
+    back, it writes every row once."""
+    rows = write_inputs(spark, tmp_path / "in", files=4, rows_per_file=500)
+    ckpt = tmp_path / "ck"
+    with cluster.client(timeout_ms=5000) as c:
+        cluster_topic(c, "c-lost")
+        q = sink_stream(stream_inputs(spark, tmp_path / "in"), cluster, "c-lost", ckpt,
+                        requestTimeoutMs="500")
+        poll(lambda: total(c, "c-lost") > 0, "the first batch in the cluster")
+    cluster.nodes[2].kill()
+    try:
+        with pytest.raises(PySparkException):
+            q.awaitTermination(WAIT_S)  # raises the query's failure (False: still running)
+    finally:
+        cluster.nodes[2].start()
+    finish(sink_stream(stream_inputs(spark, tmp_path / "in"), cluster, "c-lost", ckpt))
+    with cluster.client() as c:
+        assert_exactly(c, "c-lost", rows)
+    assert_no_branches_on(cluster)

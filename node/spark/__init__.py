@@ -8,10 +8,13 @@
     events = (spark.readStream.format("shardnode")
        .option("endpoint", "tcp://127.0.0.1:7400").option("topic", "events").load())
 
+The option ``endpoint`` names one node, or a cluster: some or all of its members,
+comma-separated (``nodes.py``); each request then goes to the member owning its partition.
 The sink (``node/spark/sink.py``) writes exactly once by default, staging each task's rows
-in XA branches of the node that the driver commits with the batch; the source
-(``node/spark/source.py``) reads committed records by offset. Options: ``options.py``;
-rows to records and back: ``rows.py``. Needs the ``spark`` extra (pyspark, pyarrow).
+in XA branches of the node, one on each member it writes to, that the driver commits with
+the batch; the source (``node/spark/source.py``) reads committed records by offset. Options:
+``options.py``; rows to records and back, and to their partitions' owners: ``rows.py``. Needs the
+``spark`` extra (pyspark, pyarrow).
 """
 
 from __future__ import annotations

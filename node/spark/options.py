@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from config.cluster import MEMBERS_MAX
 from wire.protocol import NAME_LEN_MAX
 
 EXACTLY_ONCE = "exactly_once"
@@ -56,17 +57,25 @@ def _int(options: Mapping[str, str], name: str, default: int, low: int, high: in
     return value
 
 
-def endpoint_of(options: Mapping[str, str]) -> str:
-    """The node's endpoint. Several, comma-separated, name a cluster: not supported until
-    clients route to partition owners (issue 13), and refused rather than half-used."""
+def endpoints_of(options: Mapping[str, str]) -> tuple[str, ...]:
+    """The option ``endpoint``: a node, or a cluster's members, comma-separated. One member
+    of a cluster is enough (the clients learn the others from it, ``node/spark/nodes.py``);
+    naming more lets them start from another when one is down."""
     text = _get(options, "endpoint")
     if not text:
-        raise OptionError("option 'endpoint' is required (e.g. tcp://127.0.0.1:7400)")
-    endpoints = [e.strip() for e in text.split(",") if e.strip()]
-    if len(endpoints) != 1:
-        raise OptionError(f"option 'endpoint' names {len(endpoints)} nodes; this version "
-                          f"writes to and reads from one node")
-    return endpoints[0]
+        raise OptionError("option 'endpoint' is required (e.g. tcp://127.0.0.1:7400, or a "
+                          "cluster's members, comma-separated)")
+    endpoints = tuple(dict.fromkeys(e.strip() for e in text.split(",") if e.strip()))
+    if not endpoints:
+        raise OptionError(f"option 'endpoint' names no endpoint: {text!r}")
+    if len(endpoints) > MEMBERS_MAX:
+        raise OptionError(f"option 'endpoint' names {len(endpoints)} endpoints; a cluster has "
+                          f"at most {MEMBERS_MAX} members")
+    bad = [e for e in endpoints if "://" not in e]
+    if bad:
+        raise OptionError(f"option 'endpoint': {bad[0]!r} is not an endpoint like "
+                          f"tcp://127.0.0.1:7400")
+    return endpoints
 
 
 def _topic(options: Mapping[str, str], required: bool) -> str | None:
@@ -80,7 +89,7 @@ def _topic(options: Mapping[str, str], required: bool) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class SinkOptions:
-    endpoint: str
+    endpoints: tuple[str, ...]  # a node, or members of a cluster
     topic: str | None  # None: each row's ``topic`` column names it
     guarantee: str
     sink_id: str | None  # None: the streaming query's id
@@ -104,7 +113,7 @@ class SinkOptions:
             raise OptionError(f"option 'sinkId' must be 1..{SINK_ID_BYTES_MAX} bytes without "
                               f"'/', got {sink_id!r}")
         opts = cls(
-            endpoint=endpoint_of(options),
+            endpoints=endpoints_of(options),
             topic=_topic(options, required=False),
             guarantee=guarantee,
             sink_id=sink_id,
@@ -160,7 +169,7 @@ def parse_offsets(text: str, name: str) -> dict[int, int] | str:
 
 @dataclass(frozen=True, slots=True)
 class SourceOptions:
-    endpoint: str
+    endpoints: tuple[str, ...]  # a node, or members of a cluster
     topic: str
     starting: dict[int, int] | str
     ending: dict[int, int] | str
@@ -181,7 +190,7 @@ class SourceOptions:
         if ending == "earliest":
             raise OptionError("option 'endingOffsets' must be 'latest' or JSON offsets")
         return cls(
-            endpoint=endpoint_of(options),
+            endpoints=endpoints_of(options),
             topic=topic,
             starting=parse_offsets(_get(options, "startingOffsets") or "earliest",
                                    "startingOffsets"),

@@ -2,13 +2,17 @@
 
 The sink takes Arrow record batches (``DataSourceStreamArrowWriter``) and turns each column
 into a Python list in one call; the only work per row is building the record's array when
-it has more than a value (``wire/records.py``). The source builds Arrow batches from the
-rows of a read reply the same way, one column at a time.
+it has more than a value (``wire/records.py``), and in a cluster the crc32 of a key that
+names no partition (``zlib.crc32`` mapped over the column: no Python code per row). Rows
+are grouped by topic and partition with Arrow compute, a column at a time. The
+source builds Arrow batches from the rows of a read reply the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -26,7 +30,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from node.spark.nodes import SINGLE
 from node.spark.options import OptionError
+from wire.errors import ErrorCode, error_for
 
 # The sink's input columns: the types each may have. Only ``value`` is required.
 INPUT_COLUMNS: dict[str, tuple[type[DataType], ...]] = {
@@ -91,14 +97,124 @@ def _lengths(column: pa.Array) -> pa.Array:
 
 RECORD_OVERHEAD_BYTES = 16  # a record's msgpack headers, its tags and timestamp (an estimate)
 
-Request = tuple[str, int | None, list[Any]]  # topic, partition (None: the node picks), records
+# A request: the member it goes to (``SINGLE`` for a single node), topic, partition (None:
+# the member places the records, by key, else round-robin), the records.
+Request = tuple[int, str, int | None, list[Any]]
+
+
+@dataclass(slots=True)
+class Routing:
+    """Where a cluster's rows go: ``owners(topic)`` is the member owning each partition of
+    the topic. Keyless rows that name no partition take the partitions in turn, a request
+    at a time, from ``turn`` on (a task starts at a random one, so tasks spread)."""
+
+    owners: Callable[[str], Sequence[int]]
+    turn: int = 0
+
+    def next_partition(self, partitions: int) -> int:
+        p = self.turn % partitions
+        self.turn += 1
+        return p
 
 
 def requests_of(batch: pa.RecordBatch, topic_option: str | None, records_max: int,
-                bytes_max: int) -> Iterator[Request]:
+                bytes_max: int, routing: Routing | None = None) -> Iterator[Request]:
     """The batch's rows as wire records (``wire/records.py``), in requests of at most
     ``records_max`` records and about ``bytes_max`` bytes, per topic and partition when the
-    batch has those columns. The ``topic`` option, when given, wins over the column."""
+    batch has those columns. The ``topic`` option, when given, wins over the column.
+
+    With ``routing`` (a cluster) each request names a partition and goes to its owner: a
+    row's named partition, else its key's (``crc32(key) % partitions``, as
+    ``actors.roles.key_partition``), else, for a keyless row, the partition of its
+    request's turn. The rows are grouped a column at a time (Arrow compute), in their order
+    within each group."""
+    if batch.num_rows == 0:
+        return
+    names = batch.schema.names
+    if "topic" in names and topic_option is None:
+        topic_col = batch.column(names.index("topic"))
+        if topic_col.null_count:
+            raise ValueError(f"{topic_col.null_count} rows have a null 'topic', and there is no "
+                             f"'topic' option")
+        topics: list[tuple[Any, pa.RecordBatch]] = _groups(batch, topic_col)
+    else:
+        topics = [(topic_option or "", batch)]
+    for topic, rows in topics:
+        owners = None if routing is None else tuple(routing.owners(topic))
+        for member, partition, group in _placed(topic, rows, owners):
+            records, sizes = _records(group, records_max, bytes_max)
+            for chunk in _cut(records, sizes, records_max, bytes_max):
+                if member is not None:
+                    yield member, topic, partition, chunk
+                    continue
+                assert owners is not None and routing is not None  # keyless, spread
+                p = routing.next_partition(len(owners))
+                yield owners[p], topic, p, chunk
+
+
+def _groups(batch: pa.RecordBatch, key: pa.Array) -> list[tuple[Any, pa.RecordBatch]]:
+    """The batch's rows grouped by ``key`` (a column of it, or one computed), each group's
+    rows in their order: a stable sort, then a slice per value (null last)."""
+    if key.null_count == len(key) or pc.count_distinct(key, mode="all").as_py() == 1:
+        return [(key[0].as_py(), batch)]
+    order = pc.sort_indices(key)
+    rows, keys = batch.take(order), key.take(order)
+    out, first = [], 0
+    counts = pc.value_counts(keys)  # in order of appearance: sorted
+    for value, count in zip(counts.field("values").to_pylist(),
+                            counts.field("counts").to_pylist(), strict=True):
+        out.append((value, rows.slice(first, count)))
+        first += count
+    return out
+
+
+def _placed(topic: str, rows: pa.RecordBatch, owners: tuple[int, ...] | None
+            ) -> Iterator[tuple[int | None, int | None, pa.RecordBatch]]:
+    """One topic's rows in groups of one request's kind: (member, partition, rows); member
+    None for keyless rows, spread over the partitions a request at a time."""
+    names = rows.schema.names
+    parts = (pc.cast(rows.column(names.index("partition")), pa.int64())
+             if "partition" in names else None)
+    if owners is None or len(set(owners)) == 1:  # one node has every partition
+        member = SINGLE if owners is None else owners[0]
+        if parts is None:
+            yield member, None, rows
+            return
+        for p, group in _groups(rows, parts):
+            yield member, p, group
+        return
+    n = len(owners)
+    if parts is not None and parts.null_count < len(parts):
+        low, high = pc.min_max(parts).values()
+        if low.as_py() < 0 or high.as_py() >= n:
+            bad = low.as_py() if low.as_py() < 0 else high.as_py()
+            raise error_for(ErrorCode.UNKNOWN_PARTITION, f"topic {topic!r} has partitions "
+                            f"0..{n - 1}, not {bad}")
+    # The partition of each row: the one it names, its key's for a keyed row, null for a
+    # keyless one (spread). A keyed row's partition is named in its request too: a member
+    # given keyed records without one checks only partition 0 for a transaction
+    # (``actors/front_state.py``, ``route_in_cluster``) and refuses a request of keys all
+    # in one partition of its own as CROSS_NODE when another member owns partition 0.
+    slots = parts if parts is not None else pa.nulls(rows.num_rows, pa.int64())
+    if "key" in names:
+        keys = _binary(rows.column(names.index("key")))
+        keyed = pc.and_(keys.is_valid(), slots.is_null())
+        if pc.any(keyed).as_py():
+            # crc32 per key in C (map of zlib.crc32), the rest a column at a time
+            crcs = pa.array(map(zlib.crc32, pc.fill_null(keys, b"").to_pylist()), pa.int64())
+            slots = pc.if_else(keyed, pc.modulo(crcs, n), slots)
+    for slot, group in _groups(rows, slots):
+        if slot is None:
+            yield None, None, group
+        else:
+            yield owners[slot], slot, group
+
+
+def _records(batch: pa.RecordBatch, records_max: int, bytes_max: int
+             ) -> tuple[list[Any], list[int] | None]:
+    """The rows as wire records, and their sizes when they are needed to cut requests by
+    bytes (only when a request of ``records_max`` of the largest rows could pass
+    ``bytes_max``)."""
     names = batch.schema.names
     values = _binary(batch.column(names.index("value")))
     if values.null_count:
@@ -124,48 +240,24 @@ def requests_of(batch: pa.RecordBatch, topic_option: str | None, records_max: in
                 for v, k, t, s in zip(vals, keys, tags, stamps, strict=True)]
     elif "key" in names:
         vals = [v if k is None else [v, k, [], None] for v, k in zip(vals, keys, strict=True)]
-    # Only when a request of records_max of the largest rows could pass bytes_max are the
-    # rows' sizes needed one by one.
     big = n and (pc.max(sizes).as_py() or 0) * records_max > bytes_max
-    row_sizes: list[int] | None = sizes.to_pylist() if big else None
-    by_topic = "topic" in names and topic_option is None
-    if not by_topic and "partition" not in names:
-        yield from _cut(topic_option or "", None, vals, row_sizes, records_max, bytes_max)
-        return
-    if by_topic:
-        topic_col = batch.column(names.index("topic"))
-        if topic_col.null_count:
-            raise ValueError(f"{topic_col.null_count} rows have a null 'topic', and there is no "
-                             f"'topic' option")
-        topics: list[Any] = topic_col.to_pylist()
-    else:
-        topics = [topic_option] * n
-    parts = (batch.column(names.index("partition")).to_pylist() if "partition" in names
-             else [None] * n)
-    groups: dict[tuple[str, int | None], tuple[list[Any], list[int]]] = {}
-    for i, (t, p, rec) in enumerate(zip(topics, parts, vals, strict=True)):
-        recs, idx = groups.setdefault((t, p), ([], []))
-        recs.append(rec)
-        idx.append(i)
-    for (t, p), (recs, idx) in groups.items():
-        yield from _cut(t, p, recs, None if row_sizes is None else [row_sizes[i] for i in idx],
-                        records_max, bytes_max)
+    return vals, (sizes.to_pylist() if big else None)
 
 
-def _cut(topic: str, partition: int | None, records: list[Any], sizes: list[int] | None,
-         records_max: int, bytes_max: int) -> Iterator[Request]:
+def _cut(records: list[Any], sizes: list[int] | None, records_max: int, bytes_max: int
+         ) -> Iterator[list[Any]]:
     if sizes is None:
         for i in range(0, len(records), records_max):
-            yield topic, partition, records[i:i + records_max]
+            yield records[i:i + records_max]
         return
     first, total = 0, 0
     for i, size in enumerate(sizes):
         if i > first and (i - first == records_max or total + size > bytes_max):
-            yield topic, partition, records[first:i]
+            yield records[first:i]
             first, total = i, 0
         total += size
     if first < len(records):
-        yield topic, partition, records[first:]
+        yield records[first:]
 
 
 def batch_of(topic: str, partition: int, rows: Sequence[Sequence[Any]]) -> pa.RecordBatch:

@@ -1,30 +1,36 @@
 """The ``shardnode`` sink: Spark's batches written into the node, exactly once.
 
-**exactly_once** (the default) is two-phase commit, with the node as the resource manager
-(XA, ``actors/transactions.py``) and the sink's driver as the coordinator, whose log is a
-topic of the node. For micro-batch ``B`` of sink ``S`` (``sinkId``, by default the
-streaming query's id, which its checkpoint keeps):
+**exactly_once** (the default) is two-phase commit, with the node, or each member of a
+cluster, as a resource manager (XA, ``actors/transactions.py``) and the sink's driver as
+the coordinator, whose log is a topic of the node. For micro-batch ``B`` of sink ``S``
+(``sinkId``, by default the streaming query's id, which its checkpoint keeps):
 
-1. **Tasks stage.** Each task writes its rows into XA branches of global id ``S/B``
-   (branch ``<Spark partition>/<attempt>/<nonce>/<n>``; a new branch every
-   ``maxRecordsPerTransaction`` rows, ``maxBytesPerTransaction`` bytes or half the
-   transaction timeout): logged as they are sent, invisible, without offsets. It ends and
-   prepares them (durable, in doubt: they survive any crash of the node and never time out)
-   and returns their xids to the driver. A task that fails rolls its branches back; one
-   that dies leaves them to the driver (step 3) or to their timeout (while not prepared).
+1. **Tasks stage.** Each task writes its rows into XA branches of global id ``S/B``, one on
+   each member owning partitions it writes (a transaction stays on one node), branch
+   ``<Spark partition>/<attempt>/<nonce>/<member>/<n>`` (member 0: a single node); a new
+   branch on a member every ``maxRecordsPerTransaction`` rows, ``maxBytesPerTransaction``
+   bytes or half the transaction timeout: logged as they are sent, invisible, without
+   offsets. It ends and prepares them (durable, in doubt: they survive any crash of their
+   node and never time out) and returns them, ``(member, xid)``, to the driver. A task that
+   fails rolls its branches back; one that dies leaves them to the driver (step 3) or to
+   their timeout (while not prepared).
 2. **The driver reads S's decision**: the latest record keyed ``S`` in the topic
-   ``shardnode.spark-sinks`` (``{"batch": B, "xids": [...]}``). If it is for ``B``, Spark
-   is replaying a batch that was decided: the decision's branches still prepared are
-   committed (the driver died, or a commit failed, between steps 4 and 5), every other
-   branch of ``S`` is rolled back, and nothing is written twice. A decision for a later
-   batch means the sink id belongs to another checkpoint: refused.
-3. **It rolls back S's other live branches**: failed or zombie task attempts, batches
-   never decided. None of them can become visible.
-4. **It writes the decision** ``{"batch": B, "xids": [...]}`` keyed ``S``: one record,
-   durable when acknowledged. This is the commit point: from here the batch will commit,
-   through step 2 if this commit does not finish.
-5. **It commits each branch** (XA's second phase): the rows become visible, with offsets.
-   Then it rolls back any branch of ``S/B`` a zombie task prepared meanwhile.
+   ``shardnode.spark-sinks`` (one partition, read from and written to its owner):
+   ``{"batch": B, "branches": [[member, format_id, global_id, branch_id], ...]}``. If it is
+   for ``B``, Spark is replaying a batch that was decided: the decision's branches still
+   prepared are committed on their members (the driver died, or a commit failed, between
+   steps 4 and 5), every other branch of ``S`` is rolled back, and nothing is written
+   twice. A decision for a later batch means the sink id belongs to another checkpoint:
+   refused.
+3. **It rolls back S's other live branches** (``txn_list`` on every member: open or
+   prepared): failed or zombie task attempts, batches never decided. None of them can
+   become visible.
+4. **It writes the decision** keyed ``S``: one record, durable when acknowledged. This is
+   the commit point: from here the batch will commit, through step 2 if this commit does
+   not finish (a member down, say).
+5. **It commits each branch on its member** (XA's second phase): the rows become visible,
+   with offsets. Then it rolls back any branch of ``S/B`` a zombie task prepared meanwhile,
+   on every member.
 
 ``abort`` (after a task failed, or this commit raised) rolls the batch's branches back,
 unless the batch was decided: then they are left for the replay's step 2. A batch write
@@ -35,21 +41,27 @@ in the error, for ``shardnode txn commit``.
 The decisions (``plan_commit``, ``plan_abort``) are made without I/O and tested arrow by
 arrow; ``commit_batch`` and ``abort_batch`` carry them out.
 
-**at_least_once** sends plain produce requests, several in flight, and commits nothing: a
-task retried or a batch replayed writes its rows again. Within one task attempt a request
-resent after a lost answer is not written twice (produce is idempotent per client).
+**at_least_once** sends plain produce requests, several in flight to each member, and
+commits nothing: a task retried or a batch replayed writes its rows again. Within one task
+attempt a request resent after a lost answer is not written twice (produce is idempotent
+per client).
+
+In a cluster each request names its partition and goes to the member owning it
+(``rows.requests_of``), so nothing is forwarded between members; the node, or the
+cluster's members, are reached through ``nodes.Nodes``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import secrets
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import pyarrow as pa
@@ -59,11 +71,20 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from node.client import NodeClient, Pipeline
+from node.client import Pipeline
+from node.spark.nodes import SINGLE, Nodes
 from node.spark.options import AT_LEAST_ONCE, SinkOptions
-from node.spark.rows import requests_of
+from node.spark.rows import Request, Routing, requests_of
 from node.transaction import Transaction
-from wire.errors import ErrorCode, NodeError, TopicExists, XAERNota, error_for
+from wire.errors import (
+    ErrorCode,
+    NodeError,
+    RequestTimeout,
+    TopicExists,
+    Unavailable,
+    XAERNota,
+    error_for,
+)
 from wire.xid import Xid
 from wire.xid import parse as parse_xid
 
@@ -77,11 +98,22 @@ _RETRYABLE = (ErrorCode.BUSY, ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE)
 ROLLBACK_TIMEOUT_MS = 5000  # how long a failed task waits to roll back each of its branches
 RESENDS_MAX = 8  # at_least_once: times one request is sent again after BUSY or a timeout
 RESEND_BACKOFF_S_MAX = 1.0
+TURN_START_MAX = 1 << 30  # a task's first turn among a topic's partitions (keyless rows)
 
 
 class SinkIdInUse(RuntimeError):
     """The sink id has a decision for a later batch than this one: it belongs to another
     query (another checkpoint), and this query's batches would be skipped as replays."""
+
+
+class Branch(NamedTuple):
+    """An XA branch of the sink, and the member that has it (``SINGLE``: a single node)."""
+
+    member: int
+    xid: Xid
+
+    def __str__(self) -> str:
+        return str(self.xid) if self.member == SINGLE else f"{self.xid} on node {self.member}"
 
 
 @dataclass
@@ -90,7 +122,7 @@ class SinkCommit(WriterCommitMessage):
 
     sink_id: str
     batch_id: int
-    xids: list[tuple[int, bytes, bytes]] = field(default_factory=list)
+    branches: list[Branch] = field(default_factory=list)
     rows: int = 0
 
 
@@ -116,121 +148,184 @@ def _pack(value: Any) -> bytes:
     return bytes(msgpack.packb(value, use_bin_type=True))
 
 
-def _requests(opts: SinkOptions, batch: pa.RecordBatch) -> Iterator[tuple[str, int | None,
-                                                                           list[Any]]]:
-    """The batch's rows as requests of the sink's size: (topic, partition, records)."""
-    return requests_of(batch, opts.topic, opts.records_per_request_max, opts.request_bytes_max)
+def _nodes(opts: SinkOptions) -> Nodes:
+    return Nodes(opts.endpoints, opts.request_timeout_ms)
 
 
 # ---- tasks ------------------------------------------------------------------------------
 
 
+class _Requests:
+    """The batches of one task as requests of the sink's size, each to one member."""
+
+    def __init__(self, opts: SinkOptions, nodes: Nodes) -> None:
+        self.opts = opts
+        self.routing = (Routing(nodes.owners, random.randrange(TURN_START_MAX))
+                        if nodes.cluster else None)
+
+    def of(self, batch: pa.RecordBatch) -> Iterator[Request]:
+        return requests_of(batch, self.opts.topic, self.opts.records_per_request_max,
+                           self.opts.request_bytes_max, self.routing)
+
+
+@dataclass(slots=True)
+class _Open:
+    """A task's open branch on one member."""
+
+    tx: Transaction
+    xid: Xid
+    began: float  # time.monotonic()
+    records: int = 0
+    bytes: int = 0
+
+
 class _Staging:
-    """One task's XA branches: a new one past ``records_per_txn_max`` records,
-    ``txn_bytes_max`` bytes, or half the branch's timeout."""
+    """One task's XA branches, one open at a time on each member it writes to: a new one
+    past ``records_per_txn_max`` records, ``txn_bytes_max`` bytes, or half the branch's
+    timeout. Branch ``<Spark partition>/<attempt>/<nonce>/<member>/<n>``."""
 
-    def __init__(self, client: NodeClient, opts: SinkOptions, gtrid: bytes, partition: int,
+    def __init__(self, nodes: Nodes, opts: SinkOptions, gtrid: bytes, partition: int,
                  attempt: int) -> None:
-        self.client, self.opts, self.gtrid = client, opts, gtrid
+        self.nodes, self.opts, self.gtrid = nodes, opts, gtrid
         self.branch_prefix = f"{partition}/{attempt}/{secrets.token_hex(4)}/"
-        self.done: list[Xid] = []  # ended and prepared
-        self.tx: Transaction | None = None
-        self.xid: Xid | None = None
-        self.records = 0  # in the open branch
-        self.bytes = 0
-        self.began = 0.0
+        self.done: list[Branch] = []  # ended and prepared
+        self.open: dict[int, _Open] = {}  # by member
+        self.begun: dict[int, int] = {}  # branches begun on each member
 
-    def send(self, topic: str, partition: int | None, records: list[Any]) -> None:
+    def send(self, member: int, topic: str, partition: int | None, records: list[Any]) -> None:
         blob = _pack(records)
-        if self.tx is not None and (
-                self.records + len(records) > self.opts.records_per_txn_max
-                or self.bytes + len(blob) > self.opts.txn_bytes_max
-                or time.monotonic() - self.began > self.opts.txn_timeout_ms / 2000):
-            self.prepare()
-        if self.tx is None:
-            self.xid = Xid(XID_FORMAT, self.gtrid,
-                           f"{self.branch_prefix}{len(self.done)}".encode())
-            self.tx = self.client.xa_start(self.xid, timeout_ms=self.opts.txn_timeout_ms)
-            self.tx.in_flight_max = self.opts.requests_in_flight_max
-            self.began = time.monotonic()
-        self.tx.produce_packed(topic, blob, partition)
-        self.records += len(records)
-        self.bytes += len(blob)
+        b = self.open.get(member)
+        if b is not None and (
+                b.records + len(records) > self.opts.records_per_txn_max
+                or b.bytes + len(blob) > self.opts.txn_bytes_max
+                or time.monotonic() - b.began > self.opts.txn_timeout_ms / 2000):
+            self._prepare(member)
+            b = None
+        if b is None:
+            n = self.begun.get(member, 0)
+            self.begun[member] = n + 1
+            xid = Xid(XID_FORMAT, self.gtrid, f"{self.branch_prefix}{member}/{n}".encode())
+            tx = self.nodes.member(member).xa_start(xid, timeout_ms=self.opts.txn_timeout_ms)
+            tx.in_flight_max = self.opts.requests_in_flight_max
+            b = self.open[member] = _Open(tx, xid, time.monotonic())
+        b.tx.produce_packed(topic, blob, partition)
+        b.records += len(records)
+        b.bytes += len(blob)
 
     def prepare(self) -> None:
-        if self.xid is None:
-            return
-        self.client.xa_end(self.xid)  # its writes are all answered first
-        self.client.xa_prepare(self.xid)
-        self.done.append(self.xid)
-        self.tx, self.xid, self.records, self.bytes = None, None, 0, 0
+        """End and prepare every open branch: first all their writes answered, then each
+        prepared."""
+        for member, b in self.open.items():
+            self.nodes.member(member).xa_end(b.xid)
+        for member in list(self.open):
+            self._prepare(member, ended=True)
+
+    def _prepare(self, member: int, ended: bool = False) -> None:
+        b = self.open[member]
+        client = self.nodes.member(member)
+        if not ended:
+            client.xa_end(b.xid)  # its writes are all answered first
+        client.xa_prepare(b.xid)
+        self.done.append(Branch(member, b.xid))
+        del self.open[member]
 
     def roll_back(self) -> None:
         """After a failure: nothing of this task may stay (best effort; the driver and the
         branches' timeout see to what this cannot reach). One try each, briefly: the
-        failure may be the node's, and the task's error should not wait on it."""
-        self.client.retries = 0
-        self.client.timeout_ms = min(self.client.timeout_ms, ROLLBACK_TIMEOUT_MS)
-        for xid in [*self.done, *([self.xid] if self.xid is not None else [])]:
+        failure may be a member's, and the task's error should not wait on it."""
+        down: set[int] = set()
+        for member, xid in [*self.done, *((m, b.xid) for m, b in self.open.items())]:
+            if member in down:
+                continue
+            client = self.nodes.member(member)
+            client.retries = 0
+            client.timeout_ms = min(client.timeout_ms, ROLLBACK_TIMEOUT_MS)
             try:
-                self.client.xa_rollback(xid)
+                client.xa_rollback(xid)
             except NodeError as exc:
-                log.warning("could not roll back %s: %s", xid, exc)
+                log.warning("could not roll back %s on %s: %s", xid, self.nodes.name(member),
+                            exc)
+                if isinstance(exc, (RequestTimeout, Unavailable)):
+                    down.add(member)
 
 
 def _write_staged(opts: SinkOptions, batches: Iterator[pa.RecordBatch], sink_id: str,
                   batch_id: int, partition: int, attempt: int) -> SinkCommit:
     rows = 0
-    with NodeClient(opts.endpoint, timeout_ms=opts.request_timeout_ms) as client:
-        staging = _Staging(client, opts, global_id(sink_id, batch_id), partition, attempt)
+    with _nodes(opts) as nodes:
+        requests = _Requests(opts, nodes)
+        staging = _Staging(nodes, opts, global_id(sink_id, batch_id), partition, attempt)
         try:
             for batch in batches:
-                for topic, part, records in _requests(opts, batch):
-                    staging.send(topic, part, records)
+                for member, topic, part, records in requests.of(batch):
+                    staging.send(member, topic, part, records)
                 rows += batch.num_rows
             staging.prepare()
         except BaseException:
             staging.roll_back()
             raise
-    return SinkCommit(sink_id, batch_id, [(x.format_id, x.global_id, x.branch_id)
-                                          for x in staging.done], rows)
+    return SinkCommit(sink_id, batch_id, staging.done, rows)
+
+
+class _Plain:
+    """at_least_once: produce requests, up to ``requestsInFlight`` at a time to each
+    member; one the member could not take is sent again under its sequence number (not
+    written twice), at most ``RESENDS_MAX`` times, backing off."""
+
+    def __init__(self, nodes: Nodes, opts: SinkOptions) -> None:
+        self.nodes, self.opts = nodes, opts
+        self.pipes: dict[int, Pipeline] = {}
+        # by member: request id → (topic, partition, blob, records, seq, times sent)
+        self.sent: dict[int, dict[int, tuple[str, int | None, bytes, int, int, int]]] = {}
+
+    def send(self, member: int, topic: str, partition: int | None, records: list[Any]) -> None:
+        pipe = self.pipes.get(member)
+        if pipe is None:
+            pipe = self.pipes[member] = Pipeline(self.nodes.member(member),
+                                                 self.opts.requests_in_flight_max)
+            self.sent[member] = {}
+        self._answered(member, self.opts.requests_in_flight_max - 1)
+        blob, seq = _pack(records), pipe.client.next_seq()
+        rid = pipe.submit(topic, [b""] * len(records), partition, blob=blob, seq=seq)
+        self.sent[member][rid] = (topic, partition, blob, len(records), seq, 1)
+
+    def finish(self) -> None:
+        for member in self.pipes:
+            self._answered(member, 0)
+
+    def _answered(self, member: int, limit: int) -> None:
+        pipe, sent = self.pipes[member], self.sent[member]
+        if len(sent) <= limit:
+            return
+        for other in self.pipes.values():  # what is queued for the others goes out first
+            other.flush()
+        while len(sent) > limit:
+            got = pipe.poll(self.opts.request_timeout_ms, offsets=False)
+            if not got:
+                raise error_for(ErrorCode.TIMEOUT, f"no answer from {self.nodes.name(member)} "
+                                f"within {self.opts.request_timeout_ms} ms")
+            for rid, result in got:
+                topic, part, blob, count, seq, times = sent.pop(rid)
+                if not isinstance(result, NodeError):
+                    continue
+                if result.code not in _RETRYABLE or times > RESENDS_MAX:
+                    raise result
+                time.sleep(min(RESEND_BACKOFF_S_MAX, 0.01 * 2 ** times))  # back off
+                again = pipe.submit(topic, [b""] * count, part, blob=blob, seq=seq)
+                sent[again] = (topic, part, blob, count, seq, times + 1)
 
 
 def _write_plain(opts: SinkOptions, batches: Iterator[pa.RecordBatch], sink_id: str,
                  batch_id: int) -> SinkCommit:
-    """at_least_once: produce requests, up to ``requestsInFlight`` at a time; one the node
-    could not take is sent again under its sequence number (not written twice), at most
-    ``RESENDS_MAX`` times, backing off."""
-    with NodeClient(opts.endpoint, timeout_ms=opts.request_timeout_ms) as client:
-        pipe = Pipeline(client, opts.requests_in_flight_max)
-        # request id → (topic, partition, blob, records, seq, times sent)
-        sent: dict[int, tuple[str, int | None, bytes, int, int, int]] = {}
-        rows = 0
-
-        def answered(limit: int) -> None:
-            while len(sent) > limit:
-                got = pipe.poll(opts.request_timeout_ms, offsets=False)
-                if not got:
-                    raise error_for(ErrorCode.TIMEOUT, f"no answer from {opts.endpoint} within "
-                                    f"{opts.request_timeout_ms} ms")
-                for rid, result in got:
-                    topic, part, blob, count, seq, times = sent.pop(rid)
-                    if not isinstance(result, NodeError):
-                        continue
-                    if result.code not in _RETRYABLE or times > RESENDS_MAX:
-                        raise result
-                    time.sleep(min(RESEND_BACKOFF_S_MAX, 0.01 * 2 ** times))  # back off
-                    again = pipe.submit(topic, [b""] * count, part, blob=blob, seq=seq)
-                    sent[again] = (topic, part, blob, count, seq, times + 1)
-
+    rows = 0
+    with _nodes(opts) as nodes:
+        requests = _Requests(opts, nodes)
+        plain = _Plain(nodes, opts)
         for batch in batches:
-            for topic, part, records in _requests(opts, batch):
-                answered(opts.requests_in_flight_max - 1)
-                blob, seq = _pack(records), client.next_seq()
-                rid = pipe.submit(topic, [b""] * len(records), part, blob=blob, seq=seq)
-                sent[rid] = (topic, part, blob, len(records), seq, 1)
+            for member, topic, part, records in requests.of(batch):
+                plain.send(member, topic, part, records)
             rows += batch.num_rows
-        answered(0)
+        plain.finish()
     return SinkCommit(sink_id, batch_id, [], rows)
 
 
@@ -240,20 +335,22 @@ def _write_plain(opts: SinkOptions, batches: Iterator[pa.RecordBatch], sink_id: 
 @dataclass(frozen=True, slots=True)
 class Plan:
     """What the driver's commit does, in order: roll ``roll_back`` back, write the decision
-    (if ``decide``), commit ``commit``; then roll back what zombies prepared meanwhile."""
+    (if ``decide``), commit ``commit``, each branch on its member; then roll back what
+    zombies prepared meanwhile."""
 
-    roll_back: list[Xid]
+    roll_back: list[Branch]
     decide: bool
-    commit: list[Xid]
+    commit: list[Branch]
 
 
-Decision = tuple[int, list[Xid]]  # the batch decided, and its branches
+Decision = tuple[int, list[Branch]]  # the batch decided, and its branches
 
 
-def plan_commit(sink_id: str, batch_id: int, decided: Decision | None, live: Sequence[Xid],
-                ours: Sequence[Xid]) -> Plan:
-    """Steps 2-5 for batch ``batch_id``, given the sink's decision, its live branches (open
-    or prepared, any batch) and the branches the tasks of this attempt prepared."""
+def plan_commit(sink_id: str, batch_id: int, decided: Decision | None,
+                live: Sequence[Branch], ours: Sequence[Branch]) -> Plan:
+    """Steps 2-5 for batch ``batch_id``, given the sink's decision, its live branches on
+    every member (open or prepared, any batch) and the branches the tasks of this attempt
+    prepared."""
     if decided is not None and decided[0] > batch_id:
         raise SinkIdInUse(
             f"sink id {sink_id!r} has committed batch {decided[0]}, after this batch "
@@ -261,13 +358,13 @@ def plan_commit(sink_id: str, batch_id: int, decided: Decision | None, live: Seq
             f"sinkId of its own (its batches would otherwise be skipped as replays)")
     if decided is not None and decided[0] == batch_id:  # a replay of a decided batch
         keep = set(decided[1])
-        return Plan([x for x in live if x not in keep], False,
-                    [x for x in live if x in keep])
+        return Plan([b for b in live if b not in keep], False,
+                    [b for b in live if b in keep])
     mine = set(ours)
-    return Plan([x for x in live if x not in mine], bool(ours), list(ours))
+    return Plan([b for b in live if b not in mine], bool(ours), list(ours))
 
 
-def plan_abort(batch_id: int, decided: Decision | None, ours: Sequence[Xid]) -> list[Xid]:
+def plan_abort(batch_id: int, decided: Decision | None, ours: Sequence[Branch]) -> list[Branch]:
     """The branches ``abort`` rolls back: none once the batch is decided (the replay
     commits them), else this attempt's."""
     if decided is not None and decided[0] >= batch_id:
@@ -275,41 +372,68 @@ def plan_abort(batch_id: int, decided: Decision | None, ours: Sequence[Xid]) -> 
     return list(ours)
 
 
+def decision_body(batch_id: int, branches: Sequence[Branch]) -> dict[str, Any]:
+    """The decision record's value (msgpack): the batch, and its branches with their
+    members, ``[[member, format_id, global_id, branch_id], ...]``."""
+    return {"batch": batch_id, "branches": [[b.member, *b.xid] for b in branches]}
+
+
+def decision_of(body: dict[str, Any]) -> Decision:
+    """A decision record's value read back. One written before clusters has ``xids``
+    (``[[format_id, global_id, branch_id], ...]``), the single node's."""
+    if "branches" in body:
+        branches = [Branch(int(m), Xid(f, g, q)) for m, f, g, q in body["branches"]]
+    else:
+        branches = [Branch(SINGLE, Xid(*x)) for x in body["xids"]]
+    return int(body["batch"]), branches
+
+
 # ---- the driver: carrying them out ------------------------------------------------------
 
 
-def _decision(client: NodeClient, sink_id: str) -> tuple[Decision | None, bool]:
-    """The sink's latest decision, and whether the decisions' topic exists."""
+def _decision(nodes: Nodes, sink_id: str) -> tuple[Decision | None, bool]:
+    """The sink's latest decision (from the owner of the decisions' one partition), and
+    whether the decisions' topic exists."""
     try:
-        rec = client.read_by_key(SINKS_TOPIC, sink_id, partition=0)
+        rec = nodes.client.read_by_key(SINKS_TOPIC, sink_id, partition=0)
     except NodeError as exc:
         if exc.code != ErrorCode.UNKNOWN_TOPIC:
             raise
         return None, False
     if rec is None:
         return None, True
-    body = msgpack.unpackb(rec.value, raw=False)
-    return (int(body["batch"]), [Xid(*x) for x in body["xids"]]), True
+    return decision_of(msgpack.unpackb(rec.value, raw=False)), True
 
 
-def _live_branches(client: NodeClient, sink_id: str, batch_id: int | None = None) -> list[Xid]:
-    """The sink's open and prepared branches on the node (of one batch, or of any)."""
+def _live_branches(nodes: Nodes, sink_id: str, batch_id: int | None = None) -> list[Branch]:
+    """The sink's open and prepared branches on every member (of one batch, or of any)."""
     prefix = global_id(sink_id, batch_id) if batch_id is not None else f"{sink_id}/".encode()
     out = []
-    for info in client.txn_list():
-        if not info.xid:
-            continue
-        xid = parse_xid(info.xid)
-        if xid.format_id == XID_FORMAT and (xid.global_id == prefix if batch_id is not None
-                                            else xid.global_id.startswith(prefix)):
-            out.append(xid)
+    for member in sorted(nodes.members):
+        for info in nodes.member(member).txn_list():
+            if not info.xid:
+                continue
+            xid = parse_xid(info.xid)
+            if xid.format_id == XID_FORMAT and (xid.global_id == prefix if batch_id is not None
+                                                else xid.global_id.startswith(prefix)):
+                out.append(Branch(member, xid))
     return out
 
 
-def _roll_back(client: NodeClient, xids: Sequence[Xid]) -> None:
-    for xid in xids:
+def _roll_back(nodes: Nodes, branches: Sequence[Branch]) -> None:
+    for b in branches:
         with contextlib.suppress(XAERNota):  # gone already: rolled back, or timed out
-            client.xa_rollback(xid)
+            nodes.member(b.member).xa_rollback(b.xid)
+
+
+def _decide(nodes: Nodes, sink_id: str, batch_id: int, plan: Plan, topic_exists: bool) -> None:
+    """Step 4, the commit point: the decision, one record on the owner of the decisions'
+    partition, durable when answered."""
+    if not topic_exists:
+        with contextlib.suppress(TopicExists):
+            nodes.client.create_topic(SINKS_TOPIC, partitions=1)
+    nodes.client.produce(SINKS_TOPIC, _pack(decision_body(batch_id, plan.commit)), key=sink_id,
+                         partition=0)
 
 
 def commit_batch(opts: SinkOptions, messages: Sequence[SinkCommit | None], batch_id: int) -> None:
@@ -318,37 +442,44 @@ def commit_batch(opts: SinkOptions, messages: Sequence[SinkCommit | None], batch
     if opts.guarantee == AT_LEAST_ONCE or not done:
         return
     sink_id = done[0].sink_id
-    ours = [Xid(*x) for m in done for x in m.xids]
-    with NodeClient(opts.endpoint, timeout_ms=opts.request_timeout_ms) as client:
-        decided, topic_exists = _decision(client, sink_id)
-        plan = plan_commit(sink_id, batch_id, decided, _live_branches(client, sink_id), ours)
-        _roll_back(client, plan.roll_back)
+    ours = [b for m in done for b in m.branches]
+    with _nodes(opts) as nodes:
+        decided, topic_exists = _decision(nodes, sink_id)
+        plan = plan_commit(sink_id, batch_id, decided, _live_branches(nodes, sink_id), ours)
+        _roll_back(nodes, plan.roll_back)
         if plan.decide:
-            if not topic_exists:
-                with contextlib.suppress(TopicExists):
-                    client.create_topic(SINKS_TOPIC, partitions=1)
-            body = {"batch": batch_id, "xids": [list(x) for x in plan.commit]}
-            client.produce(SINKS_TOPIC, _pack(body), key=sink_id, partition=0)
+            _decide(nodes, sink_id, batch_id, plan, topic_exists)
         elif decided is not None:
             log.warning("sink %s: batch %d was committed before; its replay wrote nothing",
                         sink_id, batch_id)
-        for xid in plan.commit:
-            client.xa_commit(xid)
+        for b in plan.commit:
+            nodes.member(b.member).xa_commit(b.xid)
         committed = set(plan.commit)
-        _roll_back(client, [x for x in _live_branches(client, sink_id, batch_id)
-                            if x not in committed])
+        _roll_back(nodes, [b for b in _live_branches(nodes, sink_id, batch_id)
+                           if b not in committed])
 
 
 def abort_batch(opts: SinkOptions, messages: Sequence[SinkCommit | None], batch_id: int) -> None:
     """Spark's abort: after a task failed, or after ``commit_batch`` raised (perhaps past
-    its decision: then the replay's step 2 commits the branches, and this leaves them)."""
+    its decision: then the replay's step 2 commits the branches, and this leaves them).
+    Without the decision (its owner down) it leaves everything; a member it cannot reach
+    keeps the branches, for the next batch's step 3."""
     done = [m for m in messages if m is not None]
-    ours = [Xid(*x) for m in done for x in m.xids]
+    ours = [b for m in done for b in m.branches]
     if not ours:
         return
-    with NodeClient(opts.endpoint, timeout_ms=opts.request_timeout_ms) as client:
-        decided, _exists = _decision(client, done[0].sink_id)
-        _roll_back(client, plan_abort(batch_id, decided, ours))
+    with _nodes(opts) as nodes:
+        decided, _exists = _decision(nodes, done[0].sink_id)
+        down: set[int] = set()
+        for b in plan_abort(batch_id, decided, ours):
+            if b.member in down:
+                continue
+            try:
+                with contextlib.suppress(XAERNota):
+                    nodes.member(b.member).xa_rollback(b.xid)
+            except (RequestTimeout, Unavailable) as exc:
+                log.warning("could not roll back %s: %s", b, exc)
+                down.add(b.member)
 
 
 # ---- Spark's writer classes -------------------------------------------------------------
@@ -390,10 +521,11 @@ class BatchWriter(DataSourceArrowWriter):
         try:
             commit_batch(self.opts, messages, 0)  # type: ignore[arg-type]
         except NodeError as exc:
-            xids = [str(Xid(*x)) for m in messages if isinstance(m, SinkCommit) for x in m.xids]
+            branches = [str(b) for m in messages if isinstance(m, SinkCommit)
+                        for b in m.branches]
             raise RuntimeError(f"the write's commit failed ({exc}); if it was decided, its "
-                               f"branches stay prepared until `shardnode txn commit`: "
-                               f"{', '.join(xids)}") from exc
+                               f"branches stay prepared until `shardnode txn commit` (on each "
+                               f"one's node): {', '.join(branches)}") from exc
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         abort_batch(self.opts, messages, 0)  # type: ignore[arg-type]

@@ -6,7 +6,9 @@ ended up to the end the node answered (``end_offsets``: every record below it is
 and readable), bounded by ``maxRecordsPerTrigger``. Only committed records have offsets, so
 only they are read; a restart from the checkpoint reads on from its offsets, nothing
 skipped and nothing twice. With ``groupId`` the source also commits each finished batch's
-offsets as the node's consumer-group offsets (``shardnode`` shows them).
+offsets as the node's consumer-group offsets (``shardnode`` shows them). From a cluster,
+each split reads its partition from the partition's owner, and each group offset is
+committed there; the end offsets are the cluster's, gathered by a member.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from node.client import NodeClient
+from node.spark.nodes import Nodes
 from node.spark.options import OptionError, SourceOptions
 from node.spark.rows import batch_of
 
@@ -47,13 +49,15 @@ class Split(InputPartition):
     end: int
 
 
-def _client(opts: SourceOptions) -> NodeClient:
-    return NodeClient(opts.endpoint, timeout_ms=opts.request_timeout_ms)
+def _nodes(opts: SourceOptions) -> Nodes:
+    """The node, or the cluster (a client routed by its map: each partition's reads and
+    group offsets go to its owner)."""
+    return Nodes(opts.endpoints, opts.request_timeout_ms)
 
 
 def _ends(opts: SourceOptions) -> Offsets:
-    with _client(opts) as c:
-        return {str(p): end for p, end in enumerate(c.end_offsets(opts.topic))}
+    with _nodes(opts) as nodes:  # a cluster's member gathers them from every owner
+        return {str(p): end for p, end in enumerate(nodes.client.end_offsets(opts.topic))}
 
 
 def _resolve(spec: dict[int, int] | str, ends: Offsets, name: str) -> Offsets:
@@ -118,7 +122,8 @@ def read_split(opts: SourceOptions, split: Split) -> Iterator[pa.RecordBatch]:
     """The split's records as Arrow batches, in offset order: every offset of the range
     (the node's end offsets are durable, so each one is there to read)."""
     offset = split.start
-    with _client(opts) as c:
+    with _nodes(opts) as nodes:
+        c = nodes.client  # routed: the read goes to the partition's owner
         deadline = time.monotonic() + READ_WAIT_MS_MAX / 1000
         while offset < split.end:
             n = min(opts.records_per_read_max, split.end - offset)
@@ -191,10 +196,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Record how far the query has read as the node's consumer-group offsets."""
         if self.opts.group_id is None or end == self.committed:
             return
-        with _client(self.opts) as c:
+        with _nodes(self.opts) as nodes:  # each to its partition's owner
             for p, offset in sorted(end.items(), key=lambda kv: int(kv[0])):
                 if self.committed.get(p) != offset:
-                    c.commit_offset(self.opts.group_id, self.opts.topic, int(p), offset)
+                    nodes.client.commit_offset(self.opts.group_id, self.opts.topic, int(p), offset)
         self.committed = dict(end)
 
 

@@ -79,8 +79,8 @@ class BareWriter(DataSourceArrowWriter):
         try:
             sock.connect(self.endpoint)
             for batch in iterator:
-                for _topic, _partition, chunk in requests_of(batch, "bare", SPARK_FRAME_RECORDS,
-                                                             REQUEST_BYTES_MAX):
+                for _member, _topic, _partition, chunk in requests_of(
+                        batch, "bare", SPARK_FRAME_RECORDS, REQUEST_BYTES_MAX):
                     blob = msgpack.packb(chunk, use_bin_type=True)
                     sock.send_multipart([len(chunk).to_bytes(COUNT_BYTES, "little"), blob])
                 rows += batch.num_rows

@@ -1,0 +1,91 @@
+"""The node, or the cluster, that the option ``endpoint`` names, as the data source reaches it.
+
+``endpoint`` names a single node, or a cluster: several of its members, comma-separated, or
+just one of them. ``Nodes`` asks the first that answers for the cluster's members
+(``cluster_map``). A node with none is a single node, member ``SINGLE`` (0), sent every
+request. A cluster is reached through a client routed by its map (``NodeClient`` given the
+members: each partition's requests go to its owner, topics are made on the catalog member,
+a decision topic's record to its partition's owner) and, for what lives on one member (an
+XA branch, the list of its transactions), a plain client of that member (``member``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from node.client import NodeClient
+from node.spark.options import OptionError
+from wire.errors import ErrorCode, error_for
+
+SINGLE = 0  # the member id of a single node (its ``cluster_map`` answers node_id 0)
+
+
+class Nodes:
+    """The clients of a node or a cluster, for one task or one call of the driver: a
+    context manager that closes them."""
+
+    def __init__(self, endpoints: Sequence[str], timeout_ms: int, retries: int = 5) -> None:
+        assert endpoints, "options.endpoints_of gives at least one"
+        self.timeout_ms, self.retries = timeout_ms, retries
+        first = endpoints[0] if len(endpoints) == 1 else list(endpoints)
+        client = NodeClient(first, timeout_ms=timeout_ms, retries=retries)
+        try:
+            members = client.members()
+            if not members and len(endpoints) > 1:
+                raise OptionError(f"option 'endpoint' names {len(endpoints)} endpoints, but "
+                                  f"the one that answered is a single node, not a member of a "
+                                  f"cluster")
+        except BaseException:
+            client.close()
+            raise
+        if len(endpoints) == 1 and len(members) > 1:
+            # One member named: route by the map it answered, asking it first.
+            client.close()
+            given = endpoints[0]
+            client = NodeClient([given, *(e for e in members.values() if e != given)],
+                                timeout_ms=timeout_ms, retries=retries)
+        self.client = client
+        self.members = members or {SINGLE: endpoints[0]}
+        self._plain: dict[int, NodeClient] = {}
+
+    @property
+    def cluster(self) -> bool:
+        return SINGLE not in self.members
+
+    def owners(self, topic: str) -> tuple[int, ...]:
+        """The member owning each partition of ``topic`` (a cluster's)."""
+        assert self.cluster, "a single node owns every partition"
+        return self.client.owners(topic)
+
+    def member(self, member: int) -> NodeClient:
+        """A plain client of one member (of the node, for a single node's ``SINGLE``)."""
+        client = self._plain.get(member)
+        if client is not None:
+            return client
+        endpoint = self.members.get(member)
+        if endpoint is None:
+            raise error_for(ErrorCode.UNAVAILABLE, f"node {member} is not a member of the "
+                            f"cluster (its members: {sorted(self.members)})")
+        if not self.client.routed and endpoint == self.client.endpoint:
+            client = self.client
+        else:
+            client = NodeClient(endpoint, timeout_ms=self.timeout_ms, retries=self.retries)
+        self._plain[member] = client
+        return client
+
+    def name(self, member: int) -> str:
+        """A member as messages name it."""
+        endpoint = self.members.get(member, "?")
+        return endpoint if member == SINGLE else f"node {member} ({endpoint})"
+
+    def close(self) -> None:
+        for client in self._plain.values():
+            if client is not self.client:
+                client.close()
+        self.client.close()
+
+    def __enter__(self) -> Nodes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
