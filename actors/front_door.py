@@ -58,6 +58,11 @@ log = logging.getLogger("shardnode")
 BURST_WRITES = (CreateTopic, DeleteTopic, CommitOffset)
 
 CLIENT_BURST_MAX = 1024  # client requests read per poll before looking at the mailbox
+# A request for a member whose connection is not up (yet, or again: a member reconnects
+# within ZeroMQ's 100 ms after it restarts) is sent again for up to this long, then
+# answered UNAVAILABLE.
+PEER_CONNECT_WAIT_S = 1.0
+PEER_RETRY_POLL_MS = 20  # how often those requests are tried again
 
 
 class FrontDoor(Actor):
@@ -86,6 +91,8 @@ class FrontDoor(Actor):
         self.replies: dict[bytes, list[bytes]] = {}  # client identity → reply frames
         self.replies_dropped = 0
         self.peers: dict[int, zmq.Socket[bytes]] = {}  # member id → a socket to its front door
+        # Requests a member was not connected to take: (member, corr, frame, give up at).
+        self.unsent: list[tuple[int, int, bytes, float]] = []
         self.peer_of: dict[zmq.Socket[bytes], int] = {}
 
     def on_start(self) -> None:
@@ -163,11 +170,30 @@ class FrontDoor(Actor):
         try:
             self.member_socket(member).send(frame, zmq.NOBLOCK)
         except zmq.Again:
-            cluster = self.state.cluster
-            assert cluster is not None
-            self.perform(self.state.fail([corr], ErrorCode.UNAVAILABLE,
-                                         f"{cluster.name(member)} is not reachable (down, or "
-                                         f"its queue is full); retry later"))
+            self.unsent.append((member, corr, frame, time.monotonic() + PEER_CONNECT_WAIT_S))
+
+    def send_unsent(self) -> None:
+        """Try the requests no member's connection took again; answer UNAVAILABLE those
+        whose member stayed unreachable for ``PEER_CONNECT_WAIT_S``."""
+        unsent, self.unsent = self.unsent, []
+        now = time.monotonic()
+        cluster = self.state.cluster
+        assert cluster is not None
+        for member, corr, frame, give_up_at in unsent:
+            if corr not in self.state.pending:
+                continue  # answered meanwhile (timed out)
+            try:
+                self.peers[member].send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                if now < give_up_at:
+                    self.unsent.append((member, corr, frame, give_up_at))
+                    continue
+                self.perform(self.state.fail([corr], ErrorCode.UNAVAILABLE,
+                                             f"{cluster.name(member)} is not reachable (down, "
+                                             f"or its queue is full); retry later"))
+
+    def poll_timeout_ms(self) -> int:
+        return PEER_RETRY_POLL_MS if self.unsent else super().poll_timeout_ms()
 
     def flush_outbox(self) -> None:
         if self.write_corrs:
@@ -258,6 +284,8 @@ class FrontDoor(Actor):
         self.perform(self.state.fail([corr], ErrorCode.INTERNAL, text))
 
     def on_idle(self) -> None:
+        if self.unsent:
+            self.send_unsent()
         self.flush_outbox()
         self.flush_replies()
 

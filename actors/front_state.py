@@ -139,7 +139,7 @@ class FrontDoorState:
         self.forwards_max = cfg.cluster.forwards_max
         self.catalog_sync_s = cfg.cluster.catalog_sync_ms / 1000
         self.clock = 0.0  # the latest time seen, for the front door's own requests
-        self.forwarded = 0  # requests forwarded to other members
+        self.forwarded = 0  # clients' requests (or their parts) forwarded to other members
         self.forwards_open = 0  # ... not answered yet (at most cluster.forwards_max)
         self.pulling = False  # a copy of the catalog is under way
         self.pull_error = ""  # why the last copy failed
@@ -316,8 +316,10 @@ class FrontDoorState:
             return self.gather_offsets(identity, rid, req, now, t, others)
         if op in ("txn_produce", "txn_commit_offset"):
             t = self.topic(req["topic"])
+            # Where its records land: split as txn_produce splits them (txn_commit_offset
+            # always names its partition).
             ps = ([req["partition"]] if "partition" in req
-                  else sorted({a for a in self.split(req, 0)[1] or [0]}))
+                  else sorted({p for _t, p, _n, _b in self.split(req, req["txn"] + req["seq"])[0]}))
             away = sorted({t.owner(p) for p in ps} - {0, c.me})
             if away:
                 raise CrossNode(
@@ -338,7 +340,8 @@ class FrontDoorState:
         w = self.pending[corr]
         w.peer = w.member = member
         w.then, w.parent = then, parent
-        self.forwarded += 1
+        if identity or parent:  # a client's request, not the front door's catalog traffic
+            self.forwarded += 1
         self.forwards_open += 1
         fields = {k: v for k, v in req.items() if k != "id"}
         fields["id"] = corr

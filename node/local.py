@@ -231,6 +231,24 @@ class LocalCluster:
         """A client routed by the cluster's map."""
         return NodeClient(self.endpoints, **kw)
 
+    def forwarded(self, timeout_s: float = 10.0) -> int:
+        """Clients' requests the members forwarded to each other, in all: their front doors'
+        figures, as reported after this call began (an actor reports about once a second)."""
+        since = time.time()
+        total = 0
+        for node in self.nodes.values():
+            deadline = time.monotonic() + timeout_s
+            with node.client(timeout_ms=int(timeout_s * 1000)) as c:
+                while True:
+                    front = next(a for a in c.status()["actors"] if a["role"] == "front")
+                    if float(front["figures"].get("reported_at", 0)) > since:
+                        break
+                    if time.monotonic() > deadline:
+                        raise NodeFailed(f"{node.endpoint} reported no figures in {timeout_s} s")
+                    time.sleep(0.05)  # poll until the front door's next report
+            total += int(front["figures"]["forwarded"])
+        return total
+
     def start(self, timeout_s: float = 90.0) -> LocalCluster:
         """Start every member at once, then wait until each is ready."""
         for node in self.nodes.values():

@@ -356,3 +356,31 @@ def test_forwarded_requests_are_bounded(tmp_path: Path) -> None:
     s.peer_reply({"records": b"\x90", "id": first.corr, "ok": True})
     (again,) = s.request(ID, frame("read", 4, **read), now=0.0)
     assert isinstance(again, ToPeer)
+
+
+def test_a_transactional_batch_with_no_partition_is_judged_by_where_it_lands(
+        tmp_path: Path) -> None:
+    """Keyed records all in one of this member's partitions are served here, even when
+    another member owns partition 0; keyless ones land where txn_produce's round robin puts
+    them, and are refused if that is another member's."""
+    s = member(tmp_path, 1)  # owns partitions 0 and 3 of EVENTS
+    key = next(k for k in (b"k%d" % i for i in range(100)) if zlib.crc32(k) % 6 == 3)
+    recs = msgpack.packb([[b"v", key, [], None], [b"w", key, [], None]])
+    (ok,) = s.request(ID, frame("txn_produce", 2, txn=7, seq=0, topic="events", records=recs),
+                      now=0.0)
+    assert isinstance(ok, Request)
+    s2 = member(tmp_path, 2)  # owns 1 and 4; keyless: (txn + seq) % 6 = 3, member 1's
+    (refused,) = s2.request(ID, frame("txn_produce", 3, txn=3, seq=0, topic="events",
+                                      records=msgpack.packb([b"a"])), now=0.0)
+    assert answer_of(refused)["code"] == ErrorCode.CROSS_NODE
+    (served,) = s2.request(ID, frame("txn_produce", 4, txn=4, seq=0, topic="events",
+                                     records=msgpack.packb([b"a"])), now=0.0)
+    assert isinstance(served, Request)  # (4 + 0) % 6 = 4: member 2's
+
+
+def test_the_catalog_copy_is_not_counted_as_forwarded(tmp_path: Path) -> None:
+    s = member(tmp_path, 2)
+    (pull,) = s.tick(now=100.0)
+    assert isinstance(pull, ToPeer) and s.forwarded == 0
+    s.request(ID, read_req(5, "events", 0, 1), now=100.0)
+    assert s.forwarded == 1

@@ -688,8 +688,7 @@ def test_group_id_commits_the_sources_progress(spark: SparkSession, node: LocalN
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """Two members, for the tests of a cluster only: started when the first of them asks.
-    A member copies the catalog only when it changes (not every 2 s), so each member's
-    ``forwarded`` counts the requests it forwarded for clients."""
+    A member copies the catalog only when it changes (not every 2 s)."""
     root = tmp_path_factory.mktemp("cluster")
     config = root / "member.toml"
     config.write_text("[cluster]\ncatalog_sync_ms = 600000\n")
@@ -700,26 +699,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 def member(cl: LocalCluster, m: int, timeout_ms: int = 10_000) -> NodeClient:
     """A client of one member only (what it does not own, it forwards)."""
     return NodeClient(cl.nodes[m].endpoint, timeout_ms=timeout_ms)
-
-
-def forwarded(cl: LocalCluster) -> int:
-    """Requests the members forwarded to each other, in all: their front doors' figures, as
-    reported after this call began (an actor reports them about once a second)."""
-    since = time.time()
-    total = 0
-    for m in cl.nodes:
-        with member(cl, m) as c:
-            figures: dict[str, Any] = {}
-
-            def fresh() -> bool:
-                nonlocal figures
-                front = next(a for a in c.status()["actors"] if a["role"] == "front")
-                figures = front["figures"]
-                return float(figures.get("reported_at", 0)) > since
-
-            poll(fresh, f"member {m}'s figures", timeout_s=10)
-            total += int(figures["forwarded"])
-    return total
 
 
 def cluster_topic(c: NodeClient, name: str, partitions: int = 4) -> tuple[int, ...]:
@@ -755,11 +734,11 @@ def test_exactly_once_into_a_cluster_stages_on_each_owner_and_forwards_nothing(
     rows = write_inputs(spark, tmp_path / "in", files=3, rows_per_file=600)
     with cluster.client() as c:
         owners = cluster_topic(c, "c-once")
-        before = forwarded(cluster)
+        before = cluster.forwarded()
         q = sink_stream(stream_inputs(spark, tmp_path / "in"), cluster, "c-once",
                         tmp_path / "ck")
         finish(q)
-        assert forwarded(cluster) == before, "each request went to its partition's owner"
+        assert cluster.forwarded() == before, "each request went to its partition's owner"
         assert_exactly(c, "c-once", rows)
         assert_no_branches_on(cluster)
         for p, owner in enumerate(owners):  # each row in its key's partition, on its owner
@@ -779,13 +758,13 @@ def test_at_least_once_into_a_cluster_through_one_member(spark: SparkSession,
     over every partition; rows naming a partition land in it."""
     with cluster.client() as c:
         owners = cluster_topic(c, "c-plain")
-        before = forwarded(cluster)
+        before = cluster.forwarded()
         df = spark.range(0, 3000, numPartitions=2).selectExpr(
             "concat('v', id) as value", "if(id % 3 = 0, cast(id % 4 as int), null) as partition")
         (df.write.format("shardnode").mode("append").option("endpoint", cluster.nodes[2].endpoint)
          .option("topic", "c-plain").option("deliveryGuarantee", "at_least_once")
          .option("maxRecordsPerRequest", "100").save())
-        assert forwarded(cluster) == before, "each request went to its partition's owner"
+        assert cluster.forwarded() == before, "each request went to its partition's owner"
         assert_exactly(c, "c-plain", 3000)  # nothing failed: nothing sent twice
         for p, owner in enumerate(owners):
             values = [r.value for r in records_on_owner(cluster, "c-plain", p, owner)]
