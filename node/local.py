@@ -205,16 +205,18 @@ class LocalNode:
 
 class LocalCluster:
     """A cluster of ``LocalNode`` members on this machine: a cluster file listing ``n``
-    members on free ports, member ``i`` (1..n) with its data in ``root/node-i``."""
+    members on free ports (or ``base_port`` and on), member ``i`` (1..n) with its data in
+    ``root/node-i``."""
 
     def __init__(self, root: Path, n: int, config: Path | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, base_port: int | None = None) -> None:
         from config.cluster import Member, cluster_text
 
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.file = self.root / "cluster.toml"
-        ports = [free_port() for _ in range(n)]
+        ports = ([free_port() for _ in range(n)] if base_port is None
+                 else [base_port + i for i in range(n)])
         members = [Member(i + 1, f"tcp://127.0.0.1:{port}") for i, port in enumerate(ports)]
         self.file.write_text(cluster_text(members))
         self.nodes = {

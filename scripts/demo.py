@@ -1,9 +1,10 @@
-"""shardnode's demo is the pipeline a user of it runs: a node on ./var/demo, a Spark
-streaming query from a generated source through the ``shardnode`` sink (exactly once), a
-Spark streaming query that reads the topic back through the ``shardnode`` source, and a
-check in Spark SQL that every row arrived exactly once, with its key, value and timestamp.
+"""shardnode's demo is the pipeline a user of it runs: a local cluster of three nodes on
+./var/demo, a Spark streaming query from a generated source through the ``shardnode`` sink
+(exactly once: each task stages its rows on the members owning their partitions), a Spark
+streaming query that reads the topic back through the ``shardnode`` source, and a check in
+Spark SQL that every row arrived exactly once, with its key, value and timestamp.
 
-    scripts/demo [--rows 200000] [--port 7400] [--partitions 4] [--batch-rows 50000]
+    scripts/demo [--rows 200000] [--nodes 3] [--port 7400] [--partitions 4] [--batch-rows 50000]
 
 The input is the numbers 0..rows-1 in Parquet files of ``--batch-rows`` each, one file to a
 micro-batch. Row ``n`` is written with key ``user-<n % 1000>``, value
@@ -44,7 +45,7 @@ from rich.progress import (
 from rich.table import Table
 
 from node.client import NodeClient
-from node.local import LocalNode
+from node.local import LocalCluster
 from node.spark import register
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,7 +87,7 @@ console = Console()
 
 
 class DemoFailed(RuntimeError):
-    """A query failed or stalled, or the node does not hold the rows written."""
+    """A query failed or stalled, or the cluster does not hold the rows written."""
 
 
 @dataclass(slots=True)
@@ -215,7 +216,7 @@ def read_checked(spark: SparkSession, endpoint: str, batch_rows: int, start_ms: 
 
 
 def rows_in(c: NodeClient) -> int:
-    """The records of the topic: the node's end offsets, all committed and durable."""
+    """The records of the topic: the members' end offsets, all committed and durable."""
     return sum(c.end_offsets(TOPIC))
 
 
@@ -231,23 +232,26 @@ def query_step(name: str, query: StreamingQuery, seconds: float) -> Step:
     return Step(name, seconds, sum(p.numInputRows for p in done), len(done), warm)
 
 
-def write(spark: SparkSession, node: LocalNode, spark_dir: Path, rows: int,
+def write(spark: SparkSession, cluster: LocalCluster, spark_dir: Path, rows: int,
           start_ms: int) -> Step:
     """Query 1: the input into the topic through the sink, exactly once; the bar counts
-    the rows the node has. Once it ends the topic must hold the rows, no more, and the node
-    no transaction (the sink's XA branches) still open or prepared."""
+    the rows the cluster has. Once it ends the topic must hold the rows, no more, and no
+    member a transaction (the sink's XA branches) still open or prepared."""
     t0 = time.monotonic()
     query = (generated(spark, spark_dir / "input", start_ms).writeStream
              .format("shardnode").queryName("write")
-             .option("endpoint", node.endpoint).option("topic", TOPIC)
+             .option("endpoint", ",".join(cluster.endpoints)).option("topic", TOPIC)
              .option("deliveryGuarantee", "exactly_once")
              .option("checkpointLocation", str(spark_dir / "write-checkpoint"))
              .trigger(availableNow=True).start())
     try:
-        with node.client() as c:
+        with cluster.client() as c:
             seconds = follow(query, "write", lambda: rows_in(c), rows, t0)
             have = rows_in(c)
-            left = c.txn_list()  # the sink's XA branches: every one committed, none in doubt
+        left = []  # the sink's XA branches, on every member: every one committed, none in doubt
+        for node in cluster.nodes.values():
+            with node.client() as c:
+                left += c.txn_list()
     finally:
         query.stop()
     if have != rows:
@@ -258,12 +262,12 @@ def write(spark: SparkSession, node: LocalNode, spark_dir: Path, rows: int,
     return query_step("write → shardnode", query, seconds)
 
 
-def read_back(spark: SparkSession, node: LocalNode, spark_dir: Path, rows: int,
+def read_back(spark: SparkSession, cluster: LocalCluster, spark_dir: Path, rows: int,
               batch_rows: int, start_ms: int) -> Step:
     """Query 2: the topic through the source, checked row by row, into Parquet files
     (``spark_dir/readback``) for the check; the bar counts the rows read."""
     t0 = time.monotonic()
-    query = (read_checked(spark, node.endpoint, batch_rows, start_ms).writeStream
+    query = (read_checked(spark, ",".join(cluster.endpoints), batch_rows, start_ms).writeStream
              .format("parquet").queryName("read")
              .option("path", str(spark_dir / "readback"))
              .option("checkpointLocation", str(spark_dir / "read-checkpoint"))
@@ -334,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     assert __doc__ is not None
     p = argparse.ArgumentParser(prog="scripts/demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=200_000, help="rows to write (default 200 000)")
-    p.add_argument("--port", type=int, default=7400, help="client port (default 7400)")
+    p.add_argument("--nodes", type=int, default=3, help="members of the cluster (default 3)")
+    p.add_argument("--port", type=int, default=7400,
+                   help="member 1's client port; the others' follow it (default 7400)")
     p.add_argument("--partitions", type=int, default=4, help="the topic's (default 4)")
     p.add_argument("--batch-rows", type=int, default=50_000,
                    help="rows per micro-batch of each query (default 50 000)")
@@ -342,35 +348,38 @@ def main(argv: list[str] | None = None) -> int:
                    help="wiped first; the node's data, the input and Spark's checkpoints "
                         "(default ./var/demo)")
     a = p.parse_args(argv)
-    if a.rows < 1 or a.partitions < 1 or a.batch_rows < 1:
-        p.error("need --rows, --partitions and --batch-rows >= 1")
+    if a.rows < 1 or a.partitions < 1 or a.batch_rows < 1 or not 1 <= a.nodes <= 16:
+        p.error("need --rows, --partitions and --batch-rows >= 1, and --nodes 1-16")
     if -(-a.rows // a.batch_rows) > BATCHES_MAX:
         p.error(f"--rows / --batch-rows must be at most {BATCHES_MAX:,} micro-batches")
-    if not port_is_free(a.port):
-        console.print(f"[red]port {a.port} is in use[/red] (another node?): pass --port N")
+    busy = [port for port in range(a.port, a.port + a.nodes) if not port_is_free(port)]
+    if busy:
+        console.print(f"[red]port {busy[0]} is in use[/red] (another node?): pass --port N")
         return 2
     t_start = time.monotonic()
     shutil.rmtree(a.data_dir, ignore_errors=True)
     a.data_dir.mkdir(parents=True)
     spark_dir = a.data_dir / "spark"
-    node = LocalNode(a.data_dir / "node", port=a.port, log_file=a.data_dir / "node.log")
+    cluster = LocalCluster(a.data_dir / "cluster", a.nodes, base_port=a.port)
     steps: list[Step] = []
     spark: SparkSession | None = None
-    console.print(f"starting a node on {node.endpoint}, data in {a.data_dir}")
+    console.print(f"starting a cluster of {a.nodes} on {', '.join(cluster.endpoints)}, data in "
+                  f"{a.data_dir}")
     t0 = time.monotonic()
-    node.start()
+    cluster.start()
     try:
-        with node.client() as c:
+        with cluster.client() as c:
             c.create_topic(TOPIC, partitions=a.partitions)
-        steps.append(Step("node start", time.monotonic() - t0))
+            owners = c.owners(TOPIC) if a.nodes > 1 else ()
+        steps.append(Step(f"cluster start ({a.nodes})", time.monotonic() - t0))
         steps.append(generate(spark_dir / "input", a.rows, a.batch_rows))
         with console.status("starting Spark (local[2])"):
             t0 = time.monotonic()
             spark = start_spark(a.data_dir)
             steps.append(Step("Spark start", time.monotonic() - t0))
         start_ms = int(time.time() * 1000)
-        steps.append(write(spark, node, spark_dir, a.rows, start_ms))
-        steps.append(read_back(spark, node, spark_dir, a.rows, a.batch_rows, start_ms))
+        steps.append(write(spark, cluster, spark_dir, a.rows, start_ms))
+        steps.append(read_back(spark, cluster, spark_dir, a.rows, a.batch_rows, start_ms))
         with console.status("checking in Spark SQL"):
             t0 = time.monotonic()
             result = check(spark, spark_dir / "readback")
@@ -381,15 +390,16 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if spark is not None:
             spark.stop()
-        node.stop()
+        cluster.stop()
     console.print(summary(steps, time.monotonic() - t_start, a.rows, a.partitions))
     failures = result.failures(a.rows)
     if failures:
         console.print("[red]FAILED[/red]: " + "; ".join(failures), highlight=False)
         return 1
+    placed = (f"; partitions on members {list(owners)}" if owners else "")
     console.print(f"[green]OK[/green]: each of the {a.rows:,} rows read back exactly once, "
-                  f"with the key, value and timestamp written; node stopped, its log in "
-                  f"{node.log_file}", highlight=False)
+                  f"with the key, value and timestamp written{placed}; cluster stopped, its "
+                  f"logs in {cluster.root}", highlight=False)
     return 0
 
 
