@@ -32,6 +32,8 @@ def test_demo_writes_every_row_and_reads_each_back_once(tmp_path: Path) -> None:
     out = proc.stdout
     assert proc.returncode == 0, f"demo failed:\n{out[-4000:]}\n{proc.stderr[-4000:]}"
     assert f"OK: each of the {ROWS:,} rows read back exactly once" in out, out
+    owners = re.search(r"partitions on members \[([\d, ]+)\]", out.replace("\n", " "))
+    assert owners is not None and len(set(owners.group(1).split(", "))) > 1, out  # a cluster
     for query in ("write → shardnode", "read ← shardnode"):
         line = next((ln for ln in out.splitlines() if query in ln), None)
         assert line is not None, f"no summary line for {query!r}:\n{out}"
