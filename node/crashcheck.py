@@ -53,6 +53,7 @@ class Producer(threading.Thread):
         self.partition = partition
         self.batches_max = batches_max
         self.keyed = keyed
+        self.resent = 0  # requests refused (busy, down) or unanswered, and sent again
         self.ledger = Ledger()
         self.error: BaseException | None = None
         self.done_batches = 0
@@ -105,6 +106,7 @@ class Producer(threading.Thread):
             except NodeError:
                 if time.monotonic() > deadline:
                     raise
+                self.resent += 1
         if len(placed) != len(values):
             raise AssertionError(f"acknowledged {len(placed)} records of a batch of "
                                  f"{len(values)}")
@@ -124,9 +126,13 @@ class PipelinedProducer(Producer):
         self.ledger.sent.update(values)
         todo = {b * self.batch + i: v for i, v in enumerate(values)}  # seq → value
         deadline = time.monotonic() + BATCH_RETRY_S_MAX
+        first = True
         while todo:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{len(todo)} records of batch {b} never acknowledged")
+            if not first:
+                self.resent += len(todo)
+            first = False
             # A fresh pipeline per attempt: late answers to an earlier one are ignored.
             pipe = c.pipeline(in_flight_max=self.batch)
             sent = {pipe.submit(self.topic, [v], self.partition, seq=seq): seq

@@ -237,17 +237,20 @@ def start_txn_side(node: LocalNode, batch: int, txns: int, rng: random.Random) -
 
 @dataclass
 class ClusterTally:
-    """What the trials of --cluster killed: whole members and actors, by member."""
+    """What the trials of --cluster killed: whole members and actors, by member; actors by
+    role."""
 
     nodes: dict[int, int]
     actors: dict[int, int]
+    roles: dict[str, int]
 
     def line(self) -> str:
         def by_member(counts: dict[int, int]) -> str:
             return ", ".join(f"node {m}: {n}" for m, n in sorted(counts.items()) if n)
 
+        roles = ", ".join(f"{r} {n}" for r, n in sorted(self.roles.items()) if n)
         return (f"killed whole members {sum(self.nodes.values())} ({by_member(self.nodes)}), "
-                f"actors {sum(self.actors.values())} ({by_member(self.actors)})")
+                f"actors {sum(self.actors.values())} ({by_member(self.actors)}; {roles})")
 
 
 def run_cluster_trial(cluster: LocalCluster, producers: list[Producer], trial_seed: int,
@@ -265,7 +268,11 @@ def run_cluster_trial(cluster: LocalCluster, producers: list[Producer], trial_se
         threading.Thread(target=request_checkpoint, args=(node,), daemon=True).start()
     threading.Event().wait(rng.uniform(0.0, 0.3))  # ok-sleep: choosing when to kill
     kill_and_restart(node, target, victim)
-    (tally.nodes if victim is None else tally.actors)[member] += 1
+    if victim is None:
+        tally.nodes[member] += 1
+    else:
+        tally.actors[member] += 1
+        tally.roles[target] += 1
     wait_until("producers to finish the trial", lambda: all(p.idle() for p in producers), 180)
     for p in producers:
         if p.error is not None:
@@ -341,7 +348,8 @@ def main_cluster(args: argparse.Namespace, seed: int, base: Path, cfg: Path) -> 
     cluster = LocalCluster(base / "cluster", args.nodes, config=cfg)
     t0 = time.monotonic()
     producers: list[Producer] = []
-    tally = ClusterTally(dict.fromkeys(cluster.nodes, 0), dict.fromkeys(cluster.nodes, 0))
+    tally = ClusterTally(dict.fromkeys(cluster.nodes, 0), dict.fromkeys(cluster.nodes, 0),
+                         dict.fromkeys(ROLES, 0))
     try:
         cluster.start()
         producers = cluster_producers(cluster, args.batch, partitions)
@@ -359,8 +367,9 @@ def main_cluster(args: argparse.Namespace, seed: int, base: Path, cfg: Path) -> 
             p.stop()
         cluster.stop()
     acked = sum(len(p.ledger.acked) for p in producers)
-    print(f"{tally.line()}; {acked} records acknowledged; "
-          f"{time.monotonic() - t0:.0f} s in all")
+    resent = sum(p.resent for p in producers)
+    print(f"{tally.line()}; {acked} records acknowledged; {resent} requests refused or "
+          f"unanswered and sent again; {time.monotonic() - t0:.0f} s in all")
     if not failed and args.data_dir is None:
         shutil.rmtree(base)
     print(f"{passed} passed, {failed} failed")

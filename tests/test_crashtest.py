@@ -41,7 +41,8 @@ def test_crashtest_cluster_five_trials(tmp_path: Path) -> None:
     killed = re.findall(r"killed (.+?) at a random moment", out.stdout)
     assert killed == ["writer-0 of node 2", "node 1 (every process)", "log of node 2",
                       "cache of node 1", "node 2 (every process)"], out.stdout
-    assert "killed whole members 2 (node 1: 1, node 2: 1), actors 3" in out.stdout
+    assert ("killed whole members 2 (node 1: 1, node 2: 1), actors 3 (node 1: 1, node 2: 2; "
+            "cache 1, log 1, writer-0 1)") in out.stdout
 
 
 class FakeNode:
