@@ -297,10 +297,10 @@ def cluster_producers(cluster: LocalCluster, batch: int, partitions: int) -> lis
         owners = c.owners(TOPIC)
     if set(owners) != set(cluster.nodes):
         raise SystemExit(f"the topic's partitions are placed on {sorted(set(owners))} only")
-    # Each member copies the topic before the creation is answered, unless it could not be
-    # reached: just after the members start, their sockets to each other may still be
-    # connecting (for up to ~0.2 s), and a member that missed it answers UNKNOWN_TOPIC until
-    # its next copy of the catalog. The producers start once every member has it.
+    # Each member is told to copy the topic before the creation is answered, but one that
+    # could not be reached (just after the members start, their sockets to each other may
+    # still be connecting, for up to ~0.2 s) copies it only in its next sync of the catalog:
+    # the producers start once every member has it.
     wait_until(f"every member to know topic {TOPIC!r}",
                lambda: all(knows(n, TOPIC) for n in cluster.nodes.values()), 30)
     fixed = [owners.index(m) for m in sorted(cluster.nodes)]  # a partition of each member
