@@ -216,10 +216,14 @@ class FrontDoorState:
                 self.parked.append((identity, rid, op, req, self.pulling))
                 return self.pull()
             self.errors += 1
-            text = exc.message
+            code, text = exc.code, exc.message
             if exc.code == ErrorCode.UNKNOWN_TOPIC and self.pull_error:
+                # Not known here, and not known not to exist: the catalog member was not
+                # reached (down, or a socket to it still connecting just after a start).
+                # UNAVAILABLE, which clients retry, rather than an answer that may be false.
+                code = ErrorCode.UNAVAILABLE
                 text += f" here, and the catalog could not be asked: {self.pull_error}"
-            return [Reply(identity, protocol.error(rid, exc.code, text))]
+            return [Reply(identity, protocol.error(rid, code, text))]
         except Exception as exc:  # a request must never take the front door down
             log.exception("request %d failed", rid)
             self.errors += 1

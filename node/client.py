@@ -315,19 +315,14 @@ class NodeClient:
             return self._sock(members[min(members)] if members else self.endpoint)
         return self.sock
 
-    def _produce_routed(self, topic: str, recs: list[Record | bytes]
+    def _produce_routed(self, topic: str, recs: list[Record | bytes], seq: int
                         ) -> list[tuple[int, int]]:
         """A batch with no partition named, on a cluster: split by key as the node splits
         it, each owner sent its records at once (same producer id and sequence number, so
         each recognises a retry), the answers joined in batch order."""
         owners = self.owners(topic)
-        seq = self.next_seq()
-        n = len(owners)
-        rr = (self.producer_id + seq) % n
         by_member: dict[int, list[int]] = {}
-        for i, rec in enumerate(recs):
-            key = rec.key if isinstance(rec, Record) else None
-            p = rr if key is None else key_partition(key, n)
+        for i, p in enumerate(self._spread(recs, seq, len(owners))):
             by_member.setdefault(owners[p], []).append(i)
         sent: list[tuple[int, list[int], dict[str, Any], zmq.Socket[bytes], int | None]] = []
         for member, idx in by_member.items():
@@ -356,6 +351,14 @@ class NodeClient:
             for i, placed in zip(idx, expand_offsets(reply, len(idx)), strict=True):
                 out[i] = placed
         return out
+
+    def _spread(self, recs: Sequence[Record | bytes], seq: int, partitions: int) -> list[int]:
+        """The partition of each record of a batch with no partition named, as the node
+        picks it: its key's, or the batch's round-robin pick (by producer id and sequence
+        number, so that a retry lands where the first attempt did)."""
+        rr = (self.producer_id + seq) % partitions
+        return [rr if not isinstance(rec, Record) or rec.key is None
+                else key_partition(rec.key, partitions) for rec in recs]
 
     # ---- topics -------------------------------------------------------------------
 
@@ -395,16 +398,21 @@ class NodeClient:
         return self.produce_batch(topic, [rec], partition)[0]
 
     def produce_batch(self, topic: str, records: Iterable[Record | bytes],
-                      partition: int | None = None) -> list[tuple[int, int]]:
-        """Write many records in one request; their (partition, offset) pairs, in order."""
+                      partition: int | None = None, seq: int | None = None
+                      ) -> list[tuple[int, int]]:
+        """Write many records in one request; their (partition, offset) pairs, in order.
+        ``seq`` sends an earlier request again under its sequence number (with the same
+        records and partition: a retry the node answers with the first attempt's offsets);
+        by default the next one."""
         recs = list(records)
         if not recs:
             raise error_for(ErrorCode.EMPTY_BATCH, "a batch needs at least one record")
+        seq = self.next_seq() if seq is None else seq
         if self.routed and partition is None and len(self.owners(topic)) > 1:
-            return self._produce_routed(topic, recs)
+            return self._produce_routed(topic, recs, seq)
         blob = pack_batch(recs)
         fields: dict[str, Any] = {"topic": topic, "producer_id": self.producer_id,
-                                  "seq": self.next_seq(), "records": blob}
+                                  "seq": seq, "records": blob}
         if partition is not None:
             fields["partition"] = partition
         return expand_offsets(self.call("produce", **fields), len(recs))
@@ -550,7 +558,18 @@ class Pipeline:
     ``(id, offsets or NodeError)``. A queue of ``SUBMIT_QUEUE_MAX`` requests or
     ``SUBMIT_QUEUE_BYTES_MAX`` bytes is sent at once. At most ``in_flight_max`` requests may
     be in flight, queued ones included: ``submit`` raises ``Busy`` beyond that (poll first).
-    Used by the benchmark.
+    Used by the benchmark and the crash test.
+
+    On a client of a cluster (routed), each request goes to the member owning the partition
+    it names, or, naming none, the one partition its records land on (by key, or the
+    request's round-robin pick); a request whose records land on several members goes to
+    the client's first endpoint, which splits it and forwards the parts. Each member's
+    requests are queued and sent as frames of their own. A request that cannot be sent
+    (its member is down: sockets are ``IMMEDIATE``) is answered ``Unavailable`` by the next
+    ``poll``; sending it again under its sequence number is safe. A topic's owners are
+    learned by a call to the cluster at its first submit with nothing in flight (a call's
+    reply and the pipeline's share sockets); with requests in flight, a request for a topic
+    not yet known goes to the first endpoint, which forwards it.
     """
 
     SUBMIT_QUEUE_MAX = 256
@@ -563,8 +582,12 @@ class Pipeline:
         self.client = client
         self.in_flight_max = in_flight_max
         self.in_flight: dict[int, int] = {}  # request id → record count
-        self.queued: list[bytes] = []  # packed requests not sent yet
+        self.queued: list[bytes] = []  # packed requests not sent yet (a single node)
         self.queued_bytes = 0
+        # A routed client: the requests not sent yet, (id, packed), by the member's socket;
+        # and the answers of requests that could not be sent, for the next poll.
+        self.routed_queues: dict[zmq.Socket[bytes], list[tuple[int, bytes]]] = {}
+        self.unsent: list[tuple[int, list[tuple[int, int]] | NodeError]] = []
 
     def submit(self, topic: str, records: Sequence[Record | bytes], partition: int | None = None,
                blob: bytes | None = None, seq: int | None = None) -> int:
@@ -575,17 +598,22 @@ class Pipeline:
                        f"poll for answers first")
         c = self.client
         rid = next(c._ids)
+        seq = c.next_seq() if seq is None else seq
         # The hot path of the client: the map is written out here, in the order
         # ``request_map("produce", rid, fields, id_first=True)`` gives (a test holds the two
         # together), which cost 0.4-0.6 µs more per request.
         fields: dict[str, Any] = {"op": "produce", "id": rid, "topic": topic,
-                                  "producer_id": c.producer_id,
-                                  "seq": c.next_seq() if seq is None else seq,
+                                  "producer_id": c.producer_id, "seq": seq,
                                   "records": blob if blob is not None else
                                   msgpack.packb([to_wire(r) for r in records], use_bin_type=True)}
         if partition is not None:
             fields["partition"] = partition
         frame = msgpack.packb(fields, use_bin_type=True)
+        if c.routed:
+            self.queue_routed(rid, frame, self.member_socket(topic, records, partition, blob,
+                                                             seq))
+            self.in_flight[rid] = len(records)
+            return rid
         if self.queued and self.queued_bytes + len(frame) > self.SUBMIT_QUEUE_BYTES_MAX:
             self.flush()
         self.queued.append(frame)
@@ -595,13 +623,60 @@ class Pipeline:
             self.flush()
         return rid
 
+    def member_socket(self, topic: str, records: Sequence[Record | bytes],
+                      partition: int | None, blob: bytes | None, seq: int
+                      ) -> zmq.Socket[bytes]:
+        """A routed client's socket for a request: its partition's owner's, when the request
+        lands on one member and the topic's owners are known; the first endpoint's else."""
+        c = self.client
+        owners = c._owners.get(topic)
+        if owners is None and not self.in_flight:
+            try:
+                owners = c.owners(topic)
+            except NodeError:
+                owners = None  # the first endpoint answers the request with the error
+        if not owners:
+            return c.sock
+        if partition is not None:
+            ps = {partition}
+        elif blob is None:
+            ps = set(c._spread(records, seq, len(owners)))
+        else:
+            return c.sock  # its keys are in the blob: the member that receives it splits it
+        members = {owners[p] for p in ps if 0 <= p < len(owners)}
+        if len(members) != 1:
+            return c.sock  # several members (the first endpoint splits it), or no partition
+        endpoint = c.members().get(members.pop())
+        return c.sock if endpoint is None else c._sock(endpoint)
+
+    def queue_routed(self, rid: int, frame: bytes, sock: zmq.Socket[bytes]) -> None:
+        queue = self.routed_queues.setdefault(sock, [])
+        queue.append((rid, frame))
+        self.queued_bytes += len(frame)
+        if len(queue) >= self.SUBMIT_QUEUE_MAX or self.queued_bytes > self.SUBMIT_QUEUE_BYTES_MAX:
+            self.flush()
+
     def flush(self) -> None:
-        """Send the queued requests, as one frame."""
+        """Send the queued requests, as one frame (to each member, on a cluster)."""
         self.client.settle_transactions()  # their answers are not this pipeline's to read
         if self.queued:
             frame = self.queued[0] if len(self.queued) == 1 else b"".join(self.queued)
             self.queued, self.queued_bytes = [], 0
             self.client.sock.send(frame, 0, copy=len(frame) < 65536)
+        if self.routed_queues:
+            queues, self.routed_queues, self.queued_bytes = self.routed_queues, {}, 0
+            for sock, items in queues.items():
+                self.send_routed(sock, items)
+
+    def send_routed(self, sock: zmq.Socket[bytes], items: list[tuple[int, bytes]]) -> None:
+        frame = b"".join(f for _rid, f in items)
+        try:
+            sock.send(frame, 0, copy=len(frame) < 65536)
+        except zmq.Again:  # not connected (IMMEDIATE), within the socket's send timeout
+            down = Unavailable(f"{self.client._name(sock)} is not reachable (down?)")
+            for rid, _f in items:
+                if self.in_flight.pop(rid, None) is not None:
+                    self.unsent.append((rid, down))
 
     def poll(self, timeout_ms: int, offsets: bool = True
              ) -> list[tuple[int, list[tuple[int, int]] | NodeError]]:
@@ -610,14 +685,27 @@ class Pipeline:
         Spark sink) saves building a pair per record."""
         self.flush()
         out: list[tuple[int, list[tuple[int, int]] | NodeError]] = []
-        sock = self.client.sock
-        if not sock.poll(timeout_ms, zmq.POLLIN):
+        if self.client.routed:
+            out, self.unsent = self.unsent, []
+            poller = zmq.Poller()
+            for sock in self.client._socks.values():
+                poller.register(sock, zmq.POLLIN)
+            for sock, _ev in poller.poll(0 if out else timeout_ms):
+                self.drain(sock, out, offsets)
             return out
+        sock = self.client.sock
+        if sock.poll(timeout_ms, zmq.POLLIN):
+            self.drain(sock, out, offsets)
+        return out
+
+    def drain(self, sock: zmq.Socket[bytes],
+              out: list[tuple[int, list[tuple[int, int]] | NodeError]], offsets: bool) -> None:
+        """Read the frames waiting on ``sock``: the answers to this pipeline's requests."""
         while True:
             try:
                 frame = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
-                return out
+                return
             for reply in unpack_replies(frame):
                 rid = reply.get("id")
                 if type(rid) is not int or (count := self.in_flight.pop(rid, None)) is None:

@@ -4,21 +4,25 @@ that after any crash every acknowledged record is present exactly once, in order
 Used by ``tests/test_crash.py`` and ``scripts/crashtest``. Producers are threads, each with
 its own ``NodeClient``; each batch is retried with the same sequence number until it is
 acknowledged, as an idempotent producer must. A ``PipelinedProducer`` sends each record
-of a batch as its own request, all in flight at once, sharing frames each way. A producer can be paused between batches,
-so the check reads a state that no request is changing.
+of a batch as its own request, all in flight at once, sharing frames each way. A producer
+can be paused between batches, so the check reads a state that no request is changing.
+
+Given a list of endpoints (the members of a cluster), a producer's client is routed: it
+sends each request to the owner of its partition, and splits a batch with no partition
+named by key over the owners (``NodeClient``). A request for a member that is down fails
+(``Unavailable``) and is retried under the same sequence number until the member is back.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import msgpack
 
 from node.client import NodeClient
 from wire.errors import ErrorCode, NodeError
+from wire.records import Record
 
 BATCH_RETRY_S_MAX = 180.0  # a batch not acknowledged in this long fails the producer
 RETRYABLE = (ErrorCode.BUSY, ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE)
@@ -34,14 +38,22 @@ class Ledger:
 
 
 class Producer(threading.Thread):
-    """Writes numbered batches of unique values to ``topic`` until stopped or done."""
+    """Writes numbered batches of unique values to ``topic`` until stopped or done.
 
-    def __init__(self, endpoint: str, topic: str, name: str, batch: int,
-                 partition: int | None, batches_max: int | None = None) -> None:
+    ``endpoint``: a node's, or a list of a cluster's members (a routed client). ``keyed``:
+    each record carries its value as its key, so that a batch with no partition named is
+    split by key over the partitions (and their owners); without keys the node puts a
+    whole batch in one partition, its round-robin pick."""
+
+    def __init__(self, endpoint: str | Sequence[str], topic: str, name: str, batch: int,
+                 partition: int | None, batches_max: int | None = None,
+                 keyed: bool = False) -> None:
         super().__init__(daemon=True, name=f"producer-{name}")
         self.endpoint, self.topic, self.tag, self.batch = endpoint, topic, name, batch
         self.partition = partition
         self.batches_max = batches_max
+        self.keyed = keyed
+        self.resent = 0  # requests refused (busy, down) or unanswered, and sent again
         self.ledger = Ledger()
         self.error: BaseException | None = None
         self.done_batches = 0
@@ -82,23 +94,24 @@ class Producer(threading.Thread):
     def write(self, c: NodeClient, b: int) -> None:
         values = [f"{self.tag}-{b}-{i}".encode() for i in range(self.batch)]
         self.ledger.sent.update(values)
-        fields: dict[str, Any] = {"topic": self.topic, "producer_id": c.producer_id,
-                                  "seq": b, "records": msgpack.packb(values)}
-        if self.partition is not None:
-            fields["partition"] = self.partition
+        records: list[Record | bytes] = ([Record(v, key=v) for v in values] if self.keyed
+                                         else list(values))
         deadline = time.monotonic() + BATCH_RETRY_S_MAX
         while True:
             try:
-                reply = c.call("produce", **fields)
+                # Batch b is always sequence number b: a retry after a lost answer is
+                # recognised (by each member it went to) and answered with the same offsets.
+                placed = c.produce_batch(self.topic, records, self.partition, seq=b)
                 break
             except NodeError:
                 if time.monotonic() > deadline:
                     raise
-        (p, first, n), = reply["parts"]
-        if n != len(values):
-            raise AssertionError(f"acknowledged {n} records of a batch of {len(values)}")
-        for i, v in enumerate(values):
-            self.ledger.acked[v] = (p, first + i)
+                self.resent += 1
+        if len(placed) != len(values):
+            raise AssertionError(f"acknowledged {len(placed)} records of a batch of "
+                                 f"{len(values)}")
+        for v, pos in zip(values, placed, strict=True):
+            self.ledger.acked[v] = pos
 
 
 class PipelinedProducer(Producer):
@@ -113,9 +126,13 @@ class PipelinedProducer(Producer):
         self.ledger.sent.update(values)
         todo = {b * self.batch + i: v for i, v in enumerate(values)}  # seq → value
         deadline = time.monotonic() + BATCH_RETRY_S_MAX
+        first = True
         while todo:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{len(todo)} records of batch {b} never acknowledged")
+            if not first:
+                self.resent += len(todo)
+            first = False
             # A fresh pipeline per attempt: late answers to an earlier one are ignored.
             pipe = c.pipeline(in_flight_max=self.batch)
             sent = {pipe.submit(self.topic, [v], self.partition, seq=seq): seq

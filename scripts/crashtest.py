@@ -16,6 +16,14 @@ restart every prepared branch must be listed by ``xa_recover`` (and is resolved)
 committed transaction must be whole at its commit's offsets, every other one absent, no
 transaction id given twice, and the reader must never have seen part of a transaction,
 or one that did not commit.
+
+With ``--cluster`` (``--nodes N``, default 3) it runs a local cluster instead
+(``LocalCluster``), on a topic whose partitions every member owns some of, with producers
+whose clients are routed (each request to its partition's owner; a batch with no partition
+split by key over the owners), and one that knows a single member, which splits and
+forwards. Each trial kills a random member whole (then starts it again), or a random actor
+inside a random member (its supervisor restarts it); the catalog member too. The check
+reads each partition from its owner.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ import psutil
 
 from node.client import NodeClient
 from node.crashcheck import PIPELINED_IN_FLIGHT, CheckFailed, PipelinedProducer, Producer, check
-from node.local import LocalNode
+from node.local import LocalCluster, LocalNode, NodeFailed
 from node.txncheck import (
     SRC_RECORDS,
     Reader,
@@ -49,6 +57,8 @@ from wire.errors import NodeError
 
 TOPIC = "crashtest"
 PARTITIONS = 3
+# --cluster: partitions of the topic, at least one per member (placement spreads them evenly).
+CLUSTER_PARTITIONS_MIN = 6
 ROLES = ["log", "txn", "cache", "writer-0", "writer-1", "front"]
 # --txn: the transactions' topic (its partitions 0 and 1 are the reader's), and the topic
 # whose offsets they commit for their consumer groups.
@@ -225,6 +235,147 @@ def start_txn_side(node: LocalNode, batch: int, txns: int, rng: random.Random) -
     return TxnSide(txn_producers, reader, plain, txns)
 
 
+@dataclass
+class ClusterTally:
+    """What the trials of --cluster killed: whole members and actors, by member; actors by
+    role."""
+
+    nodes: dict[int, int]
+    actors: dict[int, int]
+    roles: dict[str, int]
+
+    def line(self) -> str:
+        def by_member(counts: dict[int, int]) -> str:
+            return ", ".join(f"node {m}: {n}" for m, n in sorted(counts.items()) if n)
+
+        roles = ", ".join(f"{r} {n}" for r, n in sorted(self.roles.items()) if n)
+        return (f"killed whole members {sum(self.nodes.values())} ({by_member(self.nodes)}), "
+                f"actors {sum(self.actors.values())} ({by_member(self.actors)}; {roles})")
+
+
+def run_cluster_trial(cluster: LocalCluster, producers: list[Producer], trial_seed: int,
+                      kill: str, batches: int, partitions: int, tally: ClusterTally) -> str:
+    """One --cluster trial: a random member, killed whole or one of its actors, while the
+    producers write; returns what was killed."""
+    rng = random.Random(trial_seed)
+    member = rng.choice(sorted(cluster.nodes))
+    node = cluster.nodes[member]
+    target = rng.choice([*ROLES, "node"]) if kill == "any" else kill
+    victim = None if target == "node" else psutil.Process(node.actor_pid(target))
+    for p in producers:
+        p.allow(batches)
+    if rng.random() < 0.5:
+        threading.Thread(target=request_checkpoint, args=(node,), daemon=True).start()
+    threading.Event().wait(rng.uniform(0.0, 0.3))  # ok-sleep: choosing when to kill
+    kill_and_restart(node, target, victim)
+    if victim is None:
+        tally.nodes[member] += 1
+    else:
+        tally.actors[member] += 1
+        tally.roles[target] += 1
+    wait_until("producers to finish the trial", lambda: all(p.idle() for p in producers), 180)
+    for p in producers:
+        if p.error is not None:
+            raise CheckFailed(f"producer {p.tag} failed: {p.error!r}")
+    with cluster.client(timeout_ms=5000, retries=5) as c:  # reads go to each owner
+        acked = check(c, TOPIC, partitions, [p.ledger for p in producers])
+    with node.client(timeout_ms=5000) as c:
+        checkpoints = c.status()["log"].get("checkpoints", 0)
+    what = f"node {member} (every process)" if victim is None else f"{target} of node {member}"
+    return (f"{what} at a random moment (checkpoints so far in its log manager: "
+            f"{checkpoints}); {acked} records acknowledged so far")
+
+
+def cluster_producers(cluster: LocalCluster, batch: int, partitions: int) -> list[Producer]:
+    """Create the topic on the cluster and make its producers: one per member to a
+    partition it owns, one whose keyed batches the client splits over the owners, one
+    sending single-record requests through a routed pipeline, all routed; and one that
+    knows the last member only, which splits its keyed batches and forwards the parts."""
+    endpoints = cluster.endpoints
+    with cluster.client(timeout_ms=10_000) as c:
+        c.create_topic(TOPIC, partitions=partitions)
+        owners = c.owners(TOPIC)
+    if set(owners) != set(cluster.nodes):
+        raise SystemExit(f"the topic's partitions are placed on {sorted(set(owners))} only")
+    # Each member is told to copy the topic before the creation is answered, but one that
+    # could not be reached (just after the members start, their sockets to each other may
+    # still be connecting, for up to ~0.2 s) copies it only in its next sync of the catalog:
+    # the producers start once every member has it.
+    wait_until(f"every member to know topic {TOPIC!r}",
+               lambda: all(knows(n, TOPIC) for n in cluster.nodes.values()), 30)
+    fixed = [owners.index(m) for m in sorted(cluster.nodes)]  # a partition of each member
+    producers = [Producer(endpoints, TOPIC, f"p{p}", batch, p, batches_max=0) for p in fixed]
+    producers.append(Producer(endpoints, TOPIC, "r", batch, None, batches_max=0, keyed=True))
+    producers.append(PipelinedProducer(endpoints, TOPIC, "q", PIPELINED_IN_FLIGHT, None,
+                                       batches_max=0))
+    last = cluster.nodes[max(cluster.nodes)]
+    producers.append(Producer(last.endpoint, TOPIC, "f", batch, None, batches_max=0,
+                              keyed=True))
+    return producers
+
+
+def knows(node: LocalNode, topic: str) -> bool:
+    """Whether ``node`` has ``topic`` in its own copy of the catalog."""
+    try:
+        with node.client(timeout_ms=1000, retries=0) as c:
+            return any(row[0] == topic for row in c.call("list_topics")["topics"])
+    except NodeError:
+        return False
+
+
+def run_trials(trials: int, rng: random.Random, trial: Callable[[int], str], replay: str,
+               logs: str) -> tuple[int, int]:
+    """Run the trials, a line each; stop at the first that fails. (passed, failed)."""
+    passed = failed = 0
+    for t in range(trials):
+        trial_seed = rng.getrandbits(32)
+        t0 = time.monotonic()
+        try:
+            target = trial(trial_seed)
+            passed += 1
+            print(f"trial {t}: killed {target}, ok ({time.monotonic() - t0:.1f} s)", flush=True)
+        except (CheckFailed, TimeoutError, NodeError, NodeFailed) as exc:
+            failed += 1
+            print(f"FAILED trial {t} (trial seed {trial_seed}): {exc}\n"
+                  f"  replay: {replay} --trials {t + 1}   ({logs})", flush=True)
+            break  # the producers' state is no longer trustworthy
+    return passed, failed
+
+
+def main_cluster(args: argparse.Namespace, seed: int, base: Path, cfg: Path) -> int:
+    rng = random.Random(seed)
+    partitions = max(CLUSTER_PARTITIONS_MIN, args.nodes)
+    cluster = LocalCluster(base / "cluster", args.nodes, config=cfg)
+    t0 = time.monotonic()
+    producers: list[Producer] = []
+    tally = ClusterTally(dict.fromkeys(cluster.nodes, 0), dict.fromkeys(cluster.nodes, 0),
+                         dict.fromkeys(ROLES, 0))
+    try:
+        cluster.start()
+        producers = cluster_producers(cluster, args.batch, partitions)
+        for p in producers:
+            p.start()
+        replay = (f"scripts/crashtest --cluster --nodes {args.nodes} --seed {seed} "
+                  f"--kill {args.kill} --batches {args.batches} --batch {args.batch}")
+        passed, failed = run_trials(
+            args.trials, rng,
+            lambda trial_seed: run_cluster_trial(cluster, producers, trial_seed, args.kill,
+                                                 args.batches, partitions, tally),
+            replay, f"member logs: {cluster.root}/node-*.log")
+    finally:
+        for p in producers:
+            p.stop()
+        cluster.stop()
+    acked = sum(len(p.ledger.acked) for p in producers)
+    resent = sum(p.resent for p in producers)
+    print(f"{tally.line()}; {acked} records acknowledged; {resent} requests refused or "
+          f"unanswered and sent again; {time.monotonic() - t0:.0f} s in all")
+    if not failed and args.data_dir is None:
+        shutil.rmtree(base)
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="scripts/crashtest", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -240,17 +391,28 @@ def main(argv: list[str] | None = None) -> int:
                          "kills during commits and between prepare and commit")
     ap.add_argument("--txns", type=int, default=8,
                     help="with --txn: transactions per transactional producer per trial")
+    ap.add_argument("--cluster", action="store_true",
+                    help="run a local cluster, with routed producers, and kill a random "
+                         "member or an actor of one")
+    ap.add_argument("--nodes", type=int, default=3, help="with --cluster: members")
     args = ap.parse_args(argv)
+    if args.cluster and args.txn:
+        ap.error("--txn does not run with --cluster (a transaction stays on one member)")
+    if args.nodes < 2:
+        ap.error("--nodes must be at least 2")
     seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)
     print(f"crashtest seed {seed}, {args.trials} trials, kill {args.kill}"
-          f"{', with transactions' if args.txn else ''}", flush=True)
-    rng = random.Random(seed)
+          f"{', with transactions' if args.txn else ''}"
+          f"{f', a cluster of {args.nodes} nodes' if args.cluster else ''}", flush=True)
     # A directory of our own, removed only when every trial passed: a failure keeps the
     # evidence (a TemporaryDirectory would delete it anyway once garbage-collected).
     base = args.data_dir or Path(tempfile.mkdtemp(prefix="crashtest-"))
     base.mkdir(parents=True, exist_ok=True)
     cfg = base / "crashtest.toml"
     cfg.write_text(CONFIG)
+    if args.cluster:
+        return main_cluster(args, seed, base, cfg)
+    rng = random.Random(seed)
     node = LocalNode(base / "data", config=cfg, log_file=base / "node.log").start()
     with node.client() as c:
         c.create_topic(TOPIC, partitions=PARTITIONS)
@@ -266,22 +428,12 @@ def main(argv: list[str] | None = None) -> int:
         p.start()
     replay = (f"scripts/crashtest --seed {seed} --kill {args.kill} --batches {args.batches} "
               f"--batch {args.batch}" + (f" --txn --txns {args.txns}" if args.txn else ""))
-    passed = failed = 0
     try:
-        for t in range(args.trials):
-            trial_seed = rng.getrandbits(32)
-            t0 = time.monotonic()
-            try:
-                target = run_trial(node, producers, trial_seed, args.kill, args.batches, side)
-                passed += 1
-                print(f"trial {t}: killed {target}, ok ({time.monotonic() - t0:.1f} s)",
-                      flush=True)
-            except (CheckFailed, TimeoutError, NodeError) as exc:
-                failed += 1
-                print(f"FAILED trial {t} (trial seed {trial_seed}): {exc}\n"
-                      f"  replay: {replay} --trials {t + 1}   (node log: {node.log_file})",
-                      flush=True)
-                break  # the producers' state is no longer trustworthy
+        passed, failed = run_trials(
+            args.trials, rng,
+            lambda trial_seed: run_trial(node, producers, trial_seed, args.kill, args.batches,
+                                         side),
+            replay, f"node log: {node.log_file}")
     finally:
         for p in [*producers, *([] if side is None else side.producers)]:
             p.stop()

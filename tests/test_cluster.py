@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from actors.shard_store import parse_shard_dir
-from node.client import NodeClient
+from node.client import NodeClient, Pipeline
 from node.crashcheck import read_partition
 from node.local import LocalCluster
 from wire.errors import CrossNode, NodeError, TopicExists, Unavailable, UnknownTopic
@@ -226,3 +226,119 @@ def test_a_member_killed_under_load_is_named_and_loses_nothing(cluster: LocalClu
     with routed(cluster) as c:
         for p in range(6):
             assert read_partition(c, "load", p) == acked[p]
+
+
+def answers(pipe: Pipeline, count: int) -> dict[int, list[tuple[int, int]] | NodeError]:
+    """The answers to ``count`` requests of ``pipe``, by request id (within ``WAIT_S``)."""
+    got: dict[int, list[tuple[int, int]] | NodeError] = {}
+    deadline = time.monotonic() + WAIT_S
+    while len(got) < count:
+        assert time.monotonic() < deadline, f"{count - len(got)} requests never answered"
+        got.update(pipe.poll(100))
+    return got
+
+
+def known_everywhere(cl: LocalCluster, topic: str) -> None:
+    """Wait until every member has ``topic`` in its copy of the catalog. The creation is
+    answered once every member was told to copy it, but a member the catalog member could
+    not reach (just after a member started, sockets between members may still be
+    connecting) copies it only in its next sync, and until then answers UNAVAILABLE if it
+    cannot ask the catalog either (a pipeline does not retry)."""
+    deadline = time.monotonic() + WAIT_S
+    for member in cl.nodes:
+        with one(cl, member) as m:
+            while topic not in [row[0] for row in m.call("list_topics")["topics"]]:
+                assert time.monotonic() < deadline, f"member {member} never copied {topic!r}"
+                time.sleep(0.05)  # ok-sleep: polling the member's copy of the catalog
+
+
+def test_a_routed_pipeline_sends_each_request_to_its_owner(cluster: LocalCluster) -> None:
+    with routed(cluster) as c:
+        c.create_topic("piped", partitions=6)
+        known_everywhere(cluster, "piped")
+        before = forwarded(cluster)
+        pipe = c.pipeline()
+        sent: dict[int, tuple[bytes, int]] = {}  # id → value, the partition expected
+        for seq in range(30):  # keyless: the request's round-robin pick, by producer id and seq
+            v = f"rr-{seq}".encode()
+            sent[pipe.submit("piped", [v], seq=seq)] = (v, (c.producer_id + seq) % 6)
+        for seq, rec in enumerate(keyed("k", 30), start=30):  # keyed: the key's partition
+            assert rec.key is not None
+            sent[pipe.submit("piped", [rec], seq=seq)] = (rec.value,
+                                                          c.key_partition("piped", rec.key))
+        for p in range(6):
+            sent[pipe.submit("piped", [b"named-%d" % p], partition=p, seq=60 + p)] = (
+                b"named-%d" % p, p)
+        got = answers(pipe, len(sent))
+        assert forwarded(cluster) == before  # each went to its owner: nothing forwarded
+        stored: dict[int, dict[int, bytes]] = collections.defaultdict(dict)  # p → offset → v
+        for rid, (value, partition) in sent.items():
+            out = got[rid]
+            assert not isinstance(out, NodeError), out
+            ((p, off),) = out
+            assert p == partition
+            stored[p][off] = value
+        for p in range(6):  # every record at the offset it was answered with
+            assert read_partition(c, "piped", p) == [stored[p][o] for o in range(len(stored[p]))]
+
+
+def test_a_routed_pipeline_answers_unavailable_for_a_member_down(cluster: LocalCluster) -> None:
+    with routed(cluster) as c:
+        c.create_topic("piped-down", partitions=6)
+        owners = c.owners("piped-down")
+        known_everywhere(cluster, "piped-down")
+    producer_id = 4242
+    cluster.nodes[3].kill()
+    try:
+        with NodeClient(cluster.endpoints, timeout_ms=3000, producer_id=producer_id) as c:
+            pipe = c.pipeline()
+            ids = {pipe.submit("piped-down", [b"v%d" % p], partition=p, seq=p): p
+                   for p in range(6)}
+            got = answers(pipe, 6)
+            for rid, p in ids.items():
+                if owners[p] == 3:
+                    assert isinstance(got[rid], Unavailable), got[rid]
+                    assert "node 3" in str(got[rid])
+                else:
+                    assert got[rid] == [(p, 0)]
+    finally:
+        cluster.nodes[3].start()
+    with NodeClient(cluster.endpoints, timeout_ms=3000, producer_id=producer_id) as c:
+        # The same producer sends them all again, under their numbers: none is written twice.
+        assert send_until_ok(c, "piped-down", {p: b"v%d" % p for p in range(6)}) == {
+            p: (p, 0) for p in range(6)}
+        for p in range(6):
+            assert read_partition(c, "piped-down", p) == [b"v%d" % p]
+
+
+def send_until_ok(c: NodeClient, topic: str, values: dict[int, bytes]
+                  ) -> dict[int, tuple[int, int]]:
+    """Send each partition's value to it through a pipeline, under the partition's number
+    as its sequence number, and again while it is answered UNAVAILABLE (a member just
+    started answers so until its front door has the catalog); where each landed."""
+    placed: dict[int, tuple[int, int]] = {}
+    deadline = time.monotonic() + WAIT_S
+    while len(placed) < len(values):
+        assert time.monotonic() < deadline, f"partitions {set(values) - set(placed)} refused"
+        pipe = c.pipeline()
+        ids = {pipe.submit(topic, [v], partition=p, seq=p): p
+               for p, v in values.items() if p not in placed}
+        for rid, out in answers(pipe, len(ids)).items():
+            if isinstance(out, Unavailable):
+                time.sleep(0.02)  # ok-sleep: polling a member that is starting
+                continue
+            assert not isinstance(out, NodeError), out
+            placed[ids[rid]] = out[0]
+    return placed
+
+
+def test_a_routed_batch_retried_under_its_sequence_number_is_written_once(
+        cluster: LocalCluster) -> None:
+    with routed(cluster) as c:
+        c.create_topic("retried", partitions=6)
+        known_everywhere(cluster, "retried")
+        recs = keyed("again", 60)
+        first = c.produce_batch("retried", recs, seq=5)
+        assert len({c.owners("retried")[p] for p, _off in first}) == 3  # split over all three
+        assert c.produce_batch("retried", recs, seq=5) == first
+        assert sum(c.end_offsets("retried")) == 60

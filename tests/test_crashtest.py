@@ -1,4 +1,5 @@
-"""scripts/crashtest runs 20 trials of random SIGKILLs under load, and every one passes."""
+"""scripts/crashtest runs 20 trials of random SIGKILLs under load, and every one passes; with
+--cluster, 5 trials on a cluster of two nodes."""
 
 from __future__ import annotations
 
@@ -25,6 +26,23 @@ def test_crashtest_twenty_trials(tmp_path: Path) -> None:
     assert last == "20 passed, 0 failed", out.stdout[-3000:]
     killed = set(re.findall(r"killed (\S+) ", out.stdout))
     assert len(killed) >= 4, f"20 trials should hit several targets, hit {killed}"
+
+
+def test_crashtest_cluster_five_trials(tmp_path: Path) -> None:
+    # Seed 20261206 kills each member whole once (member 1 holds the catalog) and actors
+    # of both: writer-0 and log of member 2, cache of member 1.
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "crashtest.py"), "--cluster",
+                          "--nodes", "2", "--trials", "5", "--seed", "20261206",
+                          "--data-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    last = out.stdout.strip().splitlines()[-1]
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert last == "5 passed, 0 failed", out.stdout[-3000:]
+    killed = re.findall(r"killed (.+?) at a random moment", out.stdout)
+    assert killed == ["writer-0 of node 2", "node 1 (every process)", "log of node 2",
+                      "cache of node 1", "node 2 (every process)"], out.stdout
+    assert ("killed whole members 2 (node 1: 1, node 2: 1), actors 3 (node 1: 1, node 2: 2; "
+            "cache 1, log 1, writer-0 1)") in out.stdout
 
 
 class FakeNode:
