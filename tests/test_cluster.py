@@ -256,7 +256,7 @@ def test_a_routed_pipeline_sends_each_request_to_its_owner(cluster: LocalCluster
     with routed(cluster) as c:
         c.create_topic("piped", partitions=6)
         known_everywhere(cluster, "piped")
-        before = forwarded(cluster)
+        before = cluster.forwarded()
         pipe = c.pipeline()
         sent: dict[int, tuple[bytes, int]] = {}  # id → value, the partition expected
         for seq in range(30):  # keyless: the request's round-robin pick, by producer id and seq
@@ -270,7 +270,7 @@ def test_a_routed_pipeline_sends_each_request_to_its_owner(cluster: LocalCluster
             sent[pipe.submit("piped", [b"named-%d" % p], partition=p, seq=60 + p)] = (
                 b"named-%d" % p, p)
         got = answers(pipe, len(sent))
-        assert forwarded(cluster) == before  # each went to its owner: nothing forwarded
+        assert cluster.forwarded() == before  # each went to its owner: nothing forwarded
         stored: dict[int, dict[int, bytes]] = collections.defaultdict(dict)  # p → offset → v
         for rid, (value, partition) in sent.items():
             out = got[rid]
