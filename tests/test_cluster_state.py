@@ -1,21 +1,26 @@
-"""A cluster's logic without sockets: placement, the cluster file, and the front door of a
-member forwarding, gathering and copying the catalog."""
+"""A cluster's logic without nodes: placement, the cluster file, the front door of a member
+forwarding, gathering and copying the catalog (no sockets), and a routed client against
+sockets standing in for members."""
 
 from __future__ import annotations
 
 import collections
+import threading
+import time
 import zlib
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
+import zmq
 
 from actors.cluster_state import PEER_PREFIX, catalog_changes
 from actors.front_state import FrontDoorState
 from actors.instructions import Produce, Reply, Request, ToPeer
 from config import ConfigError, load_config
 from config.cluster import Member, cluster_text, parse_members
+from node.client import NodeClient
 from wire.errors import ErrorCode
 from wire.messages import Catalog, CreateTopic, DeleteTopic, Done, EndOffsets, OffsetsReply
 from wire.placement import place
@@ -393,3 +398,52 @@ def test_the_catalog_copy_is_not_counted_as_forwarded(tmp_path: Path) -> None:
     assert isinstance(pull, ToPeer) and s.forwarded == 0
     s.request(ID, read_req(5, "events", 0, 1), now=100.0)
     assert s.forwarded == 1
+
+
+# ---- a routed client and a member that says it is not the owner ---------------------------
+
+
+def test_a_routed_client_told_not_owner_learns_the_map_again_and_retries() -> None:
+    """Two sockets stand in for members 1 and 2. The first map puts partition 0 on member 1,
+    which answers NOT_OWNER (the partition is member 2's now); the client asks the catalog
+    member for the map again, which puts it on member 2, and sends its retry there."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    fakes = [ctx.socket(zmq.ROUTER) for _ in range(2)]
+    endpoints = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in fakes]
+    seen: list[tuple[int, str]] = []
+
+    def answer(member: int, req: dict[str, Any]) -> dict[str, Any]:
+        op = req["op"]
+        if op == "cluster_map":
+            return {"members": [[1, endpoints[0], ""], [2, endpoints[1], ""]], "node_id": member}
+        if op == "list_topics":
+            asked_before = sum(1 for _m, o in seen if o == "list_topics") > 1
+            return {"topics": [["t", 1, 1, [2 if asked_before else 1]]]}
+        if member == 1:
+            return {"ok": False, "code": int(ErrorCode.NOT_OWNER),
+                    "error": "partition 0 of 't' is owned by node 2"}
+        return {"lsn": 5, "parts": [[0, 7, 1]]}
+
+    result: list[Any] = []
+    with NodeClient(endpoints, timeout_ms=2000, retries=0) as c:
+        t = threading.Thread(target=lambda: result.append(c.produce("t", b"v", partition=0)),
+                             daemon=True)
+        t.start()
+        poller = zmq.Poller()
+        for s in fakes:
+            poller.register(s, zmq.POLLIN)
+        deadline = time.monotonic() + 10
+        while t.is_alive() and time.monotonic() < deadline:
+            for sock, _ev in poller.poll(100):
+                member = fakes.index(sock) + 1
+                identity, frame = sock.recv_multipart()
+                req = msgpack.unpackb(frame, raw=False)
+                seen.append((member, req["op"]))
+                reply = {"ok": True, **answer(member, req), "id": req["id"]}
+                sock.send_multipart([identity, msgpack.packb(reply, use_bin_type=True)])
+        t.join(1)
+    for s in fakes:
+        s.close(0)
+    assert result == [(0, 7)]
+    assert seen == [(1, "cluster_map"), (1, "list_topics"), (1, "produce"),
+                    (1, "list_topics"), (2, "produce")]
