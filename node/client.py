@@ -116,8 +116,8 @@ class NodeClient:
     split by key and sent to each owner at once; a ``NotOwner`` answer refreshes the map
     and retries; topics are created and deleted on the catalog member.
 
-    For nodes with CURVE on, ``server_public_key`` is the node's public key (every member's,
-    in a cluster: they share one key pair or each is given the same) and ``client_keys``
+    For nodes with CURVE on, ``server_public_key`` is the node's public key (in a cluster,
+    the first endpoint's: the client learns the others' from the cluster map) and ``client_keys``
     this client's ``(public, secret)`` pair, all Z85 bytes (``read_public_key``,
     ``read_keypair``): both or neither. A client the node does not allow, or one without
     CURVE, is never answered: its calls raise ``RequestTimeout``."""
