@@ -12,8 +12,8 @@ catalog member; producer ``p`` writes to partition ``p``:
   member); forwarded: every producer knows member 1 only, which forwards what it does not
   own.
 - ``single``: single-record requests, ``--concurrency`` in flight in all, split over the
-  producers (a ``Pipeline`` each, to its partition's owner: what a routed client resolves;
-  forwarded: to member 1).
+  producers (a ``Pipeline`` each: routed, each request to its partition's owner; forwarded:
+  every request to member 1).
 
 Each row carries the CPU seconds each member's processes used in the run, and the
 machine's (every process, the clients' too):
@@ -72,12 +72,8 @@ def _runs(b: Bench, up: Callable[[int], LocalCluster], n: int, batch: int,
             c.create_topic(topic, s.producers)
             owners = c.owners(topic)
             first = cl.nodes[min(cl.nodes)].endpoint
-            if routing == FORWARDED:
-                targets = [first] * s.producers
-            elif batch > 1:
-                targets = [",".join(cl.endpoints)] * s.producers  # a routed client each
-            else:
-                targets = [c.owner_endpoint(topic, p) for p in range(s.producers)]
+            # A routed client each, or one that knows member 1 only.
+            targets = [first if routing == FORWARDED else ",".join(cl.endpoints)] * s.producers
         per = max(1, s.concurrency // s.producers)
         jobs = [replace(b.job(p, targets[p], topic, partition=p, seconds=s.seconds),
                         batch=batch, concurrency=per) for p in range(s.producers)]

@@ -105,13 +105,17 @@ def take_answers(pipe: Pipeline, sent: dict[int, float], res: ClientResult, wait
 
 
 def sn_produce_single(job: Job, gate: Gate) -> ClientResult:
-    """Single-record produce requests, ``job.concurrency`` of them in flight at once."""
+    """Single-record produce requests, ``job.concurrency`` of them in flight at once (on a
+    cluster, comma-separated endpoints: a routed pipeline, each to its partition's owner)."""
     value = random.Random(job.index).randbytes(job.size)
     blob = pack_batch([value])
     res = ClientResult()
     sent: dict[int, float] = {}
-    with NodeClient(job.target, timeout_ms=30_000) as c:
+    target = job.target.split(",") if "," in job.target else job.target
+    with NodeClient(target, timeout_ms=30_000) as c:
         c.partitions(job.name)
+        if isinstance(target, list):
+            c.owners(job.name)  # the map, before the clock starts
         pipe = c.pipeline()
         gate.wait()
         res.started = time.monotonic()
