@@ -42,6 +42,7 @@ from actors.wal import CorruptLog, SegmentWriter, SnapshotRefused, recover, segm
 from wire import codec
 from wire.codec import Message
 from wire.errors import ErrorCode
+from wire.formats import FormatRefused
 from wire.messages import (
     Ack,
     AckRow,
@@ -125,7 +126,7 @@ class LogManager(Actor):
         t0 = time.monotonic()
         try:
             rec = recover(self.log_dir, self.state)
-        except (CorruptLog, SnapshotRefused) as exc:
+        except (CorruptLog, SnapshotRefused, FormatRefused) as exc:
             raise RefuseToStart(str(exc)) from None
         self.recovery_ms = (time.monotonic() - t0) * 1000
         self.replayed_bytes = rec.replayed_bytes

@@ -25,7 +25,7 @@ from actors.instructions import Log, Send
 from actors.roles import FRONT_DOOR
 from actors.txn_ledger import Outcome, TxnLedger
 from config import NodeConfig
-from wire import logrecord
+from wire import formats, logrecord
 from wire.codec import Message
 from wire.errors import ErrorCode
 from wire.logrecord import Kind
@@ -457,10 +457,9 @@ class LogState:
 
     # ---- snapshots ------------------------------------------------------------------
 
-    # 3: with the transactions' ledger. 2 (still read: no transactions): each window a map
-    # seq → the packed [lsn, parts].
-    SNAPSHOT_FORMAT = 3
-    SNAPSHOT_FORMATS_READ = (2, 3)
+    # The versions, and what each holds: wire/formats.py (SNAPSHOT).
+    SNAPSHOT_FORMAT = formats.SNAPSHOT.current
+    SNAPSHOT_FORMATS_READ = formats.SNAPSHOT.reads
 
     def snapshot(self) -> dict[str, Any]:
         """Everything needed to go on from ``last_lsn`` without the records before it.
@@ -483,7 +482,7 @@ class LogState:
 
     def restore(self, snap: dict[str, Any]) -> None:
         form = snap.get("format")
-        if form not in self.SNAPSHOT_FORMATS_READ:
+        if form not in self.SNAPSHOT_FORMATS_READ:  # checked by wal.load_snapshot too
             raise ValueError(f"snapshot format {form} is not one of {self.SNAPSHOT_FORMATS_READ}")
         self.last_lsn = snap["last_lsn"]
         self.catalog_lsn = snap["catalog_lsn"]

@@ -35,17 +35,20 @@ import rocksdict
 
 from actors.durable import rename_durably
 from config import ShardsConfig
+from wire import formats
+from wire.formats import FormatRefused
 
 U64 = struct.Struct(">Q")
 TAG_LEN = struct.Struct(">H")
-FORMAT_VERSION = 1
+FORMAT_VERSION = formats.SHARD.current
 DATA_CFS = ("records", "keys", "tags", "time", "groups", "staged")
 STAGED_KEY = struct.Struct(">QQH")  # txn, lsn, part
 CFS = (*DATA_CFS, "meta")
 
 
-class StoreFormatError(RuntimeError):
-    """A shard written by a newer shardnode: refuse to open it rather than misread it."""
+class StoreFormatError(FormatRefused):
+    """A shard of a format this node does not read (written by a newer shardnode, or too
+    old to be upgraded): refuse to open it rather than misread it."""
 
 
 class StoreMemory:
@@ -113,12 +116,10 @@ class ShardStore:
         # A property at runtime (the stubs call it a method); the WAL stays empty.
         self.write_opts.disable_wal = True  # type: ignore[method-assign, assignment]
         meta = self.cf["meta"]
-        fmt = meta.get(b"format")
-        if fmt is not None and U64.unpack(fmt)[0] > FORMAT_VERSION:
-            version = U64.unpack(fmt)[0]
+        fmt = meta.get(b"format")  # absent: a shard with nothing written to it yet
+        if fmt is not None and U64.unpack(fmt)[0] not in formats.SHARD.reads:
             self.close()
-            raise StoreFormatError(f"shard {path} has format {version}; this shardnode reads "
-                                   f"up to {FORMAT_VERSION}")
+            raise StoreFormatError(formats.SHARD, path, U64.unpack(fmt)[0])
         self.applied_lsn = self._meta(b"applied_lsn")
         self.next_offset = self._meta(b"next_offset")
         self.max_ts = self._meta(b"max_ts") - 1  # stored +1, so that 0 means "none yet"

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors import faults
 from actors.durable import fsync_dir
-from wire import logrecord
+from wire import formats, logrecord
 from wire.logrecord import (
     BODY_BYTES_MAX,
     CRC_FROM,
@@ -39,8 +39,11 @@ from wire.logrecord import (
     INCOMPLETE_HEADER,
     MAGIC,
     MAGIC_BYTES,
+    SEGMENT_HEADER_BYTES,
     Entry,
     decode_at,
+    encode_segment_header,
+    segment_header,
 )
 
 if TYPE_CHECKING:
@@ -131,27 +134,44 @@ class SegmentWriter:
         self.segment_bytes_max = segment_bytes_max
         self.fd = -1
         self.size = 0
+        self.start = 0  # where the current segment's records start (after its header)
         self.path: Path | None = None
 
     def open_existing(self, path: Path, size: int) -> None:
+        """Append to ``path`` from byte ``size`` (its valid length, as recovery found it).
+        An empty segment is given its header; a format 1 segment (no header) stays one."""
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         self.path = path
         self.size = size
+        if size == 0:
+            self._write_header()
+        else:
+            with open(path, "rb") as f:
+                self.start = segment_header(f.read(SEGMENT_HEADER_BYTES))[1]
+
+    def _write_header(self) -> None:
+        """The segment's header, written before its first record; the fdatasync of that
+        record's group makes both durable (a crash before it leaves a segment that is
+        empty or holds part of a header, which recovery cuts back to empty)."""
+        header = encode_segment_header(formats.LOG_SEGMENT.current)
+        os.write(self.fd, header)
+        self.size = self.start = len(header)
 
     def roll(self, first_lsn: int) -> None:
         """Start the segment whose first record will have ``first_lsn``."""
-        if self.fd >= 0 and self.size == 0:
+        if self.fd >= 0 and self.size == self.start:
             return  # the current segment is still empty: keep it
         if self.fd >= 0:
             os.close(self.fd)
         self.path = self.log_dir / segment_name(first_lsn)
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o644)
-        self.size = 0
+        self._write_header()
         fsync_dir(self.log_dir)
 
     def append(self, data: bytes, first_lsn: int) -> None:
         """Write ``data`` and fdatasync it. Raises OSError, which the caller treats as fatal."""
-        if self.fd < 0 or (self.size > 0 and self.size + len(data) > self.segment_bytes_max):
+        if self.fd < 0 or (self.size > self.start
+                           and self.size + len(data) > self.segment_bytes_max):
             self.roll(first_lsn)
         view = memoryview(data)
         while view:
@@ -205,7 +225,7 @@ def load_snapshot(log_dir: Path) -> tuple[dict[str, Any] | None, int | None]:
     """The newest valid snapshot of a log directory and the slot it is in (None, None if
     there is none). A slot that fails its check is a write cut short and is passed over;
     if every snapshot present fails, the log cannot be trusted and ``CorruptLog`` is
-    raised."""
+    raised. A snapshot of a format this node does not read raises ``FormatRefused``."""
     best: dict[str, Any] | None = None
     best_slot: int | None = None
     failed: CorruptLog | None = None
@@ -220,10 +240,17 @@ def load_snapshot(log_dir: Path) -> tuple[dict[str, Any] | None, int | None]:
         except ValueError as exc:
             failed = CorruptLog(path, 0, str(exc))
             continue
+        form = snap.get("format") if isinstance(snap, dict) else None
+        if not isinstance(form, int) or form > formats.SNAPSHOT.current:
+            # A newer shardnode wrote it: its LSN may be the newest, so it is never passed over.
+            formats.SNAPSHOT.check(path, form)
         if best is None or snap["last_lsn"] > best["last_lsn"]:
             best, best_slot = snap, slot
     if best is None and failed is not None:
         raise failed
+    if best is not None:
+        assert best_slot is not None
+        formats.SNAPSHOT.check(log_dir / SNAPSHOT_SLOTS[best_slot], best.get("format"))
     return best, best_slot
 
 
@@ -264,7 +291,15 @@ class SegmentScan:
         prev_lsn = 0
         base = 0  # where ``buf`` starts in the file
         buf = os.pread(fd, chunk, 0)
-        pos = 0  # the next record starts at ``buf[pos]``
+        version, pos = segment_header(buf[:SEGMENT_HEADER_BYTES])  # records from ``buf[pos]``
+        if version is None:  # the start of a header: the segment's creation was cut short
+            if not self.last:
+                raise CorruptLog(self.path, 0, "a header cut short in a segment that is not "
+                                 "the last one")
+            self.valid_bytes = 0
+            self.file_bytes = os.fstat(fd).st_size
+            return
+        formats.LOG_SEGMENT.check(self.path, version)
         while True:
             batch: list[Entry] = []
             while True:
@@ -392,8 +427,9 @@ def recover(log_dir: Path, state: LogState, chunk_bytes: int = SCAN_CHUNK_BYTES)
     """Load the newest snapshot, replay every later record into ``state``, cut a torn tail.
 
     Reads each segment a chunk at a time (``SegmentScan``). Raises ``CorruptLog`` when
-    damage is followed by valid records or LSNs skip, ``SnapshotRefused`` when the snapshot
-    is of a format this node does not read.
+    damage is followed by valid records or LSNs skip, ``FormatRefused`` when the snapshot
+    or a segment is of a format this node does not read (``wire/formats.py``), and
+    ``SnapshotRefused`` when a snapshot of a format it reads cannot be restored.
     """
     snap, slot = load_snapshot(log_dir)
     if snap is not None:

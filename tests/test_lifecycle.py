@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import psutil
 import pytest
+import rocksdict
 import zmq
 
 from actors import wal
+from actors.shard_store import CFS, U64
 from node.local import LocalNode, NodeFailed
-from wire import logrecord
+from wire import formats, logrecord
 from wire.errors import ErrorCode
 from wire.protocol import unpack_replies
 
@@ -94,8 +96,54 @@ def test_a_snapshot_of_another_format_refuses_to_start(make_node: MakeNode,
     path = log_dir / wal.SNAPSHOT_SLOTS[slot]
     wal.write_snapshot(log_dir, slot, logrecord.encode_snapshot({**snap, "format": 99}))
     text = refused_start(node.data_dir, tmp_path / "bad.log")
-    assert f"snapshot {path} cannot be restored: snapshot format 99 is not one of (2, 3)" in text
+    assert f"snapshot {path} has format 99, newer than format 3 of this shardnode" in text
     assert text.count("refuses to start") == 1, "refused once, not restarted in a loop"
+    wal.write_snapshot(log_dir, slot, logrecord.encode_snapshot({**snap, "format": 1}))
+    text = refused_start(node.data_dir, tmp_path / "old.log")
+    assert (f"snapshot {path} has format 1, older than any this shardnode reads (2, 3; it "
+            f"writes format 3): no upgrade from format 1 exists yet") in text
+
+
+def test_a_log_segment_of_a_format_not_read_refuses_to_start(make_node: MakeNode,
+                                                             tmp_path: Path) -> None:
+    node = make_node()
+    fill(node)
+    node.kill()  # the records stay in the segment, which the node wrote with its header
+    seg = segment(node.data_dir)
+    data = seg.read_bytes()
+    current = formats.LOG_SEGMENT.current
+    assert data.startswith(logrecord.encode_segment_header(current))
+    for version, says in ((current + 1, f"newer than format {current} of this shardnode"),
+                          (0, f"older than any this shardnode reads (1, 2; it writes format "
+                              f"{current}): no upgrade from format 0 exists yet")):
+        seg.write_bytes(logrecord.encode_segment_header(version) + data[8:])
+        text = refused_start(node.data_dir, tmp_path / f"bad-{version}.log")
+        assert f"log segment {seg} has format {version}, {says}" in text
+        assert text.count("refuses to start") == 1, "refused once, not restarted in a loop"
+    seg.write_bytes(data)
+    node2 = make_node(data_dir=node.data_dir)  # put back as it was: it starts
+    with node2.client() as c:
+        assert len(c.read("t", 0, 0)) == 20
+
+
+def test_a_shard_of_a_format_not_read_refuses_to_start(make_node: MakeNode,
+                                                       tmp_path: Path) -> None:
+    node = make_node()
+    fill(node)
+    node.stop()
+    (path,) = [d for d in (node.data_dir / "shards").iterdir() if d.is_dir()]
+    current = formats.SHARD.current
+    for version, says in ((current + 1, f"newer than format {current} of this shardnode"),
+                          (0, f"older than any this shardnode reads (1; it writes format "
+                              f"{current}): no upgrade from format 0 exists yet")):
+        # As another shardnode would have left it: RocksDB opened without ShardStore's check.
+        raw = rocksdict.Options(raw_mode=True)
+        db = rocksdict.Rdict(str(path), options=raw, column_families={cf: raw for cf in CFS})
+        db.get_column_family("meta")[b"format"] = U64.pack(version)
+        db.flush(True)
+        db.close()
+        text = refused_start(node.data_dir, tmp_path / f"bad-{version}.log")
+        assert f"shard {path} has format {version}, {says}" in text
 
 
 def test_sigint_stops_cleanly(node: LocalNode) -> None:

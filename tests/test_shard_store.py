@@ -296,8 +296,24 @@ def test_a_store_of_a_newer_format_is_refused(tmp_path: Path) -> None:
     for _ in range(2):  # the refused open closes the database: a second try says the same
         with pytest.raises(StoreFormatError) as info:
             ShardStore(path, 3, 1, memory())
-        assert str(path) in str(info.value)
-        assert str(FORMAT_VERSION + 1) in str(info.value)
+        assert str(info.value).startswith(
+            f"shard {path} has format {FORMAT_VERSION + 1}, newer than format "
+            f"{FORMAT_VERSION} of this shardnode")
+
+
+def test_a_store_older_than_any_format_read_is_refused_saying_no_upgrade_exists(
+        tmp_path: Path) -> None:
+    path = shard_dir(tmp_path, 3, 1)
+    st = ShardStore(path, 3, 1, memory())
+    st.finish(1)
+    st.cf["meta"][b"format"] = U64.pack(0)
+    st.flush()
+    st.close()
+    with pytest.raises(StoreFormatError) as info:
+        ShardStore(path, 3, 1, memory())
+    assert str(info.value).startswith(f"shard {path} has format 0, older than any this "
+                                      f"shardnode reads (1; it writes format {FORMAT_VERSION}): "
+                                      f"no upgrade from format 0 exists yet")
 
 
 def test_a_store_of_the_current_format_opens(tmp_path: Path) -> None:

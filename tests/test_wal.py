@@ -7,6 +7,7 @@ boundary, damage and torn tail also falls across the edge of a chunk."""
 from __future__ import annotations
 
 import os
+import re
 import struct
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -22,14 +23,14 @@ from actors.wal import (
     SCAN_CHUNK_BYTES,
     CorruptLog,
     SegmentScan,
-    SnapshotRefused,
     list_segments,
     recover,
     segment_name,
 )
 from config import load_config
 from tests.logsamples import build, sample_bodies
-from wire import logrecord
+from wire import formats, logrecord
+from wire.formats import FormatRefused
 from wire.logrecord import HEADER_BYTES, Entry, Kind, encode
 
 CHUNKS = [1, 50, 100, SCAN_CHUNK_BYTES]  # 1 is a header: a chunk holds at least one
@@ -385,7 +386,94 @@ def test_the_segment_writer_rolls_at_its_limit(tmp_path: Path) -> None:
     finally:
         w.close()
     assert [f for f, _p in list_segments(tmp_path)] == [1, 3]
-    assert (tmp_path / segment_name(1)).read_bytes() == produces(1, 2, 10)
+    header = logrecord.encode_segment_header(formats.LOG_SEGMENT.current)
+    assert (tmp_path / segment_name(1)).read_bytes() == header + produces(1, 2, 10)
+    assert (tmp_path / segment_name(3)).read_bytes() == header + produces(3, 1, 60)
+
+
+# ---- format versions (wire/formats.py) --------------------------------------------------
+
+
+def test_a_segment_with_a_header_is_read_from_after_it(seg: Path) -> None:
+    data = logrecord.encode_segment_header(formats.LOG_SEGMENT.current) + produces(1, 5, 10)
+    entries, s = scan(seg, data, True)
+    assert [e.lsn for e in entries] == [1, 2, 3, 4, 5]
+    assert entries[0].position == logrecord.SEGMENT_HEADER_BYTES
+    assert s.valid_bytes == s.file_bytes == seg.stat().st_size
+
+
+def test_a_segment_without_a_header_is_format_1_and_still_read(seg: Path) -> None:
+    assert 1 in formats.LOG_SEGMENT.reads
+    assert [e.lsn for e in scan(seg, produces(1, 3, 10), True)[0]] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("version, says", [
+    (formats.LOG_SEGMENT.current + 1, "newer than format"),
+    (0, "no upgrade from format 0 exists yet"),
+])
+def test_a_segment_of_a_format_not_read_is_refused_naming_it_and_both_versions(
+        seg: Path, version: int, says: str) -> None:
+    with pytest.raises(FormatRefused) as info:
+        scan(seg, logrecord.encode_segment_header(version) + produces(1, 3, 10), True)
+    text = str(info.value)
+    assert text.startswith(f"log segment {seg} has format {version}")
+    assert f"format {formats.LOG_SEGMENT.current} of this shardnode" in text or \
+        f"writes format {formats.LOG_SEGMENT.current}" in text
+    assert says in text
+
+
+@pytest.mark.parametrize("cut", [1, 3, logrecord.SEGMENT_HEADER_BYTES - 1])
+def test_a_header_cut_short_is_a_torn_tail_of_the_last_segment_only(seg: Path, cut: int) -> None:
+    torn = logrecord.encode_segment_header(formats.LOG_SEGMENT.current)[:cut]
+    entries, s = scan(seg, torn, True)
+    assert entries == [] and s.valid_bytes == 0 and s.torn_bytes == cut
+    with pytest.raises(CorruptLog, match="header cut short"):
+        scan(seg, torn, False)
+
+
+def test_the_writer_gives_an_empty_segment_its_header_and_keeps_format_1_as_it_is(
+        tmp_path: Path) -> None:
+    empty, old = tmp_path / segment_name(1), tmp_path / segment_name(5)
+    empty.write_bytes(b"")
+    old.write_bytes(produces(5, 1, 10))
+    header = logrecord.encode_segment_header(formats.LOG_SEGMENT.current)
+    for path, size, first in ((empty, 0, 1), (old, old.stat().st_size, 6)):
+        w = wal.SegmentWriter(tmp_path, segment_bytes_max=1 << 20)
+        try:
+            w.open_existing(path, size)
+            w.append(produces(first, 1, 10), first_lsn=first)
+        finally:
+            w.close()
+    assert empty.read_bytes() == header + produces(1, 1, 10)
+    assert old.read_bytes() == produces(5, 2, 10)  # no header in the middle of a segment
+
+
+def test_recovery_of_a_torn_header_leaves_an_empty_segment_that_gets_its_header(
+        log_dir: Path) -> None:
+    seg = log_dir / segment_name(1)
+    seg.write_bytes(logrecord.encode_segment_header(formats.LOG_SEGMENT.current)[:5])
+    rec = recover(log_dir, fresh_state())
+    assert rec.torn_bytes == 5 and rec.last_segment == seg and rec.last_segment_bytes == 0
+    assert seg.read_bytes() == b""
+
+
+@pytest.mark.parametrize("version", [formats.SNAPSHOT.current + 1, 1])
+def test_recovery_refuses_a_snapshot_of_a_format_not_read_naming_it(log_dir: Path,
+                                                                     version: int) -> None:
+    wal.write_snapshot(log_dir, 0, logrecord.encode_snapshot(snap(5)))  # format 2: read
+    newer = {**fresh_state().snapshot(), "last_lsn": 3, "format": version}
+    wal.write_snapshot(log_dir, 1, logrecord.encode_snapshot(newer))
+    if version > formats.SNAPSHOT.current:  # never passed over, whatever its LSN
+        with pytest.raises(FormatRefused, match=rf"snapshot {log_dir / 'checkpoint-1.snap'} "
+                           rf"has format {version}, newer than format {formats.SNAPSHOT.current}"):
+            recover(log_dir, fresh_state())
+    else:  # an older one is only looked at when it is the newest snapshot
+        assert recover(log_dir, fresh_state()).snapshot_slot == 0
+        wal.write_snapshot(log_dir, 1, logrecord.encode_snapshot({**newer, "last_lsn": 9}))
+        with pytest.raises(FormatRefused, match=re.escape(
+                "has format 1, older than any this shardnode reads (2, 3; it writes format "
+                "3): no upgrade from format 1 exists yet")):
+            recover(log_dir, fresh_state())
 
 
 # ---- snapshot slots ---------------------------------------------------------------------
@@ -477,8 +565,8 @@ def test_recovery_starts_after_the_snapshot(log_dir: Path) -> None:
 def test_recovery_refuses_a_snapshot_of_another_format(log_dir: Path) -> None:
     snap = {**fresh_state().snapshot(), "format": 99}
     wal.write_snapshot(log_dir, 0, logrecord.encode_snapshot(snap))
-    with pytest.raises(SnapshotRefused, match=r"checkpoint-0.snap cannot be restored: "
-                                              r"snapshot format 99 is not one of \(2, 3\)"):
+    with pytest.raises(FormatRefused, match=r"checkpoint-0.snap has format 99, newer than "
+                                            r"format 3 of this shardnode \(which reads 2, 3\)"):
         recover(log_dir, fresh_state())
 
 

@@ -30,6 +30,12 @@ Transactions (Qpid CLFS's transaction records; ``actors/txn_ledger.py`` writes a
 
 ``blob`` is the packed records array exactly as the client sent it (see ``wire.records``).
 
+A segment (format 2 on; ``wire/formats.py``) starts with an 8-byte header, then its records::
+
+    segment magic u32 ("SHNL") | format version u32      (little endian)
+
+Format 1 segments have no header: they start with their first record (or are empty).
+
 A snapshot (the log manager's state as of an LSN, written at each checkpoint) is a 12-byte
 header (magic, body length, CRC-32 of the body) and a msgpack map.
 
@@ -134,6 +140,31 @@ def iter_buffer(buf: bytes | memoryview, verify: bool = False) -> Iterator[Entry
             raise ValueError(f"bad record at byte {pos} of a group: {why}")
         yield entry
         pos = entry.end
+
+
+# ---- a segment's header -----------------------------------------------------------------
+
+SEGMENT_MAGIC = 0x4C4E4853  # "SHNL"
+SEGMENT_HEADER = struct.Struct("<II")  # magic, format version
+SEGMENT_HEADER_BYTES = SEGMENT_HEADER.size  # 8
+assert SEGMENT_HEADER_BYTES == 8
+SEGMENT_MAGIC_BYTES = struct.pack("<I", SEGMENT_MAGIC)
+assert SEGMENT_MAGIC_BYTES != MAGIC_BYTES
+
+
+def encode_segment_header(version: int) -> bytes:
+    return SEGMENT_HEADER.pack(SEGMENT_MAGIC, version)
+
+
+def segment_header(head: bytes) -> tuple[int | None, int]:
+    """A segment's format version and where its records start, from its first bytes:
+    ``(1, 0)`` for a segment without a header (format 1), ``(None, 0)`` when ``head`` is only
+    the start of a header (a segment whose creation a crash cut short)."""
+    if head[:4] == SEGMENT_MAGIC_BYTES[:len(head[:4])] and head:
+        if len(head) < SEGMENT_HEADER_BYTES:
+            return None, 0
+        return SEGMENT_HEADER.unpack_from(head)[1], SEGMENT_HEADER_BYTES
+    return 1, 0
 
 
 # ---- the log manager's state snapshot, written at each checkpoint ------------------------

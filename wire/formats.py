@@ -1,0 +1,68 @@
+"""The format versions of the files a node keeps, and the one check made of each at start.
+
+Three things on disk carry a version, each where it is read first:
+
+    log segment   a header at the start of each ``<first LSN>.log`` (``wire/logrecord.py``);
+                  format 1, segments without a header, is still read
+    snapshot      the ``format`` of the log manager's snapshot (``checkpoint-N.snap``),
+                  which holds the catalog; format 2 (before transactions) is still read
+    shard         ``format`` in a shard's ``meta`` column family (``actors/shard_store.py``)
+
+The catalog has no file of its own: its topics are the snapshot's ``topics`` and the log's
+``TOPIC_CREATE`` / ``TOPIC_DELETE`` records after it, so its format is the snapshot's format
+together with the segments'. A version this node does not read stops the start with
+``FormatRefused``, which names the file, the version found and this node's: a newer one was
+written by a newer shardnode, and an older one has no upgrade yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class FormatRefused(Exception):
+    """A file of a format this node does not read: the node refuses to start on it."""
+
+    def __init__(self, fmt: Format, path: Path, found: object) -> None:
+        self.path = path
+        self.found = found
+        self.current = fmt.current
+        reads = ", ".join(str(v) for v in fmt.reads)
+        if isinstance(found, int) and found > fmt.current:
+            why = (f"has format {found}, newer than format {fmt.current} of this shardnode "
+                   f"(which reads {reads}): it was written by a newer shardnode; run that "
+                   f"version on this data dir")
+        elif isinstance(found, int):
+            why = (f"has format {found}, older than any this shardnode reads ({reads}; it "
+                   f"writes format {fmt.current}): no upgrade from format {found} exists yet")
+        else:
+            why = (f"has no format version this shardnode reads (found {found!r}; it reads "
+                   f"{reads} and writes format {fmt.current})")
+        super().__init__(f"{fmt.what} {path} {why}")
+
+
+@dataclass(frozen=True, slots=True)
+class Format:
+    """What a kind of file is called, the version this node writes and those it reads."""
+
+    what: str
+    current: int
+    reads: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        assert self.current in self.reads and self.current == max(self.reads)
+
+    def check(self, path: Path, found: object) -> None:
+        """Raise ``FormatRefused`` unless ``found`` is a version this node reads."""
+        if type(found) is not int or found not in self.reads:
+            raise FormatRefused(self, path, found)
+
+
+# 2: a header with the version at the start of each segment. 1: no header (still read).
+LOG_SEGMENT = Format("log segment", 2, (1, 2))
+# 3: with the transactions' ledger. 2 (still read: no transactions): each window a map
+# seq → the packed [lsn, parts]. 1 is no longer read.
+SNAPSHOT = Format("snapshot", 3, (2, 3))
+# 1: the column families of actors/shard_store.py, ``staged`` included.
+SHARD = Format("shard", 1, (1,))
