@@ -42,6 +42,7 @@ from wire.messages import (
     OtherWrite,
     ProduceRow,
     RecordsReply,
+    ShardsReply,
     StatusReply,
     TopicsReply,
     TxnCommitted,
@@ -275,7 +276,7 @@ class FrontDoor(Actor):
                 self.state.catalog(msg)
             case (Ack() | Done() | RecordsReply() | ValueReply() | TopicsReply() | StatusReply()
                   | OffsetsReply() | ErrorReply() | TxnId() | TxnWritten() | TxnCommitted()
-                  | TxnsReply()):
+                  | TxnsReply() | ShardsReply()):
                 self.perform(self.state.answer(msg))
             case _:
                 self.unexpected(msg)

@@ -49,6 +49,7 @@ from wire.messages import (
     Checkpoint,
     CommitOffset,
     CommittedOffset,
+    Compact,
     CreateTopic,
     DeleteTopic,
     Done,
@@ -63,6 +64,8 @@ from wire.messages import (
     ReadByKey,
     ReadByTag,
     RecordsReply,
+    ShardsReply,
+    ShardStats,
     StatusReply,
     StatusRequest,
     TopicsReply,
@@ -83,6 +86,8 @@ from wire.records import check_batch, key_of
 log = logging.getLogger("shardnode")
 
 STOPPING_TEXT = "the front door is stopping (node stop or restart); retry"
+# Ops every shard writer answers a part of (this node's shards; in a cluster, the member's).
+WRITER_OPS = frozenset({"stats", "compact"})
 
 
 # The instructions (actors/instructions.py) the front door's logic gives its shell.
@@ -176,11 +181,12 @@ class FrontDoorState:
             "xa_recover": lambda _req: (TRANSACTION_MANAGER, lambda c: TxnList(c, True)),
             "txn_list": lambda _req: (TRANSACTION_MANAGER, lambda c: TxnList(c, False)),
         }
-        missing = protocol.OPS.keys() - self.routes.keys() - {"produce", "txn_produce",
-                                                               "cluster_map", "cluster_sync"}
+        missing = protocol.OPS.keys() - self.routes.keys() - WRITER_OPS - {
+            "produce", "txn_produce", "cluster_map", "cluster_sync"}
         assert not missing, f"ops of wire.protocol.OPS with no route: {sorted(missing)}"
         # Ops that take longer than a request: a checkpoint flushes every shard.
-        self.timeouts_ms = {"checkpoint": 3 * self.checkpoint_timeout_ms}
+        self.timeouts_ms = {"checkpoint": 3 * self.checkpoint_timeout_ms,
+                            "compact": protocol.COMPACT_TIMEOUT_MS}
 
     # ---- requests ---------------------------------------------------------------------
 
@@ -273,6 +279,8 @@ class FrontDoorState:
             return [Reply(identity, protocol.ok(rid, members=[], node_id=0))]
         if op == "cluster_sync":  # a single node: nothing to copy
             return [Reply(identity, protocol.ok(rid, node_id=0))]
+        if op in WRITER_OPS:
+            return self.gather_writers(identity, rid, op, req, now)
         role, make = self.routes[op](req)
         corr = self.wait(identity, rid, now, timeout_ms=self.timeouts_ms.get(op))
         return [Request(role, corr, make(corr))]
@@ -405,6 +413,34 @@ class FrontDoorState:
         for member in others:
             out += self.forward(b"", 0, req, now, member, parent=parent)
         return out
+
+    def gather_writers(self, identity: bytes, rid: int, op: str, req: dict[str, Any],
+                       now: float) -> list[Out]:
+        """``stats`` and ``compact``: every shard writer answers for the shards it owns, and
+        the answers are joined (``join_shards``); a writer that fails fails the request."""
+        topic_id = self.topic(req["topic"]).topic_id if op == "compact" else 0
+        timeout_ms = self.timeouts_ms.get(op)
+        parent = self.wait(identity, rid, now, timeout_ms=timeout_ms)
+        self.pending[parent].gather = Gather(op, self.writers)
+        out: list[Out] = []
+        for index in range(self.writers):
+            corr = self.wait(b"", 0, now, timeout_ms=timeout_ms)
+            w = self.pending[corr]
+            w.parent, w.member = parent, index
+            msg = Compact(corr, topic_id) if op == "compact" else ShardStats(corr)
+            out.append(Request(writer_role(index), corr, msg))
+        return out
+
+    def join_shards(self, g: Gather) -> Fields:
+        """One ``stats`` or ``compact`` reply from the writers': shards by topic name and
+        partition (a topic deleted meanwhile by its id), and each writer's row."""
+        names = {t.topic_id: t.name for t in self.topics.values()}
+        rows = sorted(([names.get(row[0], str(row[0])), *row[1:]]
+                       for r in g.replies.values() for row in r["shards"]),
+                      key=lambda row: (row[0], row[1]))
+        if g.op == "compact":
+            return {"shards": rows}
+        return {"shards": rows, "writers": [g.replies[i]["writer"] for i in sorted(g.replies)]}
 
     def tick(self, now: float) -> list[Out]:
         """Copy the catalog every ``catalog_sync_ms`` (a member other than the catalog's)."""
@@ -710,6 +746,8 @@ class FrontDoorState:
                 fields = {"topics": topics}
             case StatusReply(status=status):
                 fields = {"status": status}
+            case ShardsReply(shards=shards, writer=writer):
+                fields = {"shards": shards, "writer": writer}
             case ErrorReply(code=code, text=text):
                 return self.settle(w, None, (code, text))
             case _:
@@ -736,8 +774,13 @@ class FrontDoorState:
                 return self.settle(parent, g.done, None)
             if g.error is not None:
                 return self.settle(parent, None, g.error)
-            return self.settle(parent, join_produce(g) if g.op == "produce" else join_offsets(g),
-                               None)
+            if g.op == "produce":
+                joined = join_produce(g)
+            elif g.op == "end_offsets":
+                joined = join_offsets(g)
+            else:
+                joined = self.join_shards(g)
+            return self.settle(parent, joined, None)
         if w.then is not None:
             return w.then(w, ok, err)
         if err is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 import shutil
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ FORMAT_VERSION = formats.SHARD.current
 DATA_CFS = ("records", "keys", "tags", "time", "groups", "staged")
 STAGED_KEY = struct.Struct(">QQH")  # txn, lsn, part
 CFS = (*DATA_CFS, "meta")
+LEVELS = 7  # RocksDB's default num_levels: the levels ``stats`` counts files at
 
 
 class StoreFormatError(FormatRefused):
@@ -61,7 +63,22 @@ class StoreMemory:
                  write_buffer_bytes: int) -> None:
         self.write_buffers = rocksdict.WriteBufferManager(memtable_bytes_max, False)
         self.block_cache = rocksdict.Cache(block_cache_bytes)
+        self.block_cache_bytes = block_cache_bytes
         self.write_buffer_bytes = write_buffer_bytes
+        # The database options of every shard, one object: its statistics (the block
+        # cache's hits and misses, for ``stats``) are shared by the shards as the cache is.
+        # Statistics of their own would cost each shard about 0.5 MB (60 shards: 62 → 93 MB).
+        self.db_options = self.options(write_buffer_bytes)
+        self.db_options.enable_statistics()
+
+    def cache_figures(self) -> tuple[int, int]:
+        """The block cache's hits and misses since the process started, over its shards."""
+        found = dict.fromkeys(("rocksdb.block.cache.hit", "rocksdb.block.cache.miss"), 0)
+        for line in (self.db_options.get_statistics() or "").splitlines():
+            name, _, rest = line.partition(" COUNT : ")
+            if name in found and rest.strip().isdigit():
+                found[name] = int(rest)
+        return found["rocksdb.block.cache.hit"], found["rocksdb.block.cache.miss"]
 
     @classmethod
     def of(cls, shards: ShardsConfig) -> StoreMemory:
@@ -106,7 +123,7 @@ class ShardStore:
         self.shard = (topic_id, partition)
         mem = memory
         small = max(mem.write_buffer_bytes // 8, 256 * 1024)
-        opts = mem.options(mem.write_buffer_bytes)
+        opts = mem.db_options
         cfs = {name: mem.options(mem.write_buffer_bytes if name == "records" else small)
                for name in CFS}
         self.db = rocksdict.Rdict(str(path), options=opts, column_families=cfs)
@@ -276,6 +293,39 @@ class ShardStore:
         for name in DATA_CFS:
             self.cf[name].flush(True)
         self.cf["meta"].flush(True)
+
+    # ---- RocksDB's figures, and compaction ------------------------------------------------
+
+    def _property(self, name: str) -> int:
+        """A RocksDB integer property summed over the shard's column families."""
+        return sum(cf.property_int_value(name) or 0 for cf in self.cf.values())
+
+    def sst_bytes(self) -> int:
+        return self._property("rocksdb.total-sst-files-size")
+
+    def stats(self) -> list[Any]:
+        """``[sst_bytes, files_per_level, pending_compaction_bytes, memtable_bytes,
+        records]`` over every column family (``records``: RocksDB's estimate)."""
+        levels = [self._property(f"rocksdb.num-files-at-level{n}") for n in range(LEVELS)]
+        records = self.cf["records"].property_int_value("rocksdb.estimate-num-keys") or 0
+        return [self.sst_bytes(), levels,
+                self._property("rocksdb.estimate-pending-compaction-bytes"),
+                self._property("rocksdb.cur-size-all-mem-tables"), records]
+
+    def compact(self, progress: Callable[[], None]) -> tuple[int, int]:
+        """Compact every column family whole (RocksDB's compact_range), after making what
+        is applied durable the usual way (data column families first, meta last), so the
+        compaction flushes nothing out of order; ``progress`` is called after each column
+        family. Returns the SST bytes before and after."""
+        self.finish(self.batch_lsn)
+        self.flush()
+        before = self.sst_bytes()
+        opts = rocksdict.CompactOptions()
+        opts.set_exclusive_manual_compaction(True)
+        for cf in self.cf.values():
+            cf.compact_range(None, None, opts)
+            progress()
+        return before, self.sst_bytes()
 
     def close(self) -> None:
         self.batch = None  # anything not finished is dropped: the log still has it

@@ -46,6 +46,7 @@ from wire.logrecord import Entry, Kind
 from wire.messages import (
     CatchUp,
     CommittedOffset,
+    Compact,
     FlushTo,
     LogGroup,
     OffsetForTimestamp,
@@ -54,6 +55,8 @@ from wire.messages import (
     ReadByTag,
     ReadRequest,
     RecordsReply,
+    ShardsReply,
+    ShardStats,
     ValueReply,
 )
 from wire.records import pack_read
@@ -332,6 +335,8 @@ class ShardWriter(Actor):
                 self.perform(self.state.catch_up(lsn))
             case Read() | ReadByKey() | ReadByTag() | OffsetForTimestamp() | CommittedOffset():
                 self.perform(self.state.read(msg, time.monotonic()))
+            case ShardStats() | Compact():
+                self.perform([self.shards_reply(msg)])
             case _:
                 self.unexpected(msg)
 
@@ -391,6 +396,33 @@ class ShardWriter(Actor):
             case _:
                 assert_never(msg)
         return Send(FRONT_DOOR, reply, wait_ms=REPLY_WAIT_MS)
+
+    def shards_reply(self, msg: ShardStats | Compact) -> Send:
+        """RocksDB's figures of every shard here (``stats``), or a topic's shards compacted
+        (``compact``); rows as ``wire.protocol`` lists them, the topic as its id."""
+        try:
+            rows: list[list[Any]] = []
+            writer: list[Any] = []
+            if isinstance(msg, ShardStats):
+                for (topic_id, partition), store in sorted(self.stores.items()):
+                    rows.append([topic_id, partition, self.index, *store.stats()])
+                usage = next((s.cf["meta"].property_int_value("rocksdb.block-cache-usage")
+                              for s in self.stores.values()), None)
+                writer = [self.index, len(self.stores), usage or 0,
+                          self.memory.block_cache_bytes, *self.memory.cache_figures()]
+            else:
+                for (topic_id, partition), store in sorted(self.stores.items()):
+                    if topic_id != msg.topic_id:
+                        continue
+                    store.finish(max(store.applied_lsn, self.processed_lsn))
+                    before, after = store.compact(self.keep_alive)
+                    log.info("compacted shard t%d-p%d: %d → %d SST bytes", topic_id, partition,
+                             before, after)
+                    rows.append([topic_id, partition, before, after])
+        except Exception as exc:
+            log.exception("%s failed", type(msg).__name__)
+            return error_reply(msg.corr, ErrorCode.INTERNAL, f"{self.role}: {exc}")
+        return Send(FRONT_DOOR, ShardsReply(msg.corr, rows, writer), wait_ms=REPLY_WAIT_MS)
 
     def figures(self) -> dict[str, Any]:
         return {

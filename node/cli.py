@@ -3,6 +3,8 @@
     shardnode start [--config FILE] [--data-dir DIR] [--port N] [--cluster FILE --node-id N]
     shardnode status [--port N]
     shardnode checkpoint [--port N]
+    shardnode stats [--json]           (RocksDB's figures of each shard on this node)
+    shardnode compact TOPIC            (compact the topic's shards on this node)
     shardnode create-topic NAME [--partitions N]
     shardnode topics
     shardnode delete-topic NAME
@@ -33,7 +35,7 @@ from rich.table import Table
 
 from config import ConfigError, load_config
 from wire.errors import NodeError
-from wire.protocol import DEFAULT_PORT
+from wire.protocol import COMPACT_TIMEOUT_MS, DEFAULT_PORT
 
 if TYPE_CHECKING:
     from node.client import NodeClient
@@ -223,6 +225,44 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stats(args: argparse.Namespace) -> int:
+    with _client(args, retries=0) as c:
+        st = c.stats()
+    if args.json:
+        import json
+        print(json.dumps(st, indent=2))
+        return 0
+    t = Table(title=f"shards: {len(st['shards'])} (RocksDB's figures, every column family)")
+    for col in ("topic", "partition", "writer", "SST MB", "files L0..L6", "pending compaction MB",
+                "memtables MB", "records (est.)"):
+        t.add_column(col, justify="left" if col in ("topic", "files L0..L6") else "right")
+    for r in st["shards"]:
+        t.add_row(str(r["topic"]), str(r["partition"]), str(r["writer"]), _mb(r["sst_bytes"]),
+                  " ".join(str(n) for n in r["files_per_level"]),
+                  _mb(r["pending_compaction_bytes"]), _mb(r["memtable_bytes"]),
+                  str(r["records"]))
+    console.print(t)
+    wt = Table(title="block cache, shared by each writer's shards")
+    for col in ("writer", "shards", "used MB", "capacity MB", "hit rate"):
+        wt.add_column(col, justify="right")
+    for w in st["writers"]:
+        lookups = w["cache_hits"] + w["cache_misses"]
+        rate = "-" if not lookups else f"{100 * w['cache_hits'] / lookups:.1f} %"
+        wt.add_row(str(w["writer"]), str(w["shards"]), _mb(w["cache_bytes"]),
+                   _mb(w["cache_capacity"]), rate)
+    console.print(wt)
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    with _client(args, retries=0) as c:
+        rows = c.compact(args.topic)
+    for topic, partition, before, after in rows:
+        print(f"{topic}/{partition}: {_mb(before)} MB → {_mb(after)} MB")
+    print(f"compacted {len(rows)} shard(s) of {args.topic} on this node")
+    return 0
+
+
 def cmd_create_topic(args: argparse.Namespace) -> int:
     with _client(args) as c:
         c.create_topic(args.name, args.partitions)
@@ -380,6 +420,16 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("checkpoint", help="flush the shards and truncate the log now")
     client_args(s)
     s.set_defaults(func=cmd_checkpoint, timeout_ms=120_000)
+
+    s = sub.add_parser("stats", help="RocksDB's figures of each shard on this node")
+    client_args(s)
+    s.add_argument("--json", action="store_true", help="print the figures as JSON")
+    s.set_defaults(func=cmd_stats)
+
+    s = sub.add_parser("compact", help="compact every shard of a topic on this node (RocksDB)")
+    client_args(s)
+    s.add_argument("topic")
+    s.set_defaults(func=cmd_compact, timeout_ms=COMPACT_TIMEOUT_MS + 10_000)
 
     s = sub.add_parser("create-topic", help="create a topic")
     client_args(s)

@@ -51,6 +51,8 @@ from wire.errors import (
 from wire.protocol import (
     DEFAULT_PORT,
     OPS,
+    SHARD_STATS_ROW,
+    WRITER_STATS_ROW,
     Placed,
     Topic,
     check_reply,
@@ -471,6 +473,21 @@ class NodeClient:
     def status(self) -> dict[str, Any]:
         status: dict[str, Any] = self.call("status")["status"]
         return status
+
+    def stats(self) -> dict[str, list[dict[str, Any]]]:
+        """RocksDB's figures of the shards on the node asked (in a cluster, that member's):
+        ``shards`` and ``writers``, each row a dict with the names of ``wire.protocol``'s
+        ``SHARD_STATS_ROW`` and ``WRITER_STATS_ROW``."""
+        reply = self.call("stats")
+        return {"shards": [dict(zip(SHARD_STATS_ROW, r, strict=True)) for r in reply["shards"]],
+                "writers": [dict(zip(WRITER_STATS_ROW, r, strict=True))
+                            for r in reply["writers"]]}
+
+    def compact(self, topic: str) -> list[tuple[str, int, int, int]]:
+        """Compact every shard of ``topic`` on the node asked (in a cluster, the ones that
+        member owns); returns ``(topic, partition, bytes_before, bytes_after)`` of each.
+        It takes as long as RocksDB takes: give the client a long ``timeout_ms``."""
+        return [(t, p, before, after) for t, p, before, after in self.call("compact", topic=topic)["shards"]]
 
     def pipeline(self, in_flight_max: int = PIPELINE_IN_FLIGHT_MAX) -> Pipeline:
         return Pipeline(self, in_flight_max)

@@ -9,7 +9,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from actors.front_state import FrontDoorState
+from actors.front_state import WRITER_OPS, FrontDoorState
 from actors.instructions import Produce, Reply, Request
 from config import load_config
 from wire.errors import ErrorCode
@@ -18,6 +18,7 @@ from wire.messages import (
     Catalog,
     CommitOffset,
     CommittedOffset,
+    Compact,
     CreateTopic,
     Done,
     EndOffsets,
@@ -27,6 +28,8 @@ from wire.messages import (
     Read,
     ReadByKey,
     RecordsReply,
+    ShardsReply,
+    ShardStats,
     StatusReply,
     TopicsReply,
     TxnCommitted,
@@ -35,13 +38,14 @@ from wire.messages import (
     TxnWritten,
     ValueReply,
 )
-from wire.protocol import OPS, Topic
+from wire.protocol import COMPACT_TIMEOUT_MS, OPS, Topic
 
 ID = b"client-1"
 
 
-def state(mode: str = "fuzzy", **limits: int) -> FrontDoorState:
-    cfg = load_config(overrides={"limits": limits, "log": {"checkpoint_mode": mode}})
+def state(mode: str = "fuzzy", writers: int = 2, **limits: int) -> FrontDoorState:
+    cfg = load_config(overrides={"limits": limits, "log": {"checkpoint_mode": mode},
+                                 "node": {"writers": writers}})
     s = FrontDoorState(cfg)
     s.catalog(Catalog(7, [Topic("t", 4, 1), Topic("one", 1, 2)], 7))
     return s
@@ -283,6 +287,9 @@ EXAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
     "xa_rollback": ({"xid": [1, b"g", b"b"]}, lambda c: Done(c, 7)),
     "xa_recover": ({}, lambda c: TxnsReply(c, "xids", [[1, b"g", b"b"]])),
     "txn_list": ({}, lambda c: TxnsReply(c, "txns", [[77, "", "active", 5, 1, 10, 1]])),
+    "stats": ({}, lambda c: ShardsReply(c, [[1, 0, 0, 4096, [1, 0, 0, 0, 0, 0, 0], 0, 64, 9]],
+                                        [0, 1, 1024, 16777216, 30, 10])),
+    "compact": ({"topic": "t"}, lambda c: ShardsReply(c, [[1, 0, 4096, 2048]], [])),
 }
 
 
@@ -290,12 +297,15 @@ EXAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
 def test_every_op_of_the_table_is_routed_and_answered_with_its_reply_fields(op: str) -> None:
     s = state()
     fields, make_answer = EXAMPLES[op]
-    (out,) = s.request(ID, req(op, rid=3, **fields), now=0.0)
+    outs = s.request(ID, req(op, rid=3, **fields), now=0.0)
     if make_answer is None:
-        rep = out
-    else:
-        assert isinstance(out, Produce | Request), reply_of(out)
-        (rep,) = s.answer(make_answer(out.corr))
+        (rep,) = outs
+    else:  # one actor answers, or (stats, compact) every shard writer answers its part
+        reps = []
+        for out in outs:
+            assert isinstance(out, Produce | Request), reply_of(out)
+            reps += s.answer(make_answer(out.corr))
+        (rep,) = reps
     reply = reply_of(rep)
     assert reply.pop("id") == 3 and reply.pop("ok") is True
     spec = OPS[op]
@@ -304,8 +314,43 @@ def test_every_op_of_the_table_is_routed_and_answered_with_its_reply_fields(op: 
 
 
 def test_the_routes_cover_the_table() -> None:
-    assert set(state().routes) | {"produce", "txn_produce", "cluster_map",
-                                                       "cluster_sync"} == set(OPS)
+    assert set(state().routes) | WRITER_OPS | {"produce", "txn_produce", "cluster_map",
+                                               "cluster_sync"} == set(OPS)
+
+
+def test_stats_asks_every_writer_and_joins_their_shards_by_topic_name() -> None:
+    s = state(writers=3)
+    outs = s.request(ID, req("stats", rid=4), now=0.0)
+    assert [o.role for o in outs] == ["writer-0", "writer-1", "writer-2"]  # type: ignore[union-attr]
+    assert all(isinstance(o, Request) and isinstance(o.msg, ShardStats) for o in outs)
+    rows = {0: [[2, 0, 0, 10, [0] * 7, 0, 1, 1]], 1: [[1, 3, 1, 20, [0] * 7, 0, 2, 2],
+                                                  [1, 0, 1, 30, [0] * 7, 0, 3, 3]], 2: []}
+    replies = []
+    for i, o in enumerate(outs):
+        assert isinstance(o, Request)
+        replies += s.answer(ShardsReply(o.corr, rows[i], [i, len(rows[i]), 0, 100, i, 1]))
+    (rep,) = replies
+    reply = reply_of(rep)
+    assert [r[:2] for r in reply["shards"]] == [["one", 0], ["t", 0], ["t", 3]]
+    assert [w[0] for w in reply["writers"]] == [0, 1, 2]
+    assert not s.pending
+
+
+def test_compact_goes_to_every_writer_with_the_topic_and_fails_if_one_fails() -> None:
+    s = state(writers=2)
+    outs = s.request(ID, req("compact", rid=5, topic="t"), now=0.0)
+    assert all(isinstance(o, Request) and o.msg == Compact(o.corr, 1) for o in outs)
+    # Bounded by its own timeout, longer than a request's.
+    assert all(w.deadline == COMPACT_TIMEOUT_MS / 1000 for w in s.pending.values())
+    first, second = outs
+    assert isinstance(first, Request) and isinstance(second, Request)
+    assert s.answer(ShardsReply(first.corr, [[1, 0, 10, 5]], [])) == []
+    (rep,) = s.answer(ErrorReply(second.corr, ErrorCode.INTERNAL, "writer-1: disk full"))
+    reply = reply_of(rep)
+    assert reply["ok"] is False and reply["error"] == "writer-1: disk full"
+    assert not s.pending
+    (unknown,) = s.request(ID, req("compact", rid=6, topic="nope"), now=0.0)
+    assert reply_of(unknown)["code"] == ErrorCode.UNKNOWN_TOPIC
 
 
 def test_reads_after_a_read_wait_for_the_commits_it_saw() -> None:

@@ -217,6 +217,8 @@ def test_decode_enforces_the_frame_size_limit() -> None:
 
 VALID_REQUESTS: dict[str, dict[str, Any]] = {
     "checkpoint": {},
+    "stats": {},
+    "compact": {"topic": "orders"},
     "produce": {"topic": "orders", "partition": 3, "producer_id": 9, "seq": 0,
                 "records": pack([b"a", b"b"])},
     "create_topic": {"name": "orders", "partitions": 4},

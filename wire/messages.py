@@ -300,6 +300,32 @@ class CommittedOffset(Message):
     lsn_min: int
 
 
+@message(38)
+class ShardStats(Message):
+    """Front door → a shard writer: RocksDB's figures of its shards (``ShardsReply``)."""
+
+    corr: int
+
+
+@message(39)
+class Compact(Message):
+    """Front door → a shard writer: compact its shards of a topic, then answer
+    ``ShardsReply`` (rows ``[topic_id, partition, bytes_before, bytes_after]``)."""
+
+    corr: int
+    topic_id: int
+
+
+@message(40)
+class ShardsReply(Message):
+    """A shard writer's rows about its shards (the topic as its id), and for ``ShardStats``
+    its own row (``wire.protocol.WRITER_STATS_ROW``; empty for ``Compact``)."""
+
+    corr: int
+    shards: list[list[Any]]
+    writer: list[Any]
+
+
 # ---- to the supervisor -----------------------------------------------------------------
 
 
@@ -594,6 +620,6 @@ class TxnsReply(Message):
 # The requests the log manager's logic admits (``LogState.admit``), and the answers the
 # front door matches to a waiting client (``FrontDoorState.answer``).
 Answer = (Ack | Done | TopicsReply | ErrorReply | RecordsReply | ValueReply | StatusReply
-          | OffsetsReply | TxnId | TxnWritten | TxnCommitted | TxnsReply)
+          | OffsetsReply | TxnId | TxnWritten | TxnCommitted | TxnsReply | ShardsReply)
 LogRequest = (Append | CreateTopic | DeleteTopic | CommitOffset | ListTopics | EndOffsets
               | TxnStart | TxnAppend | TxnResolve)

@@ -37,6 +37,9 @@ NAME_LEN_MAX = 200  # topic and group names (NAME_RE says the same)
 OFFSET_MAX = 2**63 - 1
 REQUESTS_PER_FRAME_MAX = 1024  # a client's Pipeline keeps at most this many in flight
 REPLY_FRAME_BYTES_MAX = 262144  # replies are joined into one frame up to this size
+# How long the node lets ``compact`` take (RocksDB rewrites the topic's SST files); a client
+# waits a little longer, so that it hears the node's TIMEOUT rather than its own.
+COMPACT_TIMEOUT_MS = 600_000
 
 
 # ---- rows that replies carry ---------------------------------------------------------
@@ -148,6 +151,11 @@ WRITES = Field("writes", _INT, "how many writes (`txn_produce`, `txn_commit_offs
                "client sent: if the node staged another number, it refuses, and the "
                "transaction stays open", required=False, non_negative=True)
 
+SHARD_STATS_ROW = ("topic", "partition", "writer", "sst_bytes", "files_per_level",
+                   "pending_compaction_bytes", "memtable_bytes", "records")
+WRITER_STATS_ROW = ("writer", "shards", "cache_bytes", "cache_capacity", "cache_hits",
+                    "cache_misses")
+
 OPS: dict[str, Op] = {op.name: op for op in (
     Op("produce", "append a batch of records; answered once it is durable",
        request=(TOPIC,
@@ -214,6 +222,21 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("checkpoint", "run a checkpoint now",
        request=(),
        reply=(Field("lsn", _INT, "the LSN up to which every shard is durable"),)),
+    Op("stats", "RocksDB's figures of every shard on this node (in a cluster: the member "
+       "asked), from the shard writers that own them",
+       request=(),
+       reply=(Field("shards", _ARRAY, "one row per shard, by topic and partition: SST bytes, "
+                    "SST files at levels 0..6, estimated bytes compaction has still to "
+                    "rewrite, memtable bytes, estimated records",
+                    row=SHARD_STATS_ROW),
+              Field("writers", _ARRAY, "one row per shard writer: its block cache, shared by "
+                    "its shards (bytes used, capacity, hits and misses since it started)",
+                    row=WRITER_STATS_ROW))),
+    Op("compact", "compact every shard of a topic on this node (in a cluster: the member "
+       "asked): RocksDB's compact_range over every column family; answered when done",
+       request=(TOPIC,),
+       reply=(Field("shards", _ARRAY, "one row per shard compacted: its SST bytes before "
+                    "and after", row=("topic", "partition", "bytes_before", "bytes_after")),)),
     # ---- transactions (node/transaction.py is the client's side) ----
     Op("txn_begin", "begin a local transaction",
        request=(TIMEOUT_MS, CHOSEN_TXN),
