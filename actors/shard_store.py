@@ -28,6 +28,8 @@ import re
 import shutil
 import struct
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,7 @@ DATA_CFS = ("records", "keys", "tags", "time", "groups", "staged")
 STAGED_KEY = struct.Struct(">QQH")  # txn, lsn, part
 CFS = (*DATA_CFS, "meta")
 LEVELS = 7  # RocksDB's default num_levels: the levels ``stats`` counts files at
+COMPACT_PROGRESS_S = 0.5  # how often a compaction tells its caller it is still running
 
 
 class StoreFormatError(FormatRefused):
@@ -315,16 +318,25 @@ class ShardStore:
     def compact(self, progress: Callable[[], None]) -> tuple[int, int]:
         """Compact every column family whole (RocksDB's compact_range), after making what
         is applied durable the usual way (data column families first, meta last), so the
-        compaction flushes nothing out of order; ``progress`` is called after each column
-        family. Returns the SST bytes before and after."""
+        compaction flushes nothing out of order. RocksDB compacts on a thread (rocksdict lets
+        go of the GIL meanwhile) while this one calls ``progress`` every
+        ``COMPACT_PROGRESS_S``, so a long compaction does not look like a hung actor.
+        Returns the SST bytes before and after."""
         self.finish(self.batch_lsn)
         self.flush()
         before = self.sst_bytes()
         opts = rocksdict.CompactOptions()
         opts.set_exclusive_manual_compaction(True)
-        for cf in self.cf.values():
-            cf.compact_range(None, None, opts)
-            progress()
+        with ThreadPoolExecutor(1, thread_name_prefix="compact") as pool:
+            for cf in self.cf.values():
+                done = pool.submit(cf.compact_range, None, None, opts)
+                while True:
+                    try:
+                        done.result(timeout=COMPACT_PROGRESS_S)
+                        break
+                    except FuturesTimeout:
+                        progress()
+                progress()
         return before, self.sst_bytes()
 
     def close(self) -> None:
