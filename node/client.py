@@ -487,7 +487,8 @@ class NodeClient:
         """Compact every shard of ``topic`` on the node asked (in a cluster, the ones that
         member owns); returns ``(topic, partition, bytes_before, bytes_after)`` of each.
         It takes as long as RocksDB takes: give the client a long ``timeout_ms``."""
-        return [(t, p, before, after) for t, p, before, after in self.call("compact", topic=topic)["shards"]]
+        rows = self.call("compact", topic=topic)["shards"]
+        return [(t, p, before, after) for t, p, before, after in rows]
 
     def pipeline(self, in_flight_max: int = PIPELINE_IN_FLIGHT_MAX) -> Pipeline:
         return Pipeline(self, in_flight_max)

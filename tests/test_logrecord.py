@@ -18,10 +18,13 @@ from wire.logrecord import (
     INCOMPLETE_BODY,
     INCOMPLETE_HEADER,
     MAGIC,
+    SEGMENT_HEADER_BYTES,
     Kind,
     decode_at,
     encode,
+    encode_segment_header,
     iter_buffer,
+    segment_header,
 )
 
 
@@ -116,3 +119,14 @@ def test_a_snapshot_that_fails_its_check_raises_value_error() -> None:
     data[-1] ^= 0xFF
     with pytest.raises(ValueError, match="checksum"):
         logrecord.decode_snapshot(bytes(data))
+
+
+def test_a_segments_header_gives_its_format_and_where_its_records_start() -> None:
+    header = encode_segment_header(2)
+    record = encode(1, Kind.PRODUCE, [1, 0, 0, []])
+    assert len(header) == SEGMENT_HEADER_BYTES
+    assert segment_header(header + record) == (2, SEGMENT_HEADER_BYTES)
+    assert segment_header(record) == (1, 0)  # format 1: no header, records from byte 0
+    assert segment_header(b"") == (1, 0)
+    for cut in range(1, SEGMENT_HEADER_BYTES):
+        assert segment_header(header[:cut]) == (None, 0)  # a creation cut short

@@ -160,11 +160,12 @@ def segment_header(head: bytes) -> tuple[int | None, int]:
     """A segment's format version and where its records start, from its first bytes:
     ``(1, 0)`` for a segment without a header (format 1), ``(None, 0)`` when ``head`` is only
     the start of a header (a segment whose creation a crash cut short)."""
-    if head[:4] == SEGMENT_MAGIC_BYTES[:len(head[:4])] and head:
-        if len(head) < SEGMENT_HEADER_BYTES:
-            return None, 0
-        return SEGMENT_HEADER.unpack_from(head)[1], SEGMENT_HEADER_BYTES
-    return 1, 0
+    magic = head[:len(SEGMENT_MAGIC_BYTES)]
+    if not magic or magic != SEGMENT_MAGIC_BYTES[:len(magic)]:
+        return 1, 0  # empty, or a record's magic: no header
+    if len(head) < SEGMENT_HEADER_BYTES:
+        return None, 0
+    return SEGMENT_HEADER.unpack_from(head)[1], SEGMENT_HEADER_BYTES
 
 
 # ---- the log manager's state snapshot, written at each checkpoint ------------------------
