@@ -128,6 +128,16 @@ def corr_of(out: Any) -> int:
     return out.corr
 
 
+def test_stats_and_compact_are_answered_by_the_member_asked_for_its_own_shards(
+        tmp_path: Path) -> None:
+    s = member(tmp_path, 2)
+    for op, fields in (("stats", {}), ("compact", {"topic": "events"})):
+        outs = s.request(b"client", frame(op, 5, **fields), now=0.0)
+        # Nothing forwarded: this member's shard writers, each once.
+        assert [o.role for o in outs if isinstance(o, Request)] == ["writer-0", "writer-1"]
+        assert len(outs) == 2
+
+
 def read_req(rid: int, topic: str, partition: int, max_records: int) -> list[bytes]:
     """A client's read from offset 0."""
     return frame("read", rid, topic=topic, partition=partition, offset=0,

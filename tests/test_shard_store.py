@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from actors.shard_store import (
+    CFS,
     FORMAT_VERSION,
+    LEVELS,
     U64,
     ShardStore,
     StoreFormatError,
@@ -371,3 +373,25 @@ def test_a_transaction_is_staged_invisibly_then_committed_or_dropped(tmp_path: P
     with pytest.raises(RuntimeError, match=r"2 records .* but 1 are staged"):
         store.apply_commit(9, 99, 5, 2)
     store.close()
+
+
+def test_stats_sum_every_column_family_and_compact_moves_level_0_down(tmp_path: Path) -> None:
+    st = ShardStore(shard_dir(tmp_path, 3, 1), 3, 1, memory())
+    try:
+        for lsn in range(1, 4):  # three flushes: three SST files in level 0 of each family
+            st.apply_produce(lsn, (lsn - 1) * 50, 50, TS,
+                             pack_batch([Record(b"v" * 100, key=f"k{i}".encode())
+                                         for i in range(50)]))
+            st.finish(lsn)
+            st.flush()
+        sst, levels, _pending, memtables, records = st.stats()
+        assert sst == st.sst_bytes() > 0 and len(levels) == LEVELS and levels[0] >= 3
+        assert memtables >= 0 and records == 150
+        calls: list[int] = []
+        before, after = st.compact(lambda: calls.append(1))
+        assert before == sst and after > 0
+        assert len(calls) >= len(CFS)  # told after each column family at least
+        assert st.stats()[1][0] == 0  # level 0 emptied
+        assert len(st.read(0, 1000)) == 150
+    finally:
+        st.close()
