@@ -325,3 +325,24 @@ def test_a_writer_busy_past_the_heartbeat_timeout_reports_and_is_not_killed(
         assert latest is not None and latest.value == f"v{n - 1}".encode()
         restarts = {a["role"]: a["restarts"] for a in c.status()["actors"]}
     assert not any(restarts.values()), restarts
+
+
+def test_a_log_of_format_1_segments_without_a_header_is_still_read(make_node: MakeNode) -> None:
+    node = make_node()
+    values = fill(node)
+    node.kill()  # the records stay in the segment
+    seg = segment(node.data_dir)
+    header = logrecord.encode_segment_header(formats.LOG_SEGMENT.current)
+    data = seg.read_bytes()
+    assert data.startswith(header)
+    seg.write_bytes(data[len(header):])  # as a shardnode before segment headers wrote it
+    node2 = make_node(data_dir=node.data_dir)
+    with node2.client() as c:
+        assert [r.value for r in c.read("t", 0, 0)] == values
+        assert c.produce("t", b"after") == (0, len(values))
+    node2.kill()
+    # Appended to as it was, without a header in the middle.
+    assert segment(node.data_dir) == seg
+    entries = [e for batch in wal.SegmentScan(seg, last=True) for e in batch]
+    assert entries[0].position == 0 and not seg.read_bytes().startswith(header)
+    assert len(entries) == 1 + len(values) + 1  # the topic, the records, "after"
