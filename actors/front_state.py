@@ -374,8 +374,9 @@ class FrontDoorState:
         by_owner: dict[int, list[PartRow]] = {}
         for part in parts:
             by_owner.setdefault(t.owner(part[1]), []).append(part)
-        if list(by_owner) == [c.me]:
-            return None
+        if list(by_owner) == [c.me]:  # all here: on to be logged, split once
+            corr = self.wait(identity, rid, now, assign)
+            return [Produce(corr, (req["producer_id"], req["seq"], parts))]
         if from_peer:
             away = sorted(set(by_owner) - {c.me})
             raise NotOwner(f"records of this batch belong to {', '.join(c.name(m) for m in away)}")

@@ -457,3 +457,19 @@ def test_a_routed_client_told_not_owner_learns_the_map_again_and_retries() -> No
     assert result == [(0, 7)]
     assert seen == [(1, "cluster_map"), (1, "list_topics"), (1, "produce"),
                     (1, "list_topics"), (2, "produce")]
+
+
+def test_a_batch_whose_records_all_land_here_is_split_once_and_logged(tmp_path: Path) -> None:
+    s = member(tmp_path, 1)  # owns partitions 0 and 3 of EVENTS
+    here = [k for k in (b"k%d" % i for i in range(200)) if zlib.crc32(k) % 6 in (0, 3)]
+    keys = [next(k for k in here if zlib.crc32(k) % 6 == p) for p in (0, 3, 0, 3)]
+    recs: list[list[Any]] = [[b"v", k, [], None] for k in keys]
+    (out,) = s.request(ID, frame("produce", 9, topic="events", producer_id=5, seq=3,
+                                 records=msgpack.packb(recs)), now=0.0)
+    assert isinstance(out, Produce)
+    assert sorted(p for _t, p, _n, _b in out.request[2]) == [0, 3]
+    assign = [zlib.crc32(k) % 6 for k in keys]
+    parts = [(p, 0, assign.count(p)) for p in sorted(set(assign))]
+    (rep,) = s.ack(out.corr, 4, parts)
+    reply = answer_of(rep)
+    assert reply["id"] == 9 and reply["assign"] == assign == [0, 3, 0, 3]
