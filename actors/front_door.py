@@ -308,5 +308,7 @@ class FrontDoor(Actor):
             "timeouts": s.timeouts,
             "replies_dropped": self.replies_dropped,
             "forwarded": s.forwarded,
+            "kv_gets_cached": s.kv_gets_cached,
+            **s.kv.figures(),
         }
 

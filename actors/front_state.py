@@ -28,6 +28,7 @@ from actors.cluster_state import (
     join_produce,
 )
 from actors.instructions import Produce, Reply, Request, ToPeer
+from actors.kv_state import Generation, KeyOp, KvState, Load, Refused, Send, Step
 from actors.roles import (
     CACHE_MANAGER,
     LOG_MANAGER,
@@ -55,6 +56,8 @@ from wire.messages import (
     Done,
     EndOffsets,
     ErrorReply,
+    KvGet,
+    KvScan,
     ListTopics,
     OffsetForTimestamp,
     OffsetsReply,
@@ -80,7 +83,7 @@ from wire.messages import (
     ValueReply,
 )
 from wire.placement import place
-from wire.protocol import Topic
+from wire.protocol import KV_PREFIX, Topic, kv_topic
 from wire.records import check_batch, key_of
 
 log = logging.getLogger("shardnode")
@@ -109,6 +112,26 @@ Then = Callable[["Waiting", Fields | None, Failure | None], list[Out]]
 # Ops that name one partition: in a cluster, its owner answers them.
 PARTITION_OPS = frozenset({"read", "read_by_key", "read_by_tag", "offset_for_timestamp",
                            "committed_offset", "commit_offset"})
+# Key/value ops (a namespace is the one-partition topic ``kv_topic(namespace)``): in a
+# cluster, the namespace's owner answers them; ``KV_CREATING_OPS`` create it when it is new.
+KV_OPS = frozenset({"kv_put", "kv_get", "kv_delete", "kv_scan", "kv_cas"})
+KV_CREATING_OPS = frozenset({"kv_put", "kv_cas", "txn_kv"})
+# Commits: a namespace they may change is not answered from the cache meanwhile.
+COMMIT_OPS = frozenset({"txn_commit", "xa_commit"})
+TXN_TRACKED_OPS = COMMIT_OPS | {"txn_begin", "xa_start", "txn_abort", "xa_rollback"}
+TXNS_REMEMBERED_MAX = 65536  # transactions begun here whose KV namespaces the front door knows
+
+
+@dataclass(frozen=True, slots=True)
+class KvRead:
+    """A KV read sent to a shard writer: a client's get or scan, or the front door's own
+    load of a value a compare-and-set needs."""
+
+    kind: str  # "get", "scan" or "load"
+    tid: int
+    key: bytes
+    generation: Generation
+    limit: int = 0  # a scan's, as the client asked (the writer is asked for one more)
 
 
 @dataclass(slots=True)
@@ -123,6 +146,9 @@ class Waiting:
     member: int = 0  # the member that answers this part
     gather: Gather | None = None  # this request is answered from parts
     then: Then | None = None
+    kv: KeyOp | None = None  # a KV write (answered by its ack), or one waiting its turn
+    kv_read: KvRead | None = None
+    commit: tuple[int, ...] | None = None  # a commit: the KV namespaces it may change
 
 
 class FrontDoorState:
@@ -155,6 +181,15 @@ class FrontDoorState:
         self.parked: list[tuple[bytes, int, str, dict[str, Any], bool]] = []
         # Topic creations and deletions the catalog member answered: replied once copied.
         self.after_pull: list[tuple[bytes, int, Fields, bool]] = []
+        # Key/value: the cache and each key's writes (actors/kv_state.py).
+        self.kv = KvState(cfg.limits.kv_cache_bytes_max)
+        self.kv_late: dict[int, KeyOp] = {}  # KV writes sent that timed out: their answers
+        self.kv_creating: dict[str, list[tuple[bytes, int, str, dict[str, Any]]]] = {}
+        # Transactions begun here (their KV namespaces, maybe none), and XA branches by xid:
+        # a commit of one not known may change any namespace.
+        self.kv_txns: dict[int, set[int]] = {}
+        self.kv_xids: dict[tuple[Any, ...], int] = {}
+        self.kv_gets_cached = 0
         self.routes: dict[str, Route] = {
             "read": self.read,
             "read_by_key": self.read_by_key,
@@ -178,11 +213,13 @@ class FrontDoorState:
             "xa_commit": lambda req: self.txn_step(
                 req, "commit_one_phase" if req.get("one_phase") else "commit"),
             "xa_rollback": lambda req: self.txn_step(req, "rollback"),
+            "kv_create": self.kv_create,
+            "kv_drop": self.kv_drop,
             "xa_recover": lambda _req: (TRANSACTION_MANAGER, lambda c: TxnList(c, True)),
             "txn_list": lambda _req: (TRANSACTION_MANAGER, lambda c: TxnList(c, False)),
         }
-        missing = protocol.OPS.keys() - self.routes.keys() - WRITER_OPS - {
-            "produce", "txn_produce", "cluster_map", "cluster_sync"}
+        missing = protocol.OPS.keys() - self.routes.keys() - WRITER_OPS - KV_OPS - {
+            "produce", "txn_produce", "txn_kv", "cluster_map", "cluster_sync"}
         assert not missing, f"ops of wire.protocol.OPS with no route: {sorted(missing)}"
         # Ops that take longer than a request: a checkpoint flushes every shard.
         self.timeouts_ms = {"checkpoint": 3 * self.checkpoint_timeout_ms,
@@ -221,6 +258,8 @@ class FrontDoorState:
                     and not self.cluster.is_catalog and len(self.parked) < PARKED_MAX):
                 self.parked.append((identity, rid, op, req, self.pulling))
                 return self.pull()
+            if exc.code == ErrorCode.UNKNOWN_TOPIC and "namespace" in req and not self.pull_error:
+                return self.kv_unknown(identity, rid, op, req, now)
             self.errors += 1
             code, text = exc.code, exc.message
             if exc.code == ErrorCode.UNKNOWN_TOPIC and self.pull_error:
@@ -236,9 +275,12 @@ class FrontDoorState:
             return [Reply(identity, protocol.error(rid, ErrorCode.INTERNAL,
                                                    f"{type(exc).__name__}: {exc}"))]
 
-    def topic(self, name: str) -> Topic:
+    def topic(self, name: str, kv: bool = False) -> Topic:
         if self.catalog_version < 0:
             raise NodeError("the node is starting; retry shortly", ErrorCode.UNAVAILABLE)
+        if not kv and name.startswith(KV_PREFIX):
+            raise NodeError(f"{name!r} is a KV namespace's topic: use the kv_* ops",
+                            ErrorCode.BAD_REQUEST)
         t = self.topics.get(name)
         if t is None:
             raise NodeError(f"topic {name!r} does not exist", ErrorCode.UNKNOWN_TOPIC)
@@ -275,6 +317,10 @@ class FrontDoorState:
             return [self.produce(identity, rid, req, now)]
         if op == "txn_produce":
             return [self.txn_produce(identity, rid, req, now)]
+        if op in KV_OPS:
+            return self.kv_request(identity, rid, op, req, now)
+        if op == "txn_kv":
+            return [self.txn_kv(identity, rid, req, now)]
         if op == "cluster_map":  # a single node
             return [Reply(identity, protocol.ok(rid, members=[], node_id=0))]
         if op == "cluster_sync":  # a single node: nothing to copy
@@ -283,6 +329,8 @@ class FrontDoorState:
             return self.gather_writers(identity, rid, op, req, now)
         role, make = self.routes[op](req)
         corr = self.wait(identity, rid, now, timeout_ms=self.timeouts_ms.get(op))
+        if op in TXN_TRACKED_OPS:
+            self.track_txn(op, req, corr)
         return [Request(role, corr, make(corr))]
 
     # ---- a cluster: forward to owners, gather from several, copy the catalog ----------
@@ -309,6 +357,31 @@ class FrontDoorState:
             if from_peer:
                 raise NotOwner(f"topics are created and deleted on {c.name(c.catalog_id)}")
             return self.forward(identity, rid, req, now, c.catalog_id, then=self.catalog_written)
+        if op in KV_OPS:
+            t = self.topic(kv_topic(req["namespace"]), kv=True)
+            owner = t.owner(0)
+            if owner in (0, c.me):
+                return None
+            if from_peer:
+                raise NotOwner(f"KV namespace {req['namespace']!r} is owned by {c.name(owner)}")
+            return self.forward(identity, rid, req, now, owner)
+        if op in ("kv_create", "kv_drop"):
+            if c.is_catalog:
+                role, make = self.routes[op](req)
+                corr = self.wait(identity, rid, now)
+                self.pending[corr].then = self.catalog_changed
+                return [Request(role, corr, make(corr))]
+            if from_peer:
+                raise NotOwner(f"namespaces are created and deleted on {c.name(c.catalog_id)}")
+            return self.forward(identity, rid, req, now, c.catalog_id, then=self.catalog_written)
+        if op == "txn_kv":
+            owner = self.topic(kv_topic(req["namespace"]), kv=True).owner(0)
+            if owner not in (0, c.me):
+                raise CrossNode(
+                    f"a transaction stays on one node: KV namespace {req['namespace']!r} lives "
+                    f"on {c.name(owner)}, not on {c.name(c.me)}; coordinate several nodes "
+                    f"with XA (a branch on each)")
+            return None
         if op in PARTITION_OPS or (op == "produce" and "partition" in req):
             t = self.topic(req["topic"])
             p = self.partition(t.name, req["partition"])[1]
@@ -682,6 +755,221 @@ class FrontDoorState:
         txn, xid, writes = req.get("txn", 0), req.get("xid"), req.get("writes", -1)
         return TRANSACTION_MANAGER, lambda c: TxnStep(c, txn, xid, step, writes)
 
+    # ---- key/value: the cache and each key's writes are actors/kv_state.py -------------
+
+    def kv_create(self, req: dict[str, Any]) -> Target:
+        ns = req["namespace"]
+        protocol.check_name("namespace", ns)
+        owners: list[int] = []
+        if self.cluster is not None:
+            owners = list(place(kv_topic(ns), 1, self.cluster.members))
+        return self.writes_to, lambda c: CreateTopic(c, kv_topic(ns), 1, owners)
+
+    def kv_drop(self, req: dict[str, Any]) -> Target:
+        name = kv_topic(req["namespace"])
+        self.topic(name, kv=True)
+        return self.writes_to, lambda c: DeleteTopic(c, name)
+
+    def kv_request(self, identity: bytes, rid: int, op: str, req: dict[str, Any],
+                   now: float) -> list[Out]:
+        ns, key = req["namespace"], req.get("key", b"")
+        protocol.check_name("namespace", ns)
+        tid = self.topic(kv_topic(ns), kv=True).topic_id
+        writer = self.writer_of(tid, 0)
+        if op == "kv_get":
+            hit, value = self.kv.cached(tid, key)
+            if hit:
+                self.kv_gets_cached += 1
+                return [Reply(identity, protocol.ok(rid, value=value))]
+            corr = self.wait(identity, rid, now)
+            self.pending[corr].kv_read = KvRead("get", tid, key, self.kv.read_generation(tid))
+            return [Request(writer, corr, KvGet(corr, tid, 0, key, self.lsn_seen))]
+        if op == "kv_scan":
+            limit = min(req.get("limit", self.lim.read_records_max), self.lim.read_records_max)
+            corr = self.wait(identity, rid, now)
+            self.pending[corr].kv_read = KvRead("scan", tid, b"", (0, 0), limit)
+            return [Request(writer, corr, KvScan(corr, tid, 0, req.get("prefix", b""),
+                                                 req.get("start_after"), limit + 1,
+                                                 self.lsn_seen))]
+        new = req.get("new") if op == "kv_cas" else req.get("value")
+        if new is not None and len(new) > self.lim.value_bytes_max:
+            raise NodeError(f"value of {len(new)} bytes; at most {self.lim.value_bytes_max} "
+                            f"(limits.value_bytes_max)", ErrorCode.BAD_REQUEST)
+        corr = self.wait(identity, rid, now)
+        kop = KeyOp(corr, tid, key, new, cas=op == "kv_cas", expected=req.get("expected"),
+                    producer=(req.get("producer_id", 0), req.get("seq", 0)))
+        self.pending[corr].kv = kop
+        return self.kv_steps(self.kv.write(kop))
+
+    def kv_steps(self, steps: list[Step]) -> list[Out]:
+        """Carry out what the KV state decided."""
+        out: list[Out] = []
+        for step in steps:
+            match step:
+                case Send(op):
+                    op.sent = True
+                    blob = msgpack.packb(((op.key, op.new),), use_bin_type=True)
+                    pid, seq = op.producer
+                    out.append(Produce(op.corr, (pid, seq, [(op.tid, 0, 1, blob)])))
+                case Refused(corr, found):
+                    w = self.pending.pop(corr, None)
+                    if w is not None:
+                        out.append(Reply(w.identity, protocol.ok(
+                            w.rid, swapped=False, lsn=0, value=found)))
+                case Load(tid, key, generation):
+                    # Not bounded by pending_requests_max: one per key with a CAS waiting,
+                    # which is a request already counted.
+                    corr = self.next_corr
+                    self.next_corr += 1
+                    self.pending[corr] = Waiting(b"", 0, self.clock + self.lim.request_timeout_ms
+                                                 / 1000, kv_read=KvRead("load", tid, key,
+                                                                        generation))
+                    out.append(Request(self.writer_of(tid, 0), corr,
+                                       KvGet(corr, tid, 0, key, self.lsn_seen)))
+                case _:
+                    assert_never(step)
+        return out
+
+    def kv_written(self, w: Waiting, op: KeyOp, lsn: int) -> list[Out]:
+        """A KV write is durable: its reply, and what waited behind it."""
+        out = self.kv_steps(self.kv.written(op, lsn))
+        fields: Fields = {"swapped": True, "lsn": lsn} if op.cas else {"lsn": lsn}
+        return [*out, *self.settle(w, fields, None)]
+
+    def kv_answer(self, w: Waiting, msg: Answer) -> list[Out]:
+        """An answer to a KV write (one that failed: durable ones are acks) or read."""
+        failure: Failure | None = None
+        if isinstance(msg, ErrorReply):
+            failure = (msg.code, msg.text)
+        elif not isinstance(msg, RecordsReply):
+            failure = (ErrorCode.INTERNAL, f"unexpected answer {type(msg).__name__}")
+        if w.kv is not None:
+            out = self.kv_steps(self.kv.written(w.kv, None))
+            return out + self.settle(w, None, failure or (ErrorCode.INTERNAL, "no answer"))
+        r = w.kv_read
+        assert r is not None
+        if failure is not None or not isinstance(msg, RecordsReply):
+            assert failure is not None
+            if r.kind != "load":
+                return self.settle(w, None, failure)
+            return self.kv_load_failed(r, failure)
+        self.lsn_seen = max(self.lsn_seen, msg.commit_lsn)
+        pairs = msgpack.unpackb(msg.records, raw=False)
+        if r.kind == "scan":
+            more = len(pairs) > r.limit
+            records = (msgpack.packb(pairs[:r.limit], use_bin_type=True) if more
+                       else msg.records)
+            return self.settle(w, {"pairs": records, "more": more}, None)
+        value = pairs[0][1] if pairs else None
+        if r.kind == "get":
+            self.kv.read_answered(r.tid, r.key, value, msg.lsn, r.generation)
+            return self.settle(w, {"value": value}, None)
+        return self.kv_steps(self.kv.loaded(r.tid, r.key, value, msg.lsn, r.generation))
+
+    def kv_load_failed(self, r: KvRead, failure: Failure) -> list[Out]:
+        out: list[Out] = []
+        for corr in self.kv.load_failed(r.tid, r.key):
+            w = self.pending.pop(corr, None)
+            if w is not None:
+                out += self.settle(w, None, failure)
+        line = self.kv.lines.get((r.tid, r.key))
+        if line is not None:
+            out += self.kv_steps(self.kv.pump((r.tid, r.key), line))
+        return out
+
+    def kv_unknown(self, identity: bytes, rid: int, op: str, req: dict[str, Any],
+                   now: float) -> list[Out]:
+        """A KV request naming a namespace that does not exist: a read finds nothing, a
+        delete has nothing to do, a write creates the namespace first."""
+        if op == "kv_get":
+            return [Reply(identity, protocol.ok(rid, value=None))]
+        if op == "kv_scan":
+            return [Reply(identity, protocol.ok(rid, pairs=msgpack.packb([]), more=False))]
+        if op == "kv_delete":
+            return [Reply(identity, protocol.ok(rid, lsn=self.lsn_seen))]
+        if op == "kv_cas" and req["expected"] is not None:
+            return [Reply(identity, protocol.ok(rid, swapped=False, lsn=0, value=None))]
+        if op not in KV_CREATING_OPS:
+            return [Reply(identity, protocol.error(
+                rid, ErrorCode.UNKNOWN_TOPIC,
+                f"KV namespace {req['namespace']!r} does not exist"))]
+        ns = req["namespace"]
+        waiting = self.kv_creating.get(ns)
+        if waiting is not None:  # being created: go on once it is
+            if len(waiting) >= PARKED_MAX:
+                raise NodeError(f"{len(waiting)} requests wait for namespace {ns!r} to be "
+                                f"created; retry later", ErrorCode.BUSY)
+            waiting.append((identity, rid, op, req))
+            return []
+        self.kv_creating[ns] = [(identity, rid, op, req)]
+        create = {"namespace": ns, "op": "kv_create"}
+        then = self.kv_created(ns)
+        if self.cluster is not None and not self.cluster.is_catalog:
+            return self.forward(b"", 0, create, now, self.cluster.catalog_id, then=then)
+        role, make = self.kv_create(create)
+        corr = self.wait(b"", 0, now)
+        self.pending[corr].then = then
+        return [Request(role, corr, make(corr))]
+
+    def kv_created(self, ns: str) -> Then:
+        def done(_w: Waiting, ok: Fields | None, err: Failure | None) -> list[Out]:
+            waiting = self.kv_creating.pop(ns, [])
+            if err is not None and err[0] != ErrorCode.TOPIC_EXISTS:
+                self.errors += len(waiting)
+                return [Reply(identity, protocol.error(rid, *err))
+                        for identity, rid, _op, _req in waiting]
+            if self.cluster is not None and not self.cluster.is_catalog:
+                # Known here once the catalog is copied: then they are routed again.
+                self.parked += [(i, r, o, q, self.pulling) for i, r, o, q in waiting]
+                return self.pull()
+            out: list[Out] = []
+            for identity, rid, op, req in waiting:
+                out += self.one(identity, rid, op, req, self.clock, may_park=False)
+            return out
+        return done
+
+    def txn_kv(self, identity: bytes, rid: int, req: dict[str, Any], now: float) -> Request:
+        ns, key, value, txn, seq = (req["namespace"], req["key"], req["value"], req["txn"],
+                                    req["seq"])
+        protocol.check_name("namespace", ns)
+        if value is not None and len(value) > self.lim.value_bytes_max:
+            raise NodeError(f"value of {len(value)} bytes; at most {self.lim.value_bytes_max} "
+                            f"(limits.value_bytes_max)", ErrorCode.BAD_REQUEST)
+        tid = self.topic(kv_topic(ns), kv=True).topic_id
+        if txn in self.kv_txns:
+            self.kv_txns[txn].add(tid)
+        blob = msgpack.packb(((key, value),), use_bin_type=True)
+        corr = self.wait(identity, rid, now)
+        return Request(TRANSACTION_MANAGER, corr, TxnWrite(corr, txn, seq, [(tid, 0, 1, blob)], ()))
+
+    def track_txn(self, op: str, req: dict[str, Any], corr: int) -> None:
+        """Remember the transactions begun here (their KV namespaces are learned from their
+        writes), and mark a commit with the namespaces it may change: none of them is
+        answered from the cache until the commit's answer (``commit_done``)."""
+        txn = req.get("txn", 0)
+        xid = tuple(req["xid"]) if "xid" in req else None
+        if op in ("txn_begin", "xa_start"):
+            if txn and len(self.kv_txns) < TXNS_REMEMBERED_MAX:
+                self.kv_txns.setdefault(txn, set())
+                if xid is not None:
+                    self.kv_xids[xid] = txn
+            return
+        if xid is not None:
+            txn = self.kv_xids.pop(xid, 0)
+        tids = self.kv_txns.pop(txn, None) if txn else None
+        if op not in COMMIT_OPS:
+            return  # rolled back: nothing of it becomes visible
+        if tids is not None and not tids:
+            return  # known to write no KV namespace
+        commit = None if tids is None else tuple(sorted(tids))
+        self.kv.commit_started(commit)
+        self.pending[corr].commit = commit if commit is not None else ()
+
+    def commit_done(self, w: Waiting) -> list[Out]:
+        """A commit that may change KV namespaces was answered (or failed)."""
+        commit, w.commit = w.commit, None
+        return self.kv_steps(self.kv.commit_ended(commit or None))
+
     # ---- answers ----------------------------------------------------------------------
 
     def catalog(self, msg: Catalog) -> None:
@@ -696,9 +984,12 @@ class FrontDoorState:
         """A produce request is durable (an ``Ack``, or a row of ``Acks``): its reply."""
         w = self.pending.pop(corr, None)
         if w is None:
-            return []  # answered already (timed out) or never ours
+            late = self.kv_late.pop(corr, None)  # a KV write that timed out: durable now
+            return [] if late is None else self.kv_steps(self.kv.written(late, lsn))
         if lsn > self.lsn_seen:
             self.lsn_seen = lsn
+        if w.kv is not None:
+            return self.kv_written(w, w.kv, lsn)
         fields: dict[str, Any] = {"lsn": lsn, "parts": parts}
         if w.assign is not None:
             fields["assign"] = w.assign
@@ -713,7 +1004,11 @@ class FrontDoorState:
             return self.ack(msg.corr, msg.lsn, msg.parts)
         w = self.pending.pop(msg.corr, None)
         if w is None:
-            return []  # answered already (timed out) or never ours
+            late = self.kv_late.pop(msg.corr, None)  # a KV write that timed out: refused
+            return [] if late is None else self.kv_steps(self.kv.written(late, None))
+        if w.kv is not None or w.kv_read is not None:
+            return self.kv_answer(w, msg)
+        out = self.commit_done(w) if w.commit is not None else []
         fields: Fields
         match msg:
             case Done(lsn=lsn):
@@ -750,10 +1045,10 @@ class FrontDoorState:
             case ShardsReply(shards=shards, writer=writer):
                 fields = {"shards": shards, "writer": writer}
             case ErrorReply(code=code, text=text):
-                return self.settle(w, None, (code, text))
+                return out + self.settle(w, None, (code, text))
             case _:
                 assert_never(msg)
-        return self.settle(w, fields, None)
+        return out + self.settle(w, fields, None)
 
     def settle(self, w: Waiting, ok: Fields | None, err: Failure | None) -> list[Out]:
         """A request's answer (its fields, or its failure) to where it goes: the client, the
@@ -810,16 +1105,38 @@ class FrontDoorState:
         reply["id"] = w.rid  # relayed as it came, under the client's id
         return [Reply(w.identity, msgpack.packb(reply, use_bin_type=True))]
 
-    def fail(self, corrs: list[int], code: ErrorCode, text: str) -> list[Out]:
-        """Answer these waiting requests with an error (their actor could not take them)."""
+    def fail(self, corrs: list[int], code: ErrorCode, text: str,
+             timed_out: bool = False) -> list[Out]:
+        """Answer these waiting requests with an error: their actor could not take them, or
+        (``timed_out``) did not answer in time, and may still."""
         out: list[Out] = []
         for corr in corrs:
             w = self.pending.pop(corr, None)
             if w is not None:
                 if w.peer:
                     self.forwards_open -= 1
+                if w.commit is not None:
+                    out += self.commit_done(w)
+                if w.kv is not None:
+                    out += self.kv_failed(corr, w.kv, timed_out)
+                if w.kv_read is not None and w.kv_read.kind == "load":
+                    out += self.kv_load_failed(w.kv_read, (code, text))
+                    continue
                 out += self.settle(w, None, (code, text))
         return out
+
+    def kv_failed(self, corr: int, op: KeyOp, timed_out: bool) -> list[Out]:
+        """A KV write answered with an error by the front door: one that timed out in flight
+        may still be logged (its late answer is awaited); any other was not sent, or never
+        will be."""
+        if not op.sent:
+            self.kv.cancel({corr})
+            return []
+        if timed_out and len(self.kv_late) < self.lim.pending_requests_max:
+            self.kv.lost(op)
+            self.kv_late[corr] = op
+            return []
+        return self.kv_steps(self.kv.written(op, None))
 
     def expire(self, now: float) -> list[Out]:
         self.clock = now
@@ -839,7 +1156,7 @@ class FrontDoorState:
                                  f"be down (retrying is safe: produce is idempotent)")
             else:
                 out += self.fail([corr], ErrorCode.TIMEOUT, "no answer in time; retrying is "
-                                 "safe (produce is idempotent)")
+                                 "safe (produce is idempotent)", timed_out=True)
         return out
 
     def stop(self) -> list[Out]:

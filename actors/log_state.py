@@ -53,7 +53,7 @@ from wire.messages import (
     TxnStart,
     TxnWritten,
 )
-from wire.protocol import NAME_RE, Topic
+from wire.protocol import KV_PREFIX, NAME_RE, Topic
 from wire.xid import Xid
 
 ANSWER_WAIT_MS = 1000  # an answer waits this long for room in the front door's mailbox
@@ -181,7 +181,7 @@ class LogState:
 
     def _append(self, corr: int, producer_id: int, seq: int, parts: Sequence[PartRow],
                 now_ms: int) -> Log | Message:
-        known = self.producers.get(producer_id)
+        known = self.producers.get(producer_id) if producer_id else None
         if known is not None:
             self.producers.move_to_end(producer_id)  # a retry is use, too
             seen = known.results.get(seq)
@@ -207,17 +207,20 @@ class LogState:
             acked.append((partition, first, count))
         # Only a request that is going to be logged touches producer state: a refused one
         # must not evict another producer's window.
-        win = self._producer(producer_id)
+        # Producer id 0 is never de-duplicated (a KV write whose client sent no producer).
+        win = self._producer(producer_id) if producer_id else None
         for (topic_id, partition, first, count, _blob) in logged:
             self.next_offset[(topic_id, partition)] = first + count
         self.last_lsn += 1
         lsn = self.last_lsn
         record = logrecord.encode(lsn, Kind.PRODUCE, [producer_id, seq, now_ms, logged])
-        self._remember(win, seq, lsn, acked)
+        if win is not None:
+            self._remember(win, seq, lsn, acked)
         return Log(record, Ack(corr, lsn, acked), lsn)
 
     def _create(self, msg: CreateTopic) -> Log | Message:
-        if not NAME_RE.match(msg.name):
+        name = msg.name.removeprefix(KV_PREFIX)  # a KV namespace's topic: kv:<name>
+        if not NAME_RE.match(name):
             return ErrorReply(msg.corr, ErrorCode.INVALID_NAME,
                               f"topic name {msg.name!r} must be 1-200 letters, digits, '.', '_' "
                               f"or '-', starting with a letter or digit")

@@ -8,12 +8,19 @@ Column families (keys are big-endian so that byte order is numeric order):
     time      running max timestamp u64 | offset  → b""   (written when the max grows)
     groups    consumer group utf-8                → committed offset u64
     staged    txn u64 | lsn u64 | part u16        → msgpack [timestamp_ms, count, blob]
+    kv        key                                 → value   (KV namespaces' shards only)
     meta      b"applied_lsn", b"next_offset", b"max_ts" (+1; 0 = none), b"format" → u64
 
 ``staged`` holds the records of open and prepared transactions: invisible to every read,
 without offsets. A commit moves them into ``records`` (with the indexes) at the offsets its
 log record gives, in one batch with the applied LSN; a rollback deletes them. Kept here,
 they are flushed with the shard at a checkpoint, so the log need not keep them.
+
+The shard of a KV namespace has one more column family, ``kv``, and its records are key
+writes: each item of a batch is ``[key, value]`` (value nil: delete the key), applied to
+``kv`` in batch order, and only there (the namespace keeps each key's latest value, not a
+history). Offsets still count them, one per write, so the log's placement and replay work
+as for topics.
 
 Every applied log record goes into one WriteBatch together with the new ``applied_lsn``,
 so after a crash the shard is exactly as of some LSN and replay from the log continues
@@ -47,6 +54,7 @@ FORMAT_VERSION = formats.SHARD.current
 DATA_CFS = ("records", "keys", "tags", "time", "groups", "staged")
 STAGED_KEY = struct.Struct(">QQH")  # txn, lsn, part
 CFS = (*DATA_CFS, "meta")
+KV_CF = "kv"  # the extra column family of a KV namespace's shard
 LEVELS = 7  # RocksDB's default num_levels: the levels ``stats`` counts files at
 COMPACT_PROGRESS_S = 0.5  # how often a compaction tells its caller it is still running
 
@@ -121,17 +129,24 @@ def parse_shard_dir(name: str) -> tuple[int, int] | None:
 
 class ShardStore:
     def __init__(self, path: Path, topic_id: int, partition: int,
-                 memory: StoreMemory) -> None:
+                 memory: StoreMemory, kv: bool | None = None) -> None:
+        """Open (or create) a shard. ``kv``: whether it is a KV namespace's shard; None: an
+        existing shard, which is one if it has the ``kv`` column family."""
         self.path = path
         self.shard = (topic_id, partition)
         mem = memory
         small = max(mem.write_buffer_bytes // 8, 256 * 1024)
         opts = mem.db_options
-        cfs = {name: mem.options(mem.write_buffer_bytes if name == "records" else small)
-               for name in CFS}
+        if kv is None:
+            kv = (path / "CURRENT").exists() and KV_CF in rocksdict.Rdict.list_cf(str(path), opts)
+        self.kv = kv
+        self.data_cfs = (*DATA_CFS, KV_CF) if kv else DATA_CFS
+        names = (*self.data_cfs, "meta")
+        cfs = {name: mem.options(mem.write_buffer_bytes if name in ("records", KV_CF) else small)
+               for name in names}
         self.db = rocksdict.Rdict(str(path), options=opts, column_families=cfs)
-        self.cf = {name: self.db.get_column_family(name) for name in CFS}
-        self.h = {name: self.db.get_column_family_handle(name) for name in CFS}
+        self.cf = {name: self.db.get_column_family(name) for name in names}
+        self.h = {name: self.db.get_column_family_handle(name) for name in names}
         self.write_opts = rocksdict.WriteOptions()
         # A property at runtime (the stubs call it a method); the WAL stays empty.
         self.write_opts.disable_wal = True  # type: ignore[method-assign, assignment]
@@ -170,7 +185,11 @@ class ShardStore:
 
     def _put_records(self, wb: rocksdict.WriteBatch, first: int, batch_ts: int,
                      blob: bytes) -> None:
-        """The records of ``blob`` at offsets from ``first``, with their index entries."""
+        """The records of ``blob`` at offsets from ``first``, with their index entries (a KV
+        namespace's: its key writes)."""
+        if self.kv:
+            self._put_kv(wb, blob)
+            return
         h_rec, h_keys, h_tags, h_time = self.h["records"], self.h["keys"], self.h["tags"], self.h["time"]
         pack = msgpack.packb
         max_ts = self.max_ts
@@ -197,6 +216,18 @@ class ShardStore:
             offset += 1
         self.max_ts = max_ts
         self.next_offset = offset
+
+    def _put_kv(self, wb: rocksdict.WriteBatch, blob: bytes) -> None:
+        """A KV namespace's writes: ``[key, value]`` each, value nil to delete; one offset
+        each."""
+        h_kv = self.h[KV_CF]
+        items = msgpack.unpackb(blob, raw=False, use_list=False)
+        for key, value in items:
+            if value is None:
+                wb.delete(key, h_kv)
+            else:
+                wb.put(key, value, h_kv)
+        self.next_offset += len(items)
 
     # ---- transactions ---------------------------------------------------------------
 
@@ -293,7 +324,7 @@ class ShardStore:
 
     def flush(self) -> None:
         """Make everything applied durable (data column families first, meta last)."""
-        for name in DATA_CFS:
+        for name in self.data_cfs:
             self.cf[name].flush(True)
         self.cf["meta"].flush(True)
 
@@ -413,3 +444,33 @@ class ShardStore:
     def committed_offset(self, group: str) -> int | None:
         raw = self.cf["groups"].get(group.encode())
         return None if raw is None else int(U64.unpack(raw)[0])
+
+    # ---- a KV namespace -------------------------------------------------------------
+
+    def kv_get(self, key: bytes) -> bytes | None:
+        value: bytes | None = self.cf[KV_CF].get(key)
+        return value
+
+    def kv_scan(self, prefix: bytes, start_after: bytes | None, limit: int,
+                bytes_max: int = 1 << 62) -> list[list[bytes]]:
+        """``[key, value]`` pairs in key order: keys starting with ``prefix``, after
+        ``start_after``; at most ``limit``, and stopping once ``bytes_max`` bytes are
+        reached (so at least one pair is returned when there is one)."""
+        it = self.cf[KV_CF].iter()
+        if start_after is not None and start_after >= prefix:
+            it.seek(start_after)
+            if it.valid() and it.key() == start_after:
+                it.next()
+        else:
+            it.seek(prefix)
+        pairs: list[list[bytes]] = []
+        size = 0
+        while it.valid() and len(pairs) < limit and size < bytes_max:
+            key = it.key()
+            if not key.startswith(prefix):
+                break
+            value = it.value()
+            size += len(key) + len(value)
+            pairs.append([key, value])
+            it.next()
+        return pairs

@@ -48,6 +48,8 @@ from wire.messages import (
     CommittedOffset,
     Compact,
     FlushTo,
+    KvGet,
+    KvScan,
     LogGroup,
     OffsetForTimestamp,
     Read,
@@ -59,6 +61,7 @@ from wire.messages import (
     ShardStats,
     ValueReply,
 )
+from wire.protocol import KV_PREFIX
 from wire.records import pack_read
 
 log = logging.getLogger("shardnode")
@@ -305,13 +308,13 @@ class ShardWriter(Actor):
         if e.lsn <= self.catalog_lsn:
             return
         if e.kind == Kind.TOPIC_CREATE:
-            topic_id, _name, partitions, *owners = e.body()
+            topic_id, name, partitions, *owners = e.body()
             here = [p for p in range(partitions)  # in a cluster, the partitions placed here
                     if not owners or not owners[0] or owners[0][p] == self.node_id]
             for p in here:
                 if self.owns(topic_id, p) and (topic_id, p) not in self.stores:
                     store = ShardStore(shard_dir(self.shards_dir, topic_id, p), topic_id, p,
-                                       self.memory)
+                                       self.memory, kv=name.startswith(KV_PREFIX))
                     store.finish(e.lsn)
                     store.flush()
                     self.stores[(topic_id, p)] = store
@@ -333,7 +336,8 @@ class ShardWriter(Actor):
                 self.perform(self.state.flush_to(ckpt_id, lsn))
             case CatchUp(lsn):
                 self.perform(self.state.catch_up(lsn))
-            case Read() | ReadByKey() | ReadByTag() | OffsetForTimestamp() | CommittedOffset():
+            case (Read() | ReadByKey() | ReadByTag() | OffsetForTimestamp() | CommittedOffset()
+                  | KvGet() | KvScan()):
                 self.perform(self.state.read(msg, time.monotonic()))
             case ShardStats() | Compact():
                 self.perform([self.shards_reply(msg)])
@@ -393,6 +397,13 @@ class ShardWriter(Actor):
                 reply = ValueReply(msg.corr, store.offset_for_timestamp(msg.timestamp), clsn)
             case CommittedOffset():
                 reply = ValueReply(msg.corr, store.committed_offset(msg.group), clsn)
+            case KvGet():
+                value = store.kv_get(msg.key)
+                pairs = [] if value is None else [[msg.key, value]]
+                reply = RecordsReply(msg.corr, msgpack.packb(pairs, use_bin_type=True), lsn, clsn)
+            case KvScan():
+                pairs = store.kv_scan(msg.prefix, msg.start_after, msg.limit, bytes_max)
+                reply = RecordsReply(msg.corr, msgpack.packb(pairs, use_bin_type=True), lsn, clsn)
             case _:
                 assert_never(msg)
         return Send(FRONT_DOOR, reply, wait_ms=REPLY_WAIT_MS)

@@ -49,6 +49,7 @@ class LimitsConfig:
     request_timeout_ms: int
     mailbox_messages_max: int
     group_bytes_queued_max: int
+    kv_cache_bytes_max: int
 
 
 @dataclass(frozen=True)

@@ -50,12 +50,14 @@ from wire.errors import (
 )
 from wire.protocol import (
     DEFAULT_PORT,
+    KV_PREFIX,
     OPS,
     SHARD_STATS_ROW,
     WRITER_STATS_ROW,
     Placed,
     Topic,
     check_reply,
+    kv_topic,
     request_map,
     unpack_replies,
 )
@@ -104,6 +106,8 @@ def expand_offsets(reply: dict[str, Any], count: int) -> list[tuple[int, int]]:
 # Ops that name one partition: a client of a cluster sends them to its owner.
 PARTITION_OPS = frozenset({"produce", "read", "read_by_key", "read_by_tag",
                            "offset_for_timestamp", "commit_offset", "committed_offset"})
+# Key/value ops: a client of a cluster sends them to the namespace's owner, when it knows it.
+KV_OPS = frozenset({"kv_put", "kv_get", "kv_delete", "kv_scan", "kv_cas"})
 SEND_TIMEOUT_MS_MAX = 1000  # how long a send waits for a member's connection
 
 
@@ -202,7 +206,7 @@ class NodeClient:
         try:
             return self._call_on(self._route(op, fields), op, fields)
         except (NotOwner, UnknownTopic):
-            if "topic" not in fields and op != "delete_topic":
+            if "topic" not in fields and "namespace" not in fields and op != "delete_topic":
                 raise
             self._owners.clear()  # the map changed: learn it again, and try once more
             return self._call_on(self._route(op, fields), op, fields)
@@ -312,7 +316,12 @@ class NodeClient:
     def _route(self, op: str, fields: dict[str, Any]) -> zmq.Socket[bytes]:
         if op in PARTITION_OPS and "partition" in fields:
             return self._sock(self.owner_endpoint(fields["topic"], fields["partition"]))
-        if op in ("create_topic", "delete_topic"):
+        if op in KV_OPS:
+            topic = kv_topic(fields["namespace"])
+            if topic not in self._owners:
+                return self.sock  # not known (yet): the member asked forwards it
+            return self._sock(self.owner_endpoint(topic, 0))
+        if op in ("create_topic", "delete_topic", "kv_create", "kv_drop"):
             members = self.members()
             return self._sock(members[min(members)] if members else self.endpoint)
         return self.sock
@@ -381,7 +390,9 @@ class NodeClient:
         topics = [Topic.from_row(row) for row in reply["topics"]]
         self._partitions = {t.name: t.partitions for t in topics}
         self._owners = {t.name: t.owners for t in topics if t.owners}
-        return [TopicInfo(t.name, t.partitions) for t in topics]
+        # KV namespaces are topics of the catalog too (kv:<name>): ``kv_namespaces`` lists them.
+        return [TopicInfo(t.name, t.partitions) for t in topics
+                if not t.name.startswith(KV_PREFIX)]
 
     def partitions(self, topic: str) -> int:
         if topic not in self._partitions:
@@ -463,6 +474,71 @@ class NodeClient:
     def committed_offset(self, group: str, topic: str, partition: int) -> int | None:
         value = self.call("committed_offset", group=group, topic=topic, partition=partition)["value"]
         return None if value is None else int(value)
+
+    # ---- key/value (a namespace's keys in its own shard; actors/kv_state.py) -------
+
+    def kv_create(self, namespace: str) -> None:
+        """Create a namespace (a first write to one creates it too)."""
+        self.call("kv_create", namespace=namespace)
+
+    def kv_drop(self, namespace: str) -> None:
+        """Delete a namespace and every key in it."""
+        self.call("kv_drop", namespace=namespace)
+
+    def kv_namespaces(self) -> list[str]:
+        self.list_topics()
+        return sorted(name.removeprefix(KV_PREFIX) for name in self._partitions
+                      if name.startswith(KV_PREFIX))
+
+    def _kv_write(self, op: str, namespace: str, key: bytes | str,
+                  **fields: Any) -> dict[str, Any]:
+        # The producer id and a sequence number: a retry after a lost answer is answered
+        # as the first attempt was, not logged again.
+        return self.call(op, namespace=namespace, key=_as_bytes(key), **fields,
+                         producer_id=self.producer_id, seq=self.next_seq())
+
+    def kv_put(self, namespace: str, key: bytes | str, value: bytes | str) -> int:
+        """Set a key; returns the LSN that made it durable. A get sent after it sees it."""
+        return int(self._kv_write("kv_put", namespace, key, value=_as_bytes(value))["lsn"])
+
+    def kv_get(self, namespace: str, key: bytes | str) -> bytes | None:
+        value: bytes | None = self.call("kv_get", namespace=namespace, key=_as_bytes(key))["value"]
+        return value
+
+    def kv_delete(self, namespace: str, key: bytes | str) -> int:
+        """Delete a key (if it is there); returns the LSN that made it durable."""
+        return int(self._kv_write("kv_delete", namespace, key)["lsn"])
+
+    def kv_scan(self, namespace: str, prefix: bytes | str = b"",
+                start_after: bytes | str | None = None, limit: int = 1000
+                ) -> list[tuple[bytes, bytes]]:
+        """Up to ``limit`` pairs in key order, of keys starting with ``prefix``, after
+        ``start_after``; asked for a page at a time (the node bounds each by
+        ``read_records_max`` and ``read_bytes_max``)."""
+        out: list[tuple[bytes, bytes]] = []
+        after = None if start_after is None else _as_bytes(start_after)
+        while len(out) < limit:
+            fields: dict[str, Any] = {"namespace": namespace, "prefix": _as_bytes(prefix)}
+            if after is not None:
+                fields["start_after"] = after
+            fields["limit"] = limit - len(out)
+            reply = self.call("kv_scan", **fields)
+            pairs = msgpack.unpackb(reply["pairs"], raw=False)
+            out += [(k, v) for k, v in pairs]
+            if not reply["more"] or not pairs:
+                break
+            after = out[-1][0]
+        return out
+
+    def kv_cas(self, namespace: str, key: bytes | str, expected: bytes | str | None,
+               new: bytes | str | None) -> bool:
+        """Set ``key`` to ``new`` (None: delete it) only if its value is ``expected``
+        (None: absent); True if it did. Linearizable. Not retried: after a lost answer
+        (``RequestTimeout``) the outcome is unknown, so read the key."""
+        reply = self.call("kv_cas", namespace=namespace, key=_as_bytes(key),
+                          expected=None if expected is None else _as_bytes(expected),
+                          new=None if new is None else _as_bytes(new))
+        return bool(reply["swapped"])
 
     # ---- the node -----------------------------------------------------------------
 

@@ -177,6 +177,21 @@ class Transaction:
                                            "offset": offset})
         self.seq += 1
 
+    def kv_put(self, namespace: str, key: bytes | str, value: bytes | str) -> None:
+        """Stage a key's new value: visible at the commit, with the rest (the namespace is
+        created if it is new)."""
+        self._kv(namespace, key, _as_bytes(value))
+
+    def kv_delete(self, namespace: str, key: bytes | str) -> None:
+        """Stage a key's deletion: done at the commit, with the rest."""
+        self._kv(namespace, key, None)
+
+    def _kv(self, namespace: str, key: bytes | str, value: bytes | None) -> None:
+        self._check()
+        self._submit("txn_kv", {"txn": self.id, "seq": self.seq, "namespace": namespace,
+                                "key": _as_bytes(key), "value": value})
+        self.seq += 1
+
     # ---- the end ----------------------------------------------------------------------
 
     def commit(self) -> TxnResult:

@@ -300,6 +300,33 @@ class CommittedOffset(Message):
     lsn_min: int
 
 
+@message(100)
+class KvGet(Message):
+    """Front door → the writer of a KV namespace's shard: a key's value (``RecordsReply``
+    whose records are a packed array of ``[key, value]``, empty when the key is absent)."""
+
+    corr: int
+    topic_id: int
+    partition: int  # always 0: a namespace is one shard
+    key: bytes
+    lsn_min: int
+
+
+@message(101)
+class KvScan(Message):
+    """Front door → the writer of a KV namespace's shard: up to ``limit`` pairs in key order
+    (``RecordsReply`` whose records are a packed array of ``[key, value]``; the front door
+    asks for one more than its client, to tell whether the scan stopped at the limit)."""
+
+    corr: int
+    topic_id: int
+    partition: int
+    prefix: bytes
+    start_after: bytes | None
+    limit: int
+    lsn_min: int
+
+
 @message(38)
 class ShardStats(Message):
     """Front door → a shard writer: RocksDB's figures of its shards (``ShardsReply``)."""
@@ -368,7 +395,7 @@ class Stop(Message):
 # Reads (front door → cache manager or shard writer). The requests the log manager's logic
 # admits (``LogRequest``) and the answers the front door matches to a waiting client
 # (``Answer``) are at the end, after the transactions' messages they name.
-ReadRequest = Read | ReadByKey | ReadByTag | OffsetForTimestamp | CommittedOffset
+ReadRequest = Read | ReadByKey | ReadByTag | OffsetForTimestamp | CommittedOffset | KvGet | KvScan
 
 
 # ---- the transaction manager and the checkpoint handshake -----------------------------

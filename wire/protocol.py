@@ -40,6 +40,10 @@ REPLY_FRAME_BYTES_MAX = 262144  # replies are joined into one frame up to this s
 # How long the node lets ``compact`` take (RocksDB rewrites the topic's SST files); a client
 # waits a little longer, so that it hears the node's TIMEOUT rather than its own.
 COMPACT_TIMEOUT_MS = 600_000
+# Key/value: a namespace is a one-partition topic of the catalog named ``KV_PREFIX`` + its
+# name (``kv_topic``); topic names cannot contain ':', so the two never collide.
+KV_PREFIX = "kv:"
+KV_KEY_BYTES_MAX = 1024
 
 
 # ---- rows that replies carry ---------------------------------------------------------
@@ -151,6 +155,15 @@ WRITES = Field("writes", _INT, "how many writes (`txn_produce`, `txn_commit_offs
                "client sent: if the node staged another number, it refuses, and the "
                "transaction stays open", required=False, non_negative=True)
 
+NAMESPACE = Field("namespace", _STR, "KV namespace name (as topic names are spelled)",
+                  len_max=NAME_LEN_MAX)
+KV_KEY = Field("key", _BIN, "the key (≤ 1 KiB)", len_max=KV_KEY_BYTES_MAX)
+KV_PRODUCER = Field("producer_id", _INT, "the client's producer id: with `seq`, a retry is "
+                    "answered as the first attempt was (absent: not de-duplicated)",
+                    required=False, non_negative=True)
+KV_SEQ = Field("seq", _INT, "the producer's sequence number (with `producer_id`)",
+               required=False, non_negative=True)
+
 SHARD_STATS_ROW = ("topic", "partition", "writer", "sst_bytes", "files_per_level",
                    "pending_compaction_bytes", "memtable_bytes", "records")
 WRITER_STATS_ROW = ("writer", "shards", "cache_bytes", "cache_capacity", "cache_hits",
@@ -237,6 +250,46 @@ OPS: dict[str, Op] = {op.name: op for op in (
        request=(TOPIC,),
        reply=(Field("shards", _ARRAY, "one row per shard compacted: its SST bytes before "
                     "and after", row=("topic", "partition", "bytes_before", "bytes_after")),)),
+    # ---- key/value (node/client.py: kv_*; actors/kv_state.py: the front door's part) ----
+    Op("kv_create", "create a KV namespace (the first write to one creates it too)",
+       retry=False, request=(NAMESPACE,),
+       reply=(LSN,)),
+    Op("kv_drop", "delete a KV namespace and every key in it", retry=False,
+       request=(NAMESPACE,),
+       reply=(LSN,)),
+    Op("kv_put", "set a key's value; answered once it is durable, and every read sent after "
+       "the answer sees it",
+       request=(NAMESPACE, KV_KEY, Field("value", _BIN, "the value (≤ `value_bytes_max`)"),
+                KV_PRODUCER, KV_SEQ),
+       reply=(LSN,)),
+    Op("kv_get", "a key's value",
+       request=(NAMESPACE, KV_KEY),
+       reply=(Field("value", (bytes, type(None)), "the value, or nil when the key is absent"),)),
+    Op("kv_delete", "delete a key (absent already: nothing changes, and it is answered the same)",
+       request=(NAMESPACE, KV_KEY, KV_PRODUCER, KV_SEQ),
+       reply=(LSN,)),
+    Op("kv_scan", "keys and values in key order",
+       request=(NAMESPACE,
+                Field("prefix", _BIN, "only keys starting with this", required=False,
+                      len_max=KV_KEY_BYTES_MAX),
+                Field("start_after", _BIN, "only keys after this one (to page on)",
+                      required=False, len_max=KV_KEY_BYTES_MAX),
+                Field("limit", _INT, "at most this many pairs (the node caps it at "
+                      "`read_records_max`)", required=False, non_negative=True)),
+       reply=(Field("pairs", _BIN, "packed array of `[key, value]`, in key order"),
+              Field("more", (bool,), "the scan stopped at a limit: page on after the last "
+                    "key"))),
+    Op("kv_cas", "compare and set: set a key to `new` only if its value is `expected`; "
+       "linearizable (the client does not retry it: after a lost answer, read the key)",
+       retry=False,
+       request=(NAMESPACE, KV_KEY,
+                Field("expected", (bytes, type(None)), "the value the key must have; nil: "
+                      "the key must be absent"),
+                Field("new", (bytes, type(None)), "the value to set; nil: delete the key")),
+       reply=(Field("swapped", (bool,), "whether the key had `expected` and now has `new`"),
+              Field("lsn", _INT, "the LSN that made the new value durable (0: not swapped)"),
+              Field("value", (bytes, type(None)), "when not swapped: the value the key had "
+                    "(nil: absent)", required=False))),
     # ---- transactions (node/transaction.py is the client's side) ----
     Op("txn_begin", "begin a local transaction",
        request=(TIMEOUT_MS, CHOSEN_TXN),
@@ -255,6 +308,11 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("txn_commit_offset", "stage a consumer group's offset in a transaction: committed "
        "with its records (read-process-write exactly once)",
        request=(TXN, TXN_SEQ, GROUP, TOPIC, PARTITION, OFFSET),
+       reply=(TXN_RECORDS,)),
+    Op("txn_kv", "stage a key's new value (or its deletion) in a transaction: invisible "
+       "until the commit, when all of the transaction's writes become visible together",
+       request=(TXN, TXN_SEQ, NAMESPACE, KV_KEY,
+                Field("value", (bytes, type(None)), "the new value; nil: delete the key")),
        reply=(TXN_RECORDS,)),
     Op("txn_commit", "commit a transaction: answered once its commit record is durable; "
        "a retry answers the same",
@@ -410,6 +468,11 @@ def _error(rid: int, code: ErrorCode, text: str) -> NodeError:
     err = NodeError(text, code)
     err.request_id = rid  # type: ignore[attr-defined]
     return err
+
+
+def kv_topic(namespace: str) -> str:
+    """The catalog name of a KV namespace's topic."""
+    return KV_PREFIX + namespace
 
 
 def check_name(what: str, name: str) -> None:
