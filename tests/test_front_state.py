@@ -9,7 +9,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from actors.front_state import WRITER_OPS, FrontDoorState
+from actors.front_state import KV_OPS, WRITER_OPS, FrontDoorState
 from actors.instructions import Produce, Reply, Request
 from config import load_config
 from wire.errors import ErrorCode
@@ -47,7 +47,7 @@ def state(mode: str = "fuzzy", writers: int = 2, **limits: int) -> FrontDoorStat
     cfg = load_config(overrides={"limits": limits, "log": {"checkpoint_mode": mode},
                                  "node": {"writers": writers}})
     s = FrontDoorState(cfg)
-    s.catalog(Catalog(7, [Topic("t", 4, 1), Topic("one", 1, 2)], 7))
+    s.catalog(Catalog(7, [Topic("t", 4, 1), Topic("one", 1, 2), Topic("kv:cfg", 1, 3)], 7))
     return s
 
 
@@ -290,6 +290,19 @@ EXAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
     "stats": ({}, lambda c: ShardsReply(c, [[1, 0, 0, 4096, [1, 0, 0, 0, 0, 0, 0], 0, 64, 9]],
                                         [0, 1, 1024, 16777216, 30, 10])),
     "compact": ({"topic": "t"}, lambda c: ShardsReply(c, [[1, 0, 4096, 2048]], [])),
+    # ---- key/value (a write is answered by its ack; a CAS reads the value first) ----
+    "kv_create": ({"namespace": "new"}, lambda c: Done(c, 5)),
+    "kv_drop": ({"namespace": "cfg"}, lambda c: Done(c, 5)),
+    "kv_put": ({"namespace": "cfg", "key": b"k", "value": b"v"},
+               lambda c: Ack(c, 5, [(0, 0, 1)])),
+    "kv_get": ({"namespace": "cfg", "key": b"k"},
+               lambda c: RecordsReply(c, msgpack.packb([[b"k", b"v"]]), 5)),
+    "kv_delete": ({"namespace": "cfg", "key": b"k"}, lambda c: Ack(c, 5, [(0, 0, 1)])),
+    "kv_scan": ({"namespace": "cfg", "prefix": b"a"}, lambda c: RecordsReply(c, b"\x90", 5)),
+    "kv_cas": ({"namespace": "cfg", "key": b"k", "expected": None, "new": b"w"},
+               lambda c: RecordsReply(c, b"\x90", 5)),
+    "txn_kv": ({"txn": 77, "seq": 2, "namespace": "cfg", "key": b"k", "value": b"v"},
+               lambda c: TxnWritten(c, 5, 1)),
 }
 
 
@@ -302,9 +315,14 @@ def test_every_op_of_the_table_is_routed_and_answered_with_its_reply_fields(op: 
         (rep,) = outs
     else:  # one actor answers, or (stats, compact) every shard writer answers its part
         reps = []
-        for out in outs:
+        todo = list(outs)
+        while todo:  # a compare-and-set reads the value, then writes: both are answered
+            out = todo.pop(0)
             assert isinstance(out, Produce | Request), reply_of(out)
-            reps += s.answer(make_answer(out.corr))
+            written = isinstance(out, Produce) and op == "kv_cas"
+            for r in s.answer(Ack(out.corr, 6, [(0, 0, 1)]) if written
+                              else make_answer(out.corr)):
+                (reps if isinstance(r, Reply) else todo).append(r)
         (rep,) = reps
     reply = reply_of(rep)
     assert reply.pop("id") == 3 and reply.pop("ok") is True
@@ -314,8 +332,8 @@ def test_every_op_of_the_table_is_routed_and_answered_with_its_reply_fields(op: 
 
 
 def test_the_routes_cover_the_table() -> None:
-    assert set(state().routes) | WRITER_OPS | {"produce", "txn_produce", "cluster_map",
-                                               "cluster_sync"} == set(OPS)
+    assert set(state().routes) | WRITER_OPS | KV_OPS | {
+        "produce", "txn_produce", "txn_kv", "cluster_map", "cluster_sync"} == set(OPS)
 
 
 def test_stats_asks_every_writer_and_joins_their_shards_by_topic_name() -> None:

@@ -280,7 +280,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
               Field("more", (bool,), "the scan stopped at a limit: page on after the last "
                     "key"))),
     Op("kv_cas", "compare and set: set a key to `new` only if its value is `expected`; "
-       "linearizable (the client does not retry it: after a lost answer, read the key)",
+       "linearizable (after a lost answer, read the key)",
        retry=False,
        request=(NAMESPACE, KV_KEY,
                 Field("expected", (bytes, type(None)), "the value the key must have; nil: "
