@@ -1,0 +1,225 @@
+"""Key/value namespaces on a real node: every op, read-your-writes, compare-and-set under
+contention from 8 processes, a linearizability check of concurrent histories, transactions,
+bad input, and SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import pytest
+
+from node.client import NodeClient
+from tests.linearizable import Call, check, linearizable
+from wire.errors import BadRequest, NodeError
+from wire.protocol import KV_KEY_BYTES_MAX
+
+if TYPE_CHECKING:
+    from node.local import LocalNode
+    from tests.conftest import MakeNode
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = ROOT / "tests" / "kv_worker.py"
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNode]:
+    """One node for the tests that neither kill nor restart it (each its own namespaces)."""
+    from node.local import LocalNode
+
+    root = tmp_path_factory.mktemp("kv")
+    n = LocalNode(root / "data", log_file=root / "node.log")
+    n.start()
+    yield n
+    n.stop()
+
+
+def workers(endpoint: str, mode: str, n: int, count: int) -> list[str]:
+    """Run ``count`` worker processes at once; their outputs."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, str(WORKER), mode, endpoint, str(seed), str(n)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+             for seed in range(1, count + 1)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err
+        outs.append(out)
+    return outs
+
+
+def test_every_op(node: LocalNode) -> None:
+    with node.client() as c:
+        assert c.kv_get("cfg", b"a") is None  # no namespace yet: nothing, and none created
+        assert "cfg" not in c.kv_namespaces()
+        c.kv_put("cfg", b"a", b"1")  # creates it
+        assert "cfg" in c.kv_namespaces()
+        assert c.kv_get("cfg", "a") == b"1"
+        assert c.kv_cas("cfg", b"a", b"1", b"2") is True
+        assert c.kv_cas("cfg", b"a", b"1", b"3") is False
+        assert c.kv_get("cfg", b"a") == b"2"
+        assert c.kv_cas("cfg", b"b", None, b"new") is True  # expected absent
+        assert c.kv_cas("cfg", b"b", None, b"again") is False
+        assert c.kv_cas("cfg", b"b", b"new", None) is True  # new None: delete
+        assert c.kv_get("cfg", b"b") is None
+        for i in range(12):
+            c.kv_put("cfg", f"user/{i:02}", f"v{i}")
+        c.kv_put("cfg", b"zzz", b"last")
+        users = c.kv_scan("cfg", prefix=b"user/")
+        assert users == [(f"user/{i:02}".encode(), f"v{i}".encode()) for i in range(12)]
+        assert c.kv_scan("cfg", prefix=b"user/", start_after=b"user/09", limit=2) == [
+            (b"user/10", b"v10"), (b"user/11", b"v11")]
+        assert [k for k, _v in c.kv_scan("cfg")] == [b"a", *(k for k, _ in users), b"zzz"]
+        # Pages: the node answers at most `limit` a request; the client pages on.
+        reply = c.call("kv_scan", namespace="cfg", prefix=b"user/", limit=5)
+        assert reply["more"] is True and len(msgpack.unpackb(reply["pairs"])) == 5
+        c.kv_delete("cfg", b"a")
+        c.kv_delete("cfg", b"a")  # absent already: the same answer
+        assert c.kv_get("cfg", b"a") is None
+        c.kv_delete("none-such", b"a")  # no namespace: nothing to do, none created
+        assert "none-such" not in c.kv_namespaces()
+        assert not [t.name for t in c.list_topics() if "cfg" in t.name]  # not a topic
+        c.kv_drop("cfg")
+        assert "cfg" not in c.kv_namespaces() and c.kv_get("cfg", b"zzz") is None
+        c.kv_create("fresh")
+        with pytest.raises(NodeError, match="exists"):
+            c.kv_create("fresh")
+
+
+def test_a_get_from_another_client_sees_every_acknowledged_put(node: LocalNode) -> None:
+    with node.client() as w, node.client() as r:
+        for i in range(200):
+            w.kv_put("ryw", b"k", str(i))
+            assert r.kv_get("ryw", b"k") == str(i).encode()
+        # Answered without a hop to the shard writer (the front door reports its figures
+        # about once a second: poll for the report that counts them).
+        deadline = time.monotonic() + 10
+        while front_figures(r).get("kv_gets_cached", 0) < 200:
+            assert time.monotonic() < deadline, front_figures(r)
+            time.sleep(0.05)
+
+
+def front_figures(c: NodeClient) -> dict[str, Any]:
+    front = next(a for a in c.status()["actors"] if a["role"] == "front")
+    figures: dict[str, Any] = front["figures"]
+    return figures
+
+
+def test_values_come_back_from_the_shard_after_a_restart_and_a_kill(make_node: MakeNode,
+                                                                    tmp_path: Path) -> None:
+    n = make_node()
+    with n.client() as c:
+        for i in range(300):
+            c.kv_put("keep", f"k{i}", f"v{i}")
+        c.kv_delete("keep", b"k7")
+        assert c.kv_cas("keep", b"k8", b"v8", b"eight")
+    n.kill()  # SIGKILL of every process: the values are in the log, not yet in a checkpoint
+    n.start()
+    with n.client() as c:
+        assert c.kv_get("keep", b"k7") is None
+        assert c.kv_get("keep", b"k8") == b"eight"
+        assert all(c.kv_get("keep", f"k{i}") == f"v{i}".encode() for i in range(9, 300))
+        assert len(c.kv_scan("keep", limit=1000)) == 299
+        # The front door alone: its cache is gone, the values are not.
+        n.kill_actor("front")
+        n.wait_ready()
+    with n.client() as c:
+        assert c.kv_get("keep", b"k299") == b"v299"
+        assert c.kv_cas("keep", b"k299", b"v299", b"x") is True
+
+
+def test_cas_increments_from_8_processes_add_up(node: LocalNode) -> None:
+    outs = workers(node.endpoint, "cas-inc", 40, 8)
+    swapped = sum(json.loads(o)["swapped"] for o in outs)
+    with node.client() as c:
+        final = c.kv_get("inc", b"count")
+    assert swapped > 0
+    assert final == str(swapped).encode()
+
+
+def test_concurrent_histories_are_linearizable(node: LocalNode) -> None:
+    outs = workers(node.endpoint, "history", 60, 5)
+    calls = []
+    for out in outs:
+        for start, end, key, kind, args, result in json.loads(out):
+            args = tuple(None if a is None else bytes.fromhex(a) for a in args)
+            if kind == "get":
+                result = None if result is None else bytes.fromhex(result)
+            calls.append(Call(start, end, bytes.fromhex(key), kind, args, result))
+    assert len(calls) == 300
+    assert sum(c.kind == "cas" and c.result for c in calls) > 0  # some CAS did swap
+    assert check(calls) == []
+
+
+def test_the_check_finds_a_history_that_is_not_linearizable() -> None:
+    # Writes of 1 then 2, one after the other; a read after both sees 1: impossible.
+    bad = [Call(0, 1, b"k", "put", (b"1",), None), Call(2, 3, b"k", "put", (b"2",), None),
+           Call(4, 5, b"k", "get", (), b"1")]
+    assert not linearizable(bad)
+    # Overlapping with the second write, it may see either.
+    assert linearizable([*bad[:2], Call(2.5, 5, b"k", "get", (), b"1")])
+    # A CAS that says it swapped on a value the key never had.
+    assert not linearizable([Call(0, 1, b"k", "cas", (b"x", b"y"), True)])
+    assert check([*bad, Call(0, 1, b"j", "get", (), None)]) == [b"k"]
+
+
+def test_transactions_make_key_writes_visible_at_the_commit(node: LocalNode) -> None:
+    with node.client() as c, node.client() as r:
+        c.kv_put("acct", b"a", b"100")
+        c.kv_put("acct", b"b", b"0")
+        assert r.kv_get("acct", b"a") == b"100"  # cached at the front door
+        tx = c.transaction()
+        tx.kv_put("acct", b"a", b"60")
+        tx.kv_put("acct", b"b", b"40")
+        tx.kv_delete("acct", b"gone")
+        tx.kv_put("other", b"x", b"created in a transaction")
+        tx.settle()
+        assert (r.kv_get("acct", b"a"), r.kv_get("acct", b"b")) == (b"100", b"0")
+        tx.commit()
+        assert (r.kv_get("acct", b"a"), r.kv_get("acct", b"b")) == (b"60", b"40")
+        assert r.kv_get("other", b"x") == b"created in a transaction"
+        assert r.kv_cas("acct", b"a", b"60", b"61") is True  # decided on the committed value
+        with pytest.raises(RuntimeError), c.transaction() as tx2:
+            tx2.kv_put("acct", b"a", b"never")
+            raise RuntimeError("abort")
+        assert r.kv_get("acct", b"a") == b"61"
+
+
+def test_bad_input_gets_a_clear_error_and_the_node_keeps_serving(node: LocalNode) -> None:
+    with node.client() as c:
+        with pytest.raises(BadRequest, match="key"):
+            c.kv_put("bad", b"k" * (KV_KEY_BYTES_MAX + 1), b"v")
+        with pytest.raises(NodeError, match="namespace"):
+            c.kv_put("no spaces", b"k", b"v")
+        with pytest.raises(BadRequest, match="bytes"):
+            c.kv_put("bad", b"k", b"v" * (1024 * 1024 + 1))
+        c.kv_put("bad", b"k", b"v")
+        # A namespace's topic is not a topic: not written or read as one.
+        with pytest.raises(NodeError, match="KV namespace"):
+            c.produce("kv:bad", b"raw")
+        with pytest.raises(NodeError, match="KV namespace"):
+            c.read("kv:bad", 0, 0)
+        assert c.kv_get("bad", b"k") == b"v"
+
+
+def test_a_client_of_a_cluster_reaches_the_namespace_owner(tmp_path: Path) -> None:
+    from node.local import LocalCluster
+
+    with LocalCluster(tmp_path / "c", 2) as cluster:
+        eps = cluster.endpoints
+        with NodeClient(eps[0]) as one, NodeClient(eps[1]) as two, NodeClient(eps) as routed:
+            for i in range(6):  # namespaces land on both members
+                one.kv_put(f"ns{i}", b"k", f"v{i}")
+            for i in range(6):
+                assert two.kv_get(f"ns{i}", b"k") == f"v{i}".encode()  # forwarded, or own
+                assert routed.kv_cas(f"ns{i}", b"k", f"v{i}", b"w") is True
+                assert one.kv_get(f"ns{i}", b"k") == b"w"
+            owners = {routed.owners(f"kv:ns{i}")[0] for i in range(6)}
+            assert owners == {1, 2}

@@ -1,0 +1,165 @@
+"""The front door's key/value logic without processes: the value cache, each key's order of
+writes, and compare-and-set decided on the cached value (actors/kv_state.py)."""
+
+from __future__ import annotations
+
+from actors.kv_state import ENTRY_OVERHEAD_BYTES, KeyOp, KvCache, KvState, Load, Refused, Send
+
+NS = 7  # a namespace's topic id
+
+
+def cas(corr: int, key: bytes, expected: bytes | None, new: bytes | None) -> KeyOp:
+    return KeyOp(corr, NS, key, new, cas=True, expected=expected)
+
+
+def put(corr: int, key: bytes, value: bytes | None) -> KeyOp:
+    return KeyOp(corr, NS, key, value)
+
+
+def test_the_cache_is_bounded_by_bytes_least_recently_used_out() -> None:
+    c = KvCache(3 * (ENTRY_OVERHEAD_BYTES + 2))
+    for k in (b"a", b"b", b"c"):
+        c.put((NS, k), b"v", 1, (0, 0))
+    assert c.get((NS, b"a"), (0, 0)) == (b"v", 1)  # a is now the most recently used
+    c.put((NS, b"d"), b"v", 1, (0, 0))
+    assert c.get((NS, b"b"), (0, 0)) is None  # b was the least recently used
+    assert all(c.get((NS, k), (0, 0)) is not None for k in (b"a", b"c", b"d"))
+    assert c.bytes == 3 * (ENTRY_OVERHEAD_BYTES + 2) <= c.bytes_max
+    c.put((NS, b"big"), b"x" * 10_000, 2, (0, 0))  # larger than the whole cache: not kept
+    assert c.get((NS, b"big"), (0, 0)) is None and c.bytes <= c.bytes_max
+
+
+def test_an_entry_never_goes_back_to_an_older_lsn() -> None:
+    c = KvCache(1 << 20)
+    c.put((NS, b"k"), b"new", 9, (0, 0))
+    c.put((NS, b"k"), b"old", 5, (0, 0))
+    assert c.get((NS, b"k"), (0, 0)) == (b"new", 9)
+    c.put((NS, b"k"), b"newer", 9, (0, 0))  # the same LSN: the same state, taken
+    assert c.get((NS, b"k"), (0, 0)) == (b"newer", 9)
+    c.put((NS, b"k"), b"after commit", 3, (0, 1))  # a new generation replaces any LSN
+    assert c.get((NS, b"k"), (0, 0)) is None
+    assert c.get((NS, b"k"), (0, 1)) == (b"after commit", 3)
+
+
+def test_a_put_is_sent_at_once_and_its_ack_sets_the_cache() -> None:
+    s = KvState(1 << 20)
+    op = put(1, b"k", b"v")
+    assert s.write(op) == [Send(op)]
+    assert s.cached(NS, b"k") == (False, None)  # not durable yet: not known
+    assert s.written(op, 10) == []
+    assert s.cached(NS, b"k") == (True, b"v")
+    assert not s.lines  # nothing left waiting
+
+
+def test_a_cas_on_an_unknown_value_loads_it_then_decides() -> None:
+    s = KvState(1 << 20)
+    op = cas(1, b"k", None, b"w")
+    (load,) = s.write(op)
+    assert isinstance(load, Load) and load.key == b"k"
+    assert s.write(cas(2, b"k", None, b"x")) == []  # one load for the key, the second waits
+    steps = s.loaded(NS, b"k", None, 4, load.generation)  # absent at LSN 4
+    first = steps[0]
+    assert first == Send(op)  # the first matched: it becomes a write of b"w"
+    assert len(steps) == 1  # the second waits for that write: the value may change
+    steps = s.written(op, 5)
+    assert steps == [Refused(2, b"w")]  # it expected absence, found b"w"
+    assert s.cached(NS, b"k") == (True, b"w")
+    assert (s.cas_decided, s.cas_refused) == (1, 1)
+
+
+def test_a_cas_waits_for_the_writes_of_its_key_in_flight() -> None:
+    s = KvState(1 << 20)
+    w1 = put(1, b"k", b"1")
+    s.write(w1)
+    assert s.write(cas(2, b"k", b"1", b"2")) == []  # w1 not answered: cannot decide
+    w3 = put(3, b"k", b"3")
+    assert s.write(w3) == []  # behind the CAS, in order
+    steps = s.written(w1, 10)
+    # Decided on b"1": matches; its write goes out, then the put that came after it.
+    assert [type(x) for x in steps] == [Send, Send]
+    assert steps[0].op.corr == 2 and steps[0].op.new == b"2"  # type: ignore[union-attr]
+    assert steps[1] == Send(w3)
+
+
+def test_writes_of_other_keys_do_not_wait() -> None:
+    s = KvState(1 << 20)
+    s.write(put(1, b"a", b"1"))
+    assert s.write(cas(2, b"a", b"1", b"2")) == []
+    b = put(3, b"b", b"x")
+    assert s.write(b) == [Send(b)]
+
+
+def test_a_read_fills_the_cache_only_if_it_reflects_every_acknowledged_write() -> None:
+    s = KvState(1 << 20)
+    op = put(1, b"a", b"new")
+    s.write(op)
+    s.written(op, 20)
+    s.cache.drop((NS, b"a"))  # evicted
+    gen = s.read_generation(NS)
+    s.read_answered(NS, b"a", b"old", 15, gen)  # the writer had applied only up to 15
+    assert s.cached(NS, b"a") == (False, None)
+    s.read_answered(NS, b"a", b"new", 20, gen)
+    assert s.cached(NS, b"a") == (True, b"new")
+
+
+def test_a_read_does_not_fill_while_a_write_of_its_key_is_in_flight() -> None:
+    s = KvState(1 << 20)
+    s.write(put(1, b"a", b"v"))
+    s.read_answered(NS, b"a", None, 99, s.read_generation(NS))
+    assert s.cached(NS, b"a") == (False, None)
+
+
+def test_a_commit_in_flight_blocks_its_namespace_and_drops_its_entries() -> None:
+    s = KvState(1 << 20)
+    op = put(1, b"k", b"v")
+    s.write(op)
+    s.written(op, 5)
+    other = KeyOp(2, NS + 1, b"k", b"o")
+    s.write(other)
+    s.written(other, 6)
+    gen = s.read_generation(NS)
+    s.commit_started([NS])
+    assert s.cached(NS, b"k") == (False, None)  # to the writer while it commits
+    assert s.cached(NS + 1, b"k") == (True, b"o")  # another namespace is not touched
+    assert s.write(cas(3, b"k", b"v", b"w")) == []  # waits for the commit
+    s.read_answered(NS, b"k", b"v", 6, gen)  # no fill during it
+    steps = s.commit_ended([NS])
+    assert s.read_generation(NS) != gen
+    # The commit may have changed the key: the CAS reads it again.
+    (load,) = steps
+    assert isinstance(load, Load) and load.generation == s.read_generation(NS)
+    s.read_answered(NS, b"k", b"stale", 6, gen)  # an answer from before the commit: ignored
+    assert s.cached(NS, b"k") == (False, None)
+
+
+def test_a_commit_of_an_unknown_transaction_blocks_every_namespace() -> None:
+    s = KvState(1 << 20)
+    op = put(1, b"k", b"v")
+    s.write(op)
+    s.written(op, 5)
+    s.commit_started(None)
+    assert s.cached(NS, b"k") == (False, None)
+    s.commit_ended(None)
+    assert s.cached(NS, b"k") == (False, None)  # every entry is of an older generation
+
+
+def test_a_write_that_timed_out_keeps_its_key_undecided_until_its_answer() -> None:
+    s = KvState(1 << 20)
+    op = put(1, b"k", b"v")
+    s.write(op)
+    s.lost(op)
+    assert s.write(cas(2, b"k", None, b"w")) == []  # the lost write may still be logged
+    # It was logged after all: its value is the key's, and the CAS decides on it.
+    assert s.written(op, 8) == [Refused(2, b"v")]
+
+
+def test_cancelled_and_failed_waiters_leave_the_line() -> None:
+    s = KvState(1 << 20)
+    s.write(put(1, b"k", b"v"))
+    s.write(cas(2, b"k", b"v", b"w"))
+    s.write(cas(3, b"k", b"v", b"x"))
+    s.cancel({2})
+    assert [op.corr for op in s.lines[(NS, b"k")].queue] == [3]
+    s2 = KvState(1 << 20)
+    (_load,) = s2.write(cas(4, b"j", None, b"w"))
+    assert s2.load_failed(NS, b"j") == [4]
