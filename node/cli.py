@@ -346,6 +346,59 @@ def cmd_offsets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _value_arg(text: str | None, hex_: bool) -> bytes | None:
+    """A value given on the command line: text, or hex with ``--hex``; ``-`` for none
+    (absent, for a compare-and-set)."""
+    if text is None or text == "-":
+        return None
+    return bytes.fromhex(text) if hex_ else text.encode()
+
+
+def cmd_kv(args: argparse.Namespace) -> int:
+    """``shardnode kv get|put|delete|scan|cas|list|drop``."""
+    ns, hex_ = getattr(args, "namespace", ""), getattr(args, "hex", False)
+    key = _value_arg(getattr(args, "key", None), hex_)
+    with _client(args) as c:
+        match args.kv_command:
+            case "get":
+                assert key is not None
+                value = c.kv_get(ns, key)
+                if value is None:
+                    err_console.print(f"{_show(key)}: absent")
+                    return 3
+                print(value.hex() if hex_ else _show(value))
+            case "put":
+                assert key is not None
+                lsn = c.kv_put(ns, key, _value_arg(args.value, hex_) or b"")
+                print(f"{ns}/{_show(key)} set (LSN {lsn})")
+            case "delete":
+                assert key is not None
+                lsn = c.kv_delete(ns, key)
+                print(f"{ns}/{_show(key)} deleted (LSN {lsn})")
+            case "cas":
+                assert key is not None
+                swapped = c.kv_cas(ns, key, _value_arg(args.expected, hex_),
+                                   _value_arg(args.new, hex_))
+                print("swapped" if swapped else "not swapped: the value was not the expected one")
+                return 0 if swapped else 4
+            case "scan":
+                pairs = c.kv_scan(ns, _value_arg(args.prefix, hex_) or b"",
+                                  _value_arg(args.start_after, hex_), args.limit)
+                t = Table(title=f"{ns}: {len(pairs)} keys")
+                t.add_column("key")
+                t.add_column("value")
+                for k, v in pairs:
+                    t.add_row(k.hex() if hex_ else _show(k), v.hex() if hex_ else _show(v))
+                console.print(t)
+            case "list":
+                for name in c.kv_namespaces():
+                    print(name)
+            case "drop":
+                c.kv_drop(ns)
+                print(f"namespace {ns} deleted")
+    return 0
+
+
 def cmd_txn_list(args: argparse.Namespace) -> int:
     with _client(args) as c:
         txns = c.txn_list()
@@ -471,6 +524,32 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--group", action="append", default=[],
                    help="a consumer group (a Spark source's groupId); may be repeated")
     s.set_defaults(func=cmd_offsets)
+
+    s = sub.add_parser("kv", help="key/value namespaces: get, put, delete, scan, cas, list, drop")
+    kv = s.add_subparsers(dest="kv_command", required=True)
+    for name, what in (("get", "a key's value (exit 3: absent)"), ("put", "set a key"),
+                       ("delete", "delete a key"),
+                       ("cas", "compare and set (exit 4: not swapped); '-' for absent"),
+                       ("scan", "keys and values in key order"), ("list", "the namespaces"),
+                       ("drop", "delete a namespace and its keys")):
+        t = kv.add_parser(name, help=what)
+        client_args(t)
+        if name != "list":
+            t.add_argument("namespace")
+        if name in ("get", "put", "delete", "cas"):
+            t.add_argument("key")
+        if name == "put":
+            t.add_argument("value")
+        if name == "cas":
+            t.add_argument("expected", help="the value the key must have ('-': absent)")
+            t.add_argument("new", help="the value to set ('-': delete the key)")
+        if name == "scan":
+            t.add_argument("--prefix", help="only keys starting with this")
+            t.add_argument("--start-after", help="only keys after this one")
+            t.add_argument("--limit", type=int, default=1000, help="at most this many")
+        if name != "list":
+            t.add_argument("--hex", action="store_true", help="keys and values in hex")
+        t.set_defaults(func=cmd_kv)
 
     s = sub.add_parser("txn", help="transactions open or in doubt: list, commit, roll back")
     txn = s.add_subparsers(dest="txn_command", required=True)

@@ -223,3 +223,29 @@ def test_a_client_of_a_cluster_reaches_the_namespace_owner(tmp_path: Path) -> No
                 assert one.kv_get(f"ns{i}", b"k") == b"w"
             owners = {routed.owners(f"kv:ns{i}")[0] for i in range(6)}
             assert owners == {1, 2}
+
+
+def kv_cli(node: LocalNode, *args: str, code: int = 0) -> str:
+    out = subprocess.run([sys.executable, "-m", "node", "kv", *args, "--port", str(node.port)],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == code, out.stderr
+    return out.stdout + out.stderr
+
+
+def test_the_cli(node: LocalNode) -> None:
+    assert "set" in kv_cli(node, "put", "cli", "user/1", "ada")
+    kv_cli(node, "put", "cli", "user/2", "grace")
+    assert kv_cli(node, "get", "cli", "user/1").strip() == "ada"
+    assert "absent" in kv_cli(node, "get", "cli", "nobody", code=3)
+    assert "not swapped" in kv_cli(node, "cas", "cli", "user/1", "bob", "x", code=4)
+    assert "swapped" in kv_cli(node, "cas", "cli", "user/1", "ada", "lovelace")
+    assert "swapped" in kv_cli(node, "cas", "cli", "new", "-", "made")  # '-': absent
+    scan = kv_cli(node, "scan", "cli", "--prefix", "user/")
+    assert "lovelace" in scan and "grace" in scan and "made" not in scan
+    # --hex: keys and values in hex ("user/1" is 757365722f31).
+    assert kv_cli(node, "get", "cli", "757365722f31", "--hex").strip() == b"lovelace".hex()
+    kv_cli(node, "delete", "cli", "user/2")
+    assert "absent" in kv_cli(node, "get", "cli", "user/2", code=3)
+    assert "cli" in kv_cli(node, "list").split()
+    kv_cli(node, "drop", "cli")
+    assert "cli" not in kv_cli(node, "list").split()
