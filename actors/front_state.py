@@ -127,11 +127,12 @@ class KvRead:
     """A KV read sent to a shard writer: a client's get or scan, or the front door's own
     load of a value a compare-and-set needs."""
 
-    kind: str  # "get", "scan" or "load"
+    kind: str  # "get", "scan" or "load"; "rbk": a topic's read_by_key
     tid: int
     key: bytes
     generation: Generation
     limit: int = 0  # a scan's, as the client asked (the writer is asked for one more)
+    partition: int = 0  # read_by_key's
 
 
 @dataclass(slots=True)
@@ -146,6 +147,7 @@ class Waiting:
     member: int = 0  # the member that answers this part
     gather: Gather | None = None  # this request is answered from parts
     then: Then | None = None
+    topic_id: int = 0  # a produce's topic: its ack makes cached reads by key of it stale
     kv: KeyOp | None = None  # a KV write (answered by its ack), or one waiting its turn
     kv_read: KvRead | None = None
     commit: tuple[int, ...] | None = None  # a commit: the KV namespaces it may change
@@ -190,6 +192,9 @@ class FrontDoorState:
         self.kv_txns: dict[int, set[int]] = {}
         self.kv_xids: dict[tuple[Any, ...], int] = {}
         self.kv_gets_cached = 0
+        # The last commit answered here: a read reflecting a later one saw a commit this
+        # front door did not send (it restarted meanwhile), so the cache forgets everything.
+        self.kv_commit_lsn = 0
         self.routes: dict[str, Route] = {
             "read": self.read,
             "read_by_key": self.read_by_key,
@@ -319,6 +324,8 @@ class FrontDoorState:
             return [self.txn_produce(identity, rid, req, now)]
         if op in KV_OPS:
             return self.kv_request(identity, rid, op, req, now)
+        if op == "read_by_key":
+            return self.read_by_key_cached(identity, rid, req, now)
         if op == "txn_kv":
             return [self.txn_kv(identity, rid, req, now)]
         if op == "cluster_map":  # a single node
@@ -449,6 +456,7 @@ class FrontDoorState:
             by_owner.setdefault(t.owner(part[1]), []).append(part)
         if list(by_owner) == [c.me]:  # all here: on to be logged, split once
             corr = self.wait(identity, rid, now, assign)
+            self.pending[corr].topic_id = t.topic_id
             return [Produce(corr, (req["producer_id"], req["seq"], parts))]
         if from_peer:
             away = sorted(set(by_owner) - {c.me})
@@ -464,7 +472,7 @@ class FrontDoorState:
             if member == c.me:
                 corr = self.wait(b"", 0, now)
                 w = self.pending[corr]
-                w.parent, w.member = parent, member
+                w.parent, w.member, w.topic_id = parent, member, t.topic_id
                 out.append(Produce(corr, (req["producer_id"], req["seq"], mine)))
                 continue
             # In batch order: the member splits them as this one did.
@@ -701,6 +709,7 @@ class FrontDoorState:
         # places its records exactly as the first attempt did.
         parts, assign = self.split(req, req["producer_id"] + req["seq"])
         corr = self.wait(identity, rid, now, assign)
+        self.pending[corr].topic_id = parts[0][0]  # its acknowledgement invalidates reads
         return Produce(corr, (req["producer_id"], req["seq"], parts))
 
     def split(self, req: dict[str, Any], rr: int) -> tuple[list[PartRow], list[int] | None]:
@@ -737,6 +746,8 @@ class FrontDoorState:
     def txn_produce(self, identity: bytes, rid: int, req: dict[str, Any], now: float) -> Request:
         txn, seq = req["txn"], req["seq"]
         parts, assign = self.split(req, txn + seq)
+        if txn in self.kv_txns:  # its commit makes cached reads of the topic stale
+            self.kv_txns[txn].add(parts[0][0])
         corr = self.wait(identity, rid, now, assign)
         self.pending[corr].parts = [[p, n] for _t, p, n, _b in parts]
         return Request(TRANSACTION_MANAGER, corr, TxnWrite(corr, txn, seq, parts, ()))
@@ -787,7 +798,7 @@ class FrontDoorState:
         if op == "kv_scan":
             limit = min(req.get("limit", self.lim.read_records_max), self.lim.read_records_max)
             corr = self.wait(identity, rid, now)
-            self.pending[corr].kv_read = KvRead("scan", tid, b"", (0, 0), limit)
+            self.pending[corr].kv_read = KvRead("scan", tid, b"", (0, 0, 0), limit)
             return [Request(writer, corr, KvScan(corr, tid, 0, req.get("prefix", b""),
                                                  req.get("start_after"), limit + 1,
                                                  self.lsn_seen))]
@@ -800,6 +811,23 @@ class FrontDoorState:
                     producer=(req.get("producer_id", 0), req.get("seq", 0)))
         self.pending[corr].kv = kop
         return self.kv_steps(self.kv.write(kop))
+
+    def read_by_key_cached(self, identity: bytes, rid: int, req: dict[str, Any],
+                           now: float) -> list[Out]:
+        """``read_by_key`` from the front door's cache when it holds the answer (kept like
+        a KV value, dropped when the partition is written: actors/kv_state.py), else from
+        the shard writer, whose answer fills it."""
+        tid, p = self.partition(req["topic"], req["partition"])
+        key = req["key"]
+        hit, records = self.kv.read_cached(tid, p, key)
+        if hit:
+            self.kv_gets_cached += 1
+            return [Reply(identity, protocol.ok(rid, records=records))]
+        corr = self.wait(identity, rid, now)
+        self.pending[corr].kv_read = KvRead("rbk", tid, key, self.kv.read_generation(tid, p),
+                                            partition=p)
+        return [Request(self.writer_of(tid, p), corr, ReadByKey(corr, tid, p, key,
+                                                                 self.lsn_seen))]
 
     def kv_steps(self, steps: list[Step]) -> list[Out]:
         """Carry out what the KV state decided."""
@@ -853,7 +881,10 @@ class FrontDoorState:
             if r.kind != "load":
                 return self.settle(w, None, failure)
             return self.kv_load_failed(r, failure)
-        self.lsn_seen = max(self.lsn_seen, msg.commit_lsn)
+        self.saw_commit(msg.commit_lsn)
+        if r.kind == "rbk":
+            self.kv.read_filled(r.tid, r.partition, r.key, msg.records, msg.lsn, r.generation)
+            return self.settle(w, {"records": msg.records}, None)
         pairs = msgpack.unpackb(msg.records, raw=False)
         if r.kind == "scan":
             more = len(pairs) > r.limit
@@ -965,6 +996,17 @@ class FrontDoorState:
         self.kv.commit_started(commit)
         self.pending[corr].commit = commit if commit is not None else ()
 
+    def saw_commit(self, commit_lsn: int) -> None:
+        """A read's answer reflects the commits up to ``commit_lsn``: every read after it
+        waits for them, and a commit not answered here leaves nothing cached."""
+        if commit_lsn > self.lsn_seen:
+            self.lsn_seen = commit_lsn
+        if commit_lsn > self.kv_commit_lsn:
+            # Seen before its answer (if it is one of this front door's): one forget a
+            # commit at most, and only while transactions commit.
+            self.kv_commit_lsn = commit_lsn
+            self.kv.forget()
+
     def commit_done(self, w: Waiting) -> list[Out]:
         """A commit that may change KV namespaces was answered (or failed)."""
         commit, w.commit = w.commit, None
@@ -990,6 +1032,8 @@ class FrontDoorState:
             self.lsn_seen = lsn
         if w.kv is not None:
             return self.kv_written(w, w.kv, lsn)
+        if w.topic_id:
+            self.kv.partitions_written(w.topic_id, parts)
         fields: dict[str, Any] = {"lsn": lsn, "parts": parts}
         if w.assign is not None:
             fields["assign"] = w.assign
@@ -1017,10 +1061,10 @@ class FrontDoorState:
             case RecordsReply(records=records, commit_lsn=commit_lsn):
                 # Every read after this one waits for the transactions this one saw: no
                 # reader sees a transaction in one partition and not in another.
-                self.lsn_seen = max(self.lsn_seen, commit_lsn)
+                self.saw_commit(commit_lsn)
                 fields = {"records": records}
             case ValueReply(value=value, commit_lsn=commit_lsn):
-                self.lsn_seen = max(self.lsn_seen, commit_lsn)
+                self.saw_commit(commit_lsn)
                 fields = {"value": value}
             case TxnId(txn=txn):
                 fields = {"txn": txn}
@@ -1032,6 +1076,7 @@ class FrontDoorState:
                         fields["assign"] = w.assign
             case TxnCommitted(lsn=lsn, parts=parts):
                 self.lsn_seen = max(self.lsn_seen, lsn)
+                self.kv_commit_lsn = max(self.kv_commit_lsn, lsn)
                 fields = {"lsn": lsn, "parts": parts}
             case TxnsReply(field=name, rows=rows):
                 fields = {name: rows}

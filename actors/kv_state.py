@@ -33,7 +33,8 @@ The front door (``actors/front_state.py``) turns the steps returned here into me
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+import struct
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 # What an entry costs beyond its key and value (the dict slot, the tuple, two ints): an
@@ -41,9 +42,10 @@ from dataclasses import dataclass, field
 ENTRY_OVERHEAD_BYTES = 160
 
 Key = tuple[int, bytes]  # (topic id of the namespace, key)
-# A namespace's generation: (the front door's, the namespace's own); entries and reads of
-# an older one are ignored.
-Generation = tuple[int, int]
+# A namespace's generation: (the front door's, the namespace's or topic's own, the
+# partition's own: read_by_key only); entries and reads of an older one are ignored.
+Generation = tuple[int, int, int]
+PARTITION = struct.Struct(">I")  # a read_by_key entry's key: (topic id, partition + key)
 
 
 @dataclass(slots=True)
@@ -154,6 +156,7 @@ class KvState:
         # (raised when a commit may have changed it), and the commits in flight in it.
         self.acked_lsn: dict[int, int] = {}
         self.generation: dict[int, int] = {}
+        self.partition_generation: dict[tuple[int, int], int] = {}  # topics' (read_by_key)
         self.epoch = 0  # raised by a commit whose namespaces are not known: every one
         self.committing: dict[int, int] = {}
         self.commits_anywhere = 0  # commits in flight whose namespaces are not known
@@ -162,8 +165,9 @@ class KvState:
 
     # ---- reads --------------------------------------------------------------------
 
-    def gen(self, tid: int) -> Generation:
-        return self.epoch, self.generation.get(tid, 0)
+    def gen(self, tid: int, partition: int = -1) -> Generation:
+        return (self.epoch, self.generation.get(tid, 0),
+                self.partition_generation.get((tid, partition), 0) if partition >= 0 else 0)
 
     def blocked(self, tid: int) -> bool:
         """A commit in flight may change this namespace: neither the cache nor a decision."""
@@ -180,9 +184,37 @@ class KvState:
         self.cache.hits += 1
         return True, e[0]
 
-    def read_generation(self, tid: int) -> Generation:
+    def read_generation(self, tid: int, partition: int = -1) -> Generation:
         """What a read sent to the writer now carries, to tell whether its answer may fill."""
-        return self.gen(tid)
+        return self.gen(tid, partition)
+
+    # ---- a topic's read_by_key: the same cache, entries dropped by any write ----------
+
+    def read_cached(self, tid: int, partition: int, key: bytes) -> tuple[bool, bytes | None]:
+        """``(True, records)`` when the cache holds ``read_by_key``'s answer."""
+        if self.blocked(tid):
+            return False, None
+        e = self.cache.get((tid, PARTITION.pack(partition) + key), self.gen(tid, partition))
+        if e is None:
+            self.cache.misses += 1
+            return False, None
+        self.cache.hits += 1
+        return True, e[0]
+
+    def read_filled(self, tid: int, partition: int, key: bytes, records: bytes, lsn: int,
+                    generation: Generation) -> None:
+        """The writer's answer to ``read_by_key``: kept unless the partition was written,
+        or a commit touched the topic, since the read was sent."""
+        if generation == self.gen(tid, partition) and not self.blocked(tid):
+            self.cache.put((tid, PARTITION.pack(partition) + key), records, lsn, generation)
+
+    def partitions_written(self, tid: int, placed: Iterable[Sequence[int]]) -> None:
+        """A produce is durable in these partitions (rows ``(partition, first, count)``):
+        their cached reads by key are stale."""
+        gens = self.partition_generation
+        for row in placed:
+            k = (tid, row[0])
+            gens[k] = gens.get(k, 0) + 1
 
     def read_answered(self, tid: int, key: bytes, value: bytes | None, lsn: int,
                       generation: Generation) -> None:
@@ -316,6 +348,11 @@ class KvState:
             if line is not None:
                 out += self.pump(k, line)
         return out
+
+    def forget(self) -> None:
+        """Something may have changed any namespace (a commit this front door did not see):
+        every entry and every read under way is of an older generation now."""
+        self.epoch += 1
 
     def figures(self) -> dict[str, int]:
         return {"kv_cache_bytes": self.cache.bytes, "kv_cache_entries": len(self.cache.entries),

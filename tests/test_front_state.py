@@ -383,6 +383,9 @@ def test_reads_after_a_read_wait_for_the_commits_it_saw() -> None:
     (by_key,) = s.request(ID, req("read_by_key", topic="t", partition=2, key=b"k"), 0.0)
     assert isinstance(by_offset, Request) and isinstance(by_key, Request)
     assert by_offset.msg.lsn_min == 55 and by_key.msg.lsn_min == 55  # type: ignore[attr-defined]
-    s.answer(ValueReply(by_key.corr, None, commit_lsn=60))  # committed offsets too
+    s.answer(RecordsReply(by_key.corr, msgpack.packb([]), 90, commit_lsn=60))
+    (committed,) = s.request(ID, req("committed_offset", group="g", topic="t", partition=0), 0.0)
+    assert isinstance(committed, Request) and committed.msg.lsn_min == 60  # type: ignore[attr-defined]
+    s.answer(ValueReply(committed.corr, None, commit_lsn=65))  # committed offsets too
     (after,) = s.request(ID, req("read", topic="t", partition=3, offset=0, max_records=5), 0.0)
-    assert isinstance(after, Request) and after.msg.lsn_min == 60  # type: ignore[attr-defined]
+    assert isinstance(after, Request) and after.msg.lsn_min == 65  # type: ignore[attr-defined]

@@ -19,26 +19,26 @@ def put(corr: int, key: bytes, value: bytes | None) -> KeyOp:
 def test_the_cache_is_bounded_by_bytes_least_recently_used_out() -> None:
     c = KvCache(3 * (ENTRY_OVERHEAD_BYTES + 2))
     for k in (b"a", b"b", b"c"):
-        c.put((NS, k), b"v", 1, (0, 0))
-    assert c.get((NS, b"a"), (0, 0)) == (b"v", 1)  # a is now the most recently used
-    c.put((NS, b"d"), b"v", 1, (0, 0))
-    assert c.get((NS, b"b"), (0, 0)) is None  # b was the least recently used
-    assert all(c.get((NS, k), (0, 0)) is not None for k in (b"a", b"c", b"d"))
+        c.put((NS, k), b"v", 1, (0, 0, 0))
+    assert c.get((NS, b"a"), (0, 0, 0)) == (b"v", 1)  # a is now the most recently used
+    c.put((NS, b"d"), b"v", 1, (0, 0, 0))
+    assert c.get((NS, b"b"), (0, 0, 0)) is None  # b was the least recently used
+    assert all(c.get((NS, k), (0, 0, 0)) is not None for k in (b"a", b"c", b"d"))
     assert c.bytes == 3 * (ENTRY_OVERHEAD_BYTES + 2) <= c.bytes_max
-    c.put((NS, b"big"), b"x" * 10_000, 2, (0, 0))  # larger than the whole cache: not kept
-    assert c.get((NS, b"big"), (0, 0)) is None and c.bytes <= c.bytes_max
+    c.put((NS, b"big"), b"x" * 10_000, 2, (0, 0, 0))  # larger than the whole cache: not kept
+    assert c.get((NS, b"big"), (0, 0, 0)) is None and c.bytes <= c.bytes_max
 
 
 def test_an_entry_never_goes_back_to_an_older_lsn() -> None:
     c = KvCache(1 << 20)
-    c.put((NS, b"k"), b"new", 9, (0, 0))
-    c.put((NS, b"k"), b"old", 5, (0, 0))
-    assert c.get((NS, b"k"), (0, 0)) == (b"new", 9)
-    c.put((NS, b"k"), b"newer", 9, (0, 0))  # the same LSN: the same state, taken
-    assert c.get((NS, b"k"), (0, 0)) == (b"newer", 9)
-    c.put((NS, b"k"), b"after commit", 3, (0, 1))  # a new generation replaces any LSN
-    assert c.get((NS, b"k"), (0, 0)) is None
-    assert c.get((NS, b"k"), (0, 1)) == (b"after commit", 3)
+    c.put((NS, b"k"), b"new", 9, (0, 0, 0))
+    c.put((NS, b"k"), b"old", 5, (0, 0, 0))
+    assert c.get((NS, b"k"), (0, 0, 0)) == (b"new", 9)
+    c.put((NS, b"k"), b"newer", 9, (0, 0, 0))  # the same LSN: the same state, taken
+    assert c.get((NS, b"k"), (0, 0, 0)) == (b"newer", 9)
+    c.put((NS, b"k"), b"after commit", 3, (0, 1, 0))  # a new generation replaces any LSN
+    assert c.get((NS, b"k"), (0, 0, 0)) is None
+    assert c.get((NS, b"k"), (0, 1, 0)) == (b"after commit", 3)
 
 
 def test_a_put_is_sent_at_once_and_its_ack_sets_the_cache() -> None:
@@ -163,3 +163,26 @@ def test_cancelled_and_failed_waiters_leave_the_line() -> None:
     s2 = KvState(1 << 20)
     (_load,) = s2.write(cas(4, b"j", None, b"w"))
     assert s2.load_failed(NS, b"j") == [4]
+
+
+def test_a_read_by_key_answer_is_kept_until_its_partition_is_written() -> None:
+    s = KvState(1 << 20)
+    gen = s.read_generation(NS, 2)
+    s.read_filled(NS, 2, b"k", b"rows", 10, gen)
+    assert s.read_cached(NS, 2, b"k") == (True, b"rows")
+    s.partitions_written(NS, [(1, 0, 5)])  # another partition
+    assert s.read_cached(NS, 2, b"k") == (True, b"rows")
+    s.partitions_written(NS, [(2, 7, 1)])
+    assert s.read_cached(NS, 2, b"k") == (False, None)
+    # An answer to a read sent before the write is not kept: it may predate it.
+    s.read_filled(NS, 2, b"k", b"old rows", 11, gen)
+    assert s.read_cached(NS, 2, b"k") == (False, None)
+
+
+def test_a_read_by_key_is_not_answered_from_the_cache_while_its_topic_commits() -> None:
+    s = KvState(1 << 20)
+    s.read_filled(NS, 0, b"k", b"rows", 10, s.read_generation(NS, 0))
+    s.commit_started([NS])
+    assert s.read_cached(NS, 0, b"k") == (False, None)
+    s.commit_ended([NS])
+    assert s.read_cached(NS, 0, b"k") == (False, None)  # the commit may have changed it
