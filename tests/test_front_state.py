@@ -9,7 +9,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from actors.front_state import KV_OPS, WRITER_OPS, FrontDoorState
+from actors.front_state import KV_OPS, WRITER_OPS, FrontDoorState, Out
 from actors.instructions import Produce, Reply, Request
 from config import load_config
 from wire.errors import ErrorCode
@@ -314,7 +314,7 @@ def test_every_op_of_the_table_is_routed_and_answered_with_its_reply_fields(op: 
     if make_answer is None:
         (rep,) = outs
     else:  # one actor answers, or (stats, compact) every shard writer answers its part
-        reps = []
+        reps: list[Out] = []
         todo = list(outs)
         while todo:  # a compare-and-set reads the value, then writes: both are answered
             out = todo.pop(0)
