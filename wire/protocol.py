@@ -398,6 +398,17 @@ def parse_requests(frame: bytes, frame_bytes_max: int,
                        f"request of {len(frame)} bytes is over the limit of {frame_bytes_max}")]
     if not frame:
         return [_error(0, ErrorCode.BAD_REQUEST, "request is not msgpack: the frame is empty")]
+    try:  # most frames carry one request: one call, without an Unpacker's set-up
+        one = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    except msgpack.ExtraData:
+        pass  # several: read them one by one below
+    except Exception:
+        pass  # not msgpack: the reading below says where and why
+    else:
+        try:
+            return [check_request(one)]
+        except NodeError as exc:
+            return [exc]
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(frame))
     unpacker.feed(frame)
     out: list[tuple[int, str, dict[str, Any]] | NodeError] = []
@@ -547,6 +558,13 @@ def check_reply(op: str, reply: Mapping[str, Any]) -> None:
 
 def unpack_replies(frame: bytes) -> list[dict[str, Any]]:
     """Every reply map of a frame (the node may join several into one)."""
+    try:  # most frames carry one reply: one call, without an Unpacker's set-up
+        one = msgpack.unpackb(frame, raw=False)
+        return [one] if type(one) is dict else []
+    except msgpack.ExtraData:
+        pass
+    except ValueError as exc:
+        raise ValueError(f"reply frame does not decode: {exc}") from None
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(frame) or 1)
     unpacker.feed(frame)
     replies = []
