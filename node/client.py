@@ -161,7 +161,6 @@ class NodeClient:
         self._members: dict[int, str] = {}
         self._owners: dict[str, tuple[int, ...]] = {}
         self._socks: dict[str, zmq.Socket[bytes]] = {endpoint: self.sock}
-        self._pollers: dict[zmq.Socket[bytes], zmq.Poller] = {}
 
     def _socket(self, endpoint: str) -> zmq.Socket[bytes]:
         sock = self._ctx.socket(zmq.DEALER)
@@ -252,7 +251,7 @@ class NodeClient:
         deadline = time.monotonic() + self.timeout_ms / 1000
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not self._poller(sock).poll(int(left * 1000) + 1):
+            if left <= 0 or not sock.poll(int(left * 1000) + 1, zmq.POLLIN):
                 raise RequestTimeout(f"no reply from {self._name(sock)} within "
                                      f"{self.timeout_ms} ms")
             for reply in unpack_replies(sock.recv()):
@@ -261,14 +260,6 @@ class NodeClient:
                 if not reply.get("ok"):
                     raise error_for(reply.get("code", 0), reply.get("error", ""))
                 return reply
-
-    def _poller(self, sock: zmq.Socket[bytes]) -> zmq.Poller:
-        """A poller of ``sock`` alone, kept (``Socket.poll`` builds one each call)."""
-        poller = self._pollers.get(sock)
-        if poller is None:
-            poller = self._pollers[sock] = zmq.Poller()
-            poller.register(sock, zmq.POLLIN)
-        return poller
 
     # ---- a cluster: members, owners, routing ---------------------------------------
 
