@@ -11,6 +11,7 @@ topic table the log manager sends. The shell in ``actors/front_door.py`` owns th
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -151,6 +152,7 @@ class Waiting:
     kv: KeyOp | None = None  # a KV write (answered by its ack), or one waiting its turn
     kv_read: KvRead | None = None
     commit: tuple[int, ...] | None = None  # a commit: the KV namespaces it may change
+    barred: tuple[tuple[int, bytes], ...] = ()  # its compare-and-sets' keys, held meanwhile
 
 
 class FrontDoorState:
@@ -192,6 +194,13 @@ class FrontDoorState:
         self.kv_txns: dict[int, set[int]] = {}
         self.kv_xids: dict[tuple[Any, ...], int] = {}
         self.kv_gets_cached = 0
+        # Transactions' compare-and-sets (txn_kv with `expected`), checked at their commit:
+        # the conditions by transaction, and the commits waiting to be decided, one at a time.
+        self.kv_conds: dict[int, list[tuple[int, bytes, bytes | None]]] = {}
+        self.kv_xa: set[int] = set()  # XA branches' transaction ids: no compare-and-set
+        self.kv_commits: collections.deque[tuple[int, int, int, list[tuple[int, bytes, bytes | None]]]] = collections.deque()
+        self.kv_deciding = False  # the first of kv_commits is being decided or committed
+        self.kv_late_bars: dict[int, tuple[tuple[int, bytes], ...]] = {}
         # The last commit answered here: a read reflecting a later one saw a commit this
         # front door did not send (it restarted meanwhile), so the cache forgets everything.
         self.kv_commit_lsn = 0
@@ -326,6 +335,8 @@ class FrontDoorState:
             return self.kv_request(identity, rid, op, req, now)
         if op == "read_by_key":
             return self.read_by_key_cached(identity, rid, req, now)
+        if op == "txn_commit" and req["txn"] in self.kv_conds:
+            return self.kv_conditional_commit(identity, rid, req, now)
         if op == "txn_kv":
             return [self.txn_kv(identity, rid, req, now)]
         if op == "cluster_map":  # a single node
@@ -856,6 +867,8 @@ class FrontDoorState:
                                        KvGet(corr, tid, 0, key, self.lsn_seen)))
                 case _:
                     assert_never(step)
+        if self.kv_commits and not self.kv_deciding:  # a commit waiting for these keys
+            out += self.kv_commit_next()
         return out
 
     def kv_written(self, w: Waiting, op: KeyOp, lsn: int) -> list[Out]:
@@ -969,9 +982,74 @@ class FrontDoorState:
         tid = self.topic(kv_topic(ns), kv=True).topic_id
         if txn in self.kv_txns:
             self.kv_txns[txn].add(tid)
+        conditional = "expected" in req
+        if conditional:
+            if txn in self.kv_xa:
+                raise NodeError("a compare-and-set in a transaction needs a local transaction "
+                                "(an XA branch's commit is its coordinator's)",
+                                ErrorCode.BAD_REQUEST)
+            conds = self.kv_conds.setdefault(txn, [])
+            if len(conds) < self.lim.batch_records_max and len(self.kv_conds) <= TXNS_REMEMBERED_MAX:
+                conds.append((tid, key, req["expected"]))
+            # else: not remembered, so its commit goes unchecked and the transaction
+            # manager refuses it (TXN_CONFLICT): never committed without its check.
         blob = msgpack.packb(((key, value),), use_bin_type=True)
         corr = self.wait(identity, rid, now)
-        return Request(TRANSACTION_MANAGER, corr, TxnWrite(corr, txn, seq, [(tid, 0, 1, blob)], ()))
+        return Request(TRANSACTION_MANAGER, corr,
+                       TxnWrite(corr, txn, seq, [(tid, 0, 1, blob)], (), conditional))
+
+    def kv_conditional_commit(self, identity: bytes, rid: int, req: dict[str, Any],
+                              now: float) -> list[Out]:
+        """The commit of a transaction with compare-and-sets: decided here, one such commit
+        at a time, on its keys' values when nothing of them is in flight. Matching, it is
+        sent with their keys held (no write of them goes out until its answer, so none is
+        logged between the check and the commit); not matching, the transaction is rolled
+        back and the commit answered TXN_CONFLICT."""
+        txn = req["txn"]
+        corr = self.wait(identity, rid, now)
+        self.kv_commits.append((corr, txn, req.get("writes", -1), self.kv_conds.pop(txn)))
+        return self.kv_commit_next()
+
+    def kv_commit_next(self) -> list[Out]:
+        out: list[Out] = []
+        while self.kv_commits and not self.kv_deciding:
+            corr, txn, writes, conds = self.kv_commits[0]
+            w = self.pending.get(corr)
+            if w is None:  # timed out waiting
+                self.kv_commits.popleft()
+                continue
+            keys = tuple(dict.fromkeys((tid, key) for tid, key, _e in conds))
+            values, loads = self.kv.settled(keys)
+            if values is None:
+                self.kv_deciding = True  # no other decision while this one loads
+                out += self.kv_steps(loads)
+                self.kv_deciding = False
+                return out
+            self.kv_commits.popleft()
+            if all(values[(tid, key)] == expected for tid, key, expected in conds):
+                tids = self.kv_txns.pop(txn, None)
+                commit = None if tids is None else tuple(sorted(tids))
+                self.kv.commit_started(commit)
+                self.kv.bar(keys)
+                w.commit, w.barred = (commit if commit is not None else ()), keys
+                self.kv_deciding = True
+                out.append(Request(TRANSACTION_MANAGER, corr,
+                                   TxnStep(corr, txn, None, "commit", writes, checked=True)))
+                return out
+            self.kv_txns.pop(txn, None)
+            w.then = self.kv_conflict(txn)
+            out.append(Request(TRANSACTION_MANAGER, corr, TxnStep(corr, txn, None, "rollback")))
+        return out
+
+    def kv_conflict(self, txn: int) -> Then:
+        def done(w: Waiting, _ok: Fields | None, err: Failure | None) -> list[Out]:
+            self.errors += 1
+            text = (f"transaction {txn}: a key's value was not what its compare-and-set "
+                    f"expected; rolled back")
+            if err is not None:
+                text += f" (the rollback failed: {err[1]})"
+            return [Reply(w.identity, protocol.error(w.rid, ErrorCode.TXN_CONFLICT, text))]
+        return done
 
     def track_txn(self, op: str, req: dict[str, Any], corr: int) -> None:
         """Remember the transactions begun here (their KV namespaces are learned from their
@@ -984,9 +1062,12 @@ class FrontDoorState:
                 self.kv_txns.setdefault(txn, set())
                 if xid is not None:
                     self.kv_xids[xid] = txn
+                    self.kv_xa.add(txn)
             return
         if xid is not None:
             txn = self.kv_xids.pop(xid, 0)
+            self.kv_xa.discard(txn)
+        self.kv_conds.pop(txn, None)  # rolled back, or (a retry) committed already
         tids = self.kv_txns.pop(txn, None) if txn else None
         if op not in COMMIT_OPS:
             return  # rolled back: nothing of it becomes visible
@@ -1007,10 +1088,22 @@ class FrontDoorState:
             self.kv_commit_lsn = commit_lsn
             self.kv.forget()
 
-    def commit_done(self, w: Waiting) -> list[Out]:
-        """A commit that may change KV namespaces was answered (or failed)."""
+    def commit_done(self, w: Waiting, late_corr: int = 0) -> list[Out]:
+        """A commit that may change KV namespaces was answered (or failed; ``late_corr``:
+        it timed out, and may still be committed: the keys it holds stay held until its
+        answer comes, ``kv_unbar``)."""
         commit, w.commit = w.commit, None
-        return self.kv_steps(self.kv.commit_ended(commit or None))
+        out = self.kv_steps(self.kv.commit_ended(commit or None))
+        if w.barred:
+            if late_corr:
+                self.kv_late_bars[late_corr] = w.barred
+                return out
+            out += self.kv_unbar(w.barred)
+        return out
+
+    def kv_unbar(self, keys: tuple[tuple[int, bytes], ...]) -> list[Out]:
+        self.kv_deciding = False
+        return self.kv_steps(self.kv.unbar(keys))
 
     # ---- answers ----------------------------------------------------------------------
 
@@ -1048,6 +1141,9 @@ class FrontDoorState:
             return self.ack(msg.corr, msg.lsn, msg.parts)
         w = self.pending.pop(msg.corr, None)
         if w is None:
+            bars = self.kv_late_bars.pop(msg.corr, None)  # a commit that timed out: ended
+            if bars is not None:
+                return self.kv_unbar(bars)
             late = self.kv_late.pop(msg.corr, None)  # a KV write that timed out: refused
             return [] if late is None else self.kv_steps(self.kv.written(late, None))
         if w.kv is not None or w.kv_read is not None:
@@ -1161,7 +1257,7 @@ class FrontDoorState:
                 if w.peer:
                     self.forwards_open -= 1
                 if w.commit is not None:
-                    out += self.commit_done(w)
+                    out += self.commit_done(w, late_corr=corr if timed_out else 0)
                 if w.kv is not None:
                     out += self.kv_failed(corr, w.kv, timed_out)
                 if w.kv_read is not None and w.kv_read.kind == "load":

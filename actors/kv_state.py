@@ -71,6 +71,8 @@ class Line:
     queue: collections.deque[KeyOp] = field(default_factory=collections.deque)
     in_flight: int = 0
     loading: bool = False
+    acked: int = 0  # writes of the key acknowledged (a load's answer is stale if any came)
+    acked_at_load: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +164,9 @@ class KvState:
         self.commits_anywhere = 0  # commits in flight whose namespaces are not known
         self.cas_decided = 0
         self.cas_refused = 0
+        # Keys whose writes wait for a transaction's commit, decided on their values (its
+        # compare-and-sets): nothing of them is sent until the commit is answered.
+        self.barred: set[Key] = set()
 
     # ---- reads --------------------------------------------------------------------
 
@@ -243,7 +248,7 @@ class KvState:
         decided yet."""
         out: list[Step] = []
         tid, key = k
-        while line.queue:
+        while line.queue and k not in self.barred:
             op = line.queue[0]
             if op.cas:
                 if line.in_flight or self.blocked(tid):
@@ -251,8 +256,7 @@ class KvState:
                 e = self.cache.get(k, self.gen(tid))
                 if e is None:
                     if not line.loading:
-                        line.loading = True
-                        out.append(Load(tid, key, self.gen(tid)))
+                        out.append(self._load(line, tid, key))
                     break
                 line.queue.popleft()
                 if e[0] != op.expected:
@@ -268,15 +272,62 @@ class KvState:
             del self.lines[k]
         return out
 
+    def _load(self, line: Line, tid: int, key: bytes) -> Load:
+        line.loading = True
+        line.acked_at_load = line.acked
+        return Load(tid, key, self.gen(tid))
+
+    # ---- a transaction's compare-and-sets, decided at its commit ----------------------
+
+    def settled(self, keys: Iterable[Key]) -> tuple[dict[Key, bytes | None] | None, list[Step]]:
+        """The values of ``keys`` if every one can be decided on now (cached, and nothing
+        of it waiting, in flight or committing); else None, and the loads to ask for."""
+        values: dict[Key, bytes | None] = {}
+        loads: list[Step] = []
+        ready = True
+        for k in keys:
+            tid, key = k
+            line = self.lines.get(k)
+            if self.blocked(tid) or (line is not None and (line.queue or line.in_flight
+                                                           or line.loading)):
+                ready = False
+                continue
+            e = self.cache.get(k, self.gen(tid))
+            if e is None:
+                ready = False
+                line = self.lines[k] = Line()
+                loads.append(self._load(line, tid, key))
+                continue
+            values[k] = e[0]
+        return (values if ready else None), loads
+
+    def bar(self, keys: Iterable[Key]) -> None:
+        """A commit decided on these keys' values is sent: their writes wait for it."""
+        self.barred.update(keys)
+
+    def unbar(self, keys: Iterable[Key]) -> list[Step]:
+        """The commit was answered: what waited goes on."""
+        out: list[Step] = []
+        for k in keys:
+            self.barred.discard(k)
+            line = self.lines.get(k)
+            if line is not None:
+                out += self.pump(k, line)
+        return out
+
     def loaded(self, tid: int, key: bytes, value: bytes | None, lsn: int,
                generation: Generation) -> list[Step]:
         """The writer's answer to a ``Load`` (None after a failure: try again later)."""
         k = (tid, key)
         line = self.lines.get(k)
-        if line is not None:
-            line.loading = False
-        self.read_answered(tid, key, value, lsn, generation)
-        return self.pump(k, line) if line is not None else []
+        if line is None:
+            return []
+        line.loading = False
+        # Nothing of the key was written since the load was sent: its answer is the value.
+        if (line.acked == line.acked_at_load and not line.in_flight
+                and generation == self.gen(tid) and not self.blocked(tid)):
+            self.cache.put(k, value, lsn, generation)
+        return self.pump(k, line)
 
     def load_failed(self, tid: int, key: bytes) -> list[int]:
         """A ``Load`` failed: the compare-and-sets waiting on it fail with it (their
@@ -302,6 +353,7 @@ class KvState:
         if line is None:
             return []
         line.in_flight -= 1
+        line.acked += 1
         return self.pump(k, line)
 
     def lost(self, op: KeyOp) -> None:

@@ -95,6 +95,7 @@ class Txn:
     records: int = 0
     bytes: int = 0
     shards: set[tuple[int, int]] = field(default_factory=set)
+    conditional: bool = False  # it has compare-and-sets: the front door checks them
     before: Phase = Phase.ACTIVE  # the phase before the last step (undone if it is not sent)
 
     def name(self) -> str:
@@ -203,6 +204,10 @@ class Transactions:
         if msg.seq > t.seq:
             return [self._error(msg.corr, ErrorCode.BAD_REQUEST,
                                 f"write {msg.seq} of {t.name()} came before write {t.seq}")]
+        if msg.conditional and t.xid is not None:
+            return [self._error(msg.corr, ErrorCode.BAD_REQUEST,
+                                f"{t.name()}: a compare-and-set in a transaction needs a local "
+                                f"transaction (an XA branch's commit is its coordinator's)")]
         records = sum(row[2] for row in msg.parts)
         nbytes = sum(len(row[3]) for row in msg.parts)
         if t.records + records > self.cfg.records_max:
@@ -212,6 +217,7 @@ class Transactions:
             return [self._limit(msg.corr, t, f"{t.bytes} + {nbytes} bytes would pass "
                                 f"txn.bytes_max = {self.cfg.bytes_max}")]
         t.seq += 1
+        t.conditional = t.conditional or msg.conditional
         t.records += records
         t.bytes += nbytes
         t.shards.update((row[0], row[1]) for row in msg.parts)
@@ -250,6 +256,11 @@ class Transactions:
                 t.deadline = math.inf  # in doubt: only its coordinator or an operator ends it
                 return [Request(LOG_MANAGER, corr, TxnResolve(corr, t.txn, "prepare"))]
             case "commit", Phase.ACTIVE if t.xid is None:
+                if t.conditional and not msg.checked:
+                    return [self._error(corr, ErrorCode.TXN_CONFLICT, (
+                        f"{t.name()} has compare-and-sets that were not checked (the front "
+                        f"door restarted since they were staged); it stays open: roll it "
+                        f"back"))]
                 return self._finish(corr, t, Phase.COMMITTED)
             case "commit", Phase.PREPARED:
                 return self._finish(corr, t, Phase.COMMITTED)

@@ -186,10 +186,24 @@ class Transaction:
         """Stage a key's deletion: done at the commit, with the rest."""
         self._kv(namespace, key, None)
 
-    def _kv(self, namespace: str, key: bytes | str, value: bytes | None) -> None:
+    def kv_cas(self, namespace: str, key: bytes | str, expected: bytes | str | None,
+               new: bytes | str | None) -> None:
+        """Stage ``key`` := ``new`` (None: delete) on the condition that its value is
+        ``expected`` (None: absent) at the commit. The node checks every condition of the
+        transaction when it commits, atomically with it: if one does not hold, the commit
+        raises ``TransactionConflict`` and nothing of the transaction is visible. Local
+        transactions only."""
+        self._kv(namespace, key, None if new is None else _as_bytes(new),
+                 expected=(None if expected is None else _as_bytes(expected),))
+
+    def _kv(self, namespace: str, key: bytes | str, value: bytes | None,
+            expected: tuple[bytes | None] | None = None) -> None:
         self._check()
-        self._submit("txn_kv", {"txn": self.id, "seq": self.seq, "namespace": namespace,
-                                "key": _as_bytes(key), "value": value})
+        fields: dict[str, Any] = {"txn": self.id, "seq": self.seq, "namespace": namespace,
+                                  "key": _as_bytes(key), "value": value}
+        if expected is not None:
+            fields["expected"] = expected[0]
+        self._submit("txn_kv", fields)
         self.seq += 1
 
     # ---- the end ----------------------------------------------------------------------
@@ -240,6 +254,12 @@ class Transaction:
         self._collect(0)
         self.client._unsettled.discard(self)
         rid = self._commit_rid
+        failed = self._failed.get(rid) if rid is not None else None
+        if rid is not None and failed is not None and failed[2].code == ErrorCode.TXN_CONFLICT:
+            # Its compare-and-sets did not hold: the node rolled it back. Final.
+            del self._failed[rid]
+            self.finished = True
+            raise failed[2]
         if rid in self._failed and len(self._failed) > 1:
             # The commit first: if it went through (its answer, or earlier ones, lost), it
             # answers the same again, and it stands for every write (it counts them).

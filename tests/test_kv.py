@@ -18,7 +18,7 @@ import pytest
 
 from node.client import NodeClient
 from tests.linearizable import Call, check, linearizable
-from wire.errors import BadRequest, NodeError
+from wire.errors import BadRequest, NodeError, TransactionConflict
 from wire.protocol import KV_KEY_BYTES_MAX
 
 if TYPE_CHECKING:
@@ -249,3 +249,29 @@ def test_the_cli(node: LocalNode) -> None:
     assert "cli" in kv_cli(node, "list").split()
     kv_cli(node, "drop", "cli")
     assert "cli" not in kv_cli(node, "list").split()
+
+
+def test_compare_and_sets_in_a_transaction_commit_together_or_not_at_all(
+        node: LocalNode) -> None:
+    with node.client() as c, node.client() as other:
+        c.kv_put("bank", b"alice", b"100")
+        c.kv_put("bank", b"bob", b"0")
+        # A transfer: both balances as they were read, or nothing.
+        with c.transaction() as tx:
+            tx.kv_cas("bank", b"alice", b"100", b"70")
+            tx.kv_cas("bank", b"bob", b"0", b"30")
+        assert (c.kv_get("bank", b"alice"), c.kv_get("bank", b"bob")) == (b"70", b"30")
+        tx = c.transaction()
+        tx.kv_cas("bank", b"alice", b"70", b"50")
+        tx.kv_cas("bank", b"bob", b"30", b"50")
+        tx.kv_put("bank", b"note", b"second transfer")
+        tx.settle()
+        other.kv_put("bank", b"bob", b"31")  # changed under it: the commit must fail
+        with pytest.raises(TransactionConflict):
+            tx.commit()
+        assert (c.kv_get("bank", b"alice"), c.kv_get("bank", b"bob")) == (b"70", b"31")
+        assert c.kv_get("bank", b"note") is None  # rolled back whole
+        with c.transaction() as tx:  # expected absent, and a delete by compare-and-set
+            tx.kv_cas("bank", b"carol", None, b"5")
+            tx.kv_cas("bank", b"bob", b"31", None)
+        assert (c.kv_get("bank", b"carol"), c.kv_get("bank", b"bob")) == (b"5", None)

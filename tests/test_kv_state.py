@@ -186,3 +186,23 @@ def test_a_read_by_key_is_not_answered_from_the_cache_while_its_topic_commits() 
     assert s.read_cached(NS, 0, b"k") == (False, None)
     s.commit_ended([NS])
     assert s.read_cached(NS, 0, b"k") == (False, None)  # the commit may have changed it
+
+
+def test_a_transactions_keys_are_settled_then_held_until_its_commit_is_answered() -> None:
+    s = KvState(1 << 20)
+    a, b = (NS, b"a"), (NS, b"b")
+    w = put(1, b"a", b"1")
+    s.write(w)
+    values, loads = s.settled([a, b])
+    assert values is None  # a is in flight, b is not known
+    (load,) = loads
+    assert isinstance(load, Load) and load.key == b"b"
+    s.written(w, 5)
+    assert s.loaded(NS, b"b", None, 5, load.generation) == []
+    values, loads = s.settled([a, b])
+    assert values == {a: b"1", b: None} and loads == []
+    s.bar([a, b])
+    later = put(2, b"a", b"2")
+    assert s.write(later) == []  # held: it would land between the check and the commit
+    assert s.unbar([a, b]) == [Send(later)]
+

@@ -347,3 +347,22 @@ def test_a_snapshot_of_the_format_before_transactions_still_restores() -> None:
     restored = LogState(CFG)
     restored.restore(old)
     assert restored.topics == s.topics and restored.txns.open == {}
+
+
+def test_a_transaction_with_compare_and_sets_commits_only_checked() -> None:
+    t = machine()
+    txn = begin(t)
+    (req,) = t.write(TxnWrite(2, txn, 0, ((1, 0, 1, BLOB),), (), conditional=True), 0.0)
+    assert isinstance(req, Request) and t.live[txn].conditional
+    # A front door that restarted lost the conditions: it cannot check them, so no commit.
+    assert error_code(step(t, "commit", txn)) == ErrorCode.TXN_CONFLICT
+    assert t.live[txn].phase is Phase.ACTIVE  # open: the client rolls it back
+    (req,) = t.step(TxnStep(4, txn, None, "commit", checked=True), 0.0)
+    assert isinstance(req, Request) and req.msg == TxnResolve(4, txn, "commit")
+
+
+def test_an_xa_branch_takes_no_compare_and_set() -> None:
+    t = machine()
+    txn = begin(t, xid=Xid(1, b"g", b"b"))
+    out = t.write(TxnWrite(2, txn, 0, ((1, 0, 1, BLOB),), (), conditional=True), 0.0)
+    assert error_code(out) == ErrorCode.BAD_REQUEST

@@ -593,6 +593,7 @@ EXPECTED_CLASS: dict[ErrorCode, type[NodeError]] = {
     ErrorCode.TXN_TIMED_OUT: errors.TransactionTimedOut,
     ErrorCode.TXN_LIMIT: errors.TransactionLimit,
     ErrorCode.TXN_ABORTED: errors.TransactionAborted,
+    ErrorCode.TXN_CONFLICT: errors.TransactionConflict,
     ErrorCode.XAER_NOTA: errors.XAERNota,
     ErrorCode.XAER_PROTO: errors.XAERProto,
     ErrorCode.XAER_DUPID: errors.XAERDupid,

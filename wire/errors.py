@@ -33,6 +33,7 @@ class ErrorCode(enum.IntEnum):
     TXN_TIMED_OUT = 42  # open past its timeout: it was rolled back
     TXN_LIMIT = 43  # over a limit of [txn]: open transactions, records or bytes
     TXN_ABORTED = 44  # rolled back by the node (it restarted before the commit)
+    TXN_CONFLICT = 45  # a compare-and-set of the transaction did not match: rolled back
     INTERNAL = 50
     # XA (the X/Open XA specification's names)
     XAER_NOTA = 60  # the xid is not known
@@ -126,6 +127,13 @@ class TransactionAborted(TransactionError):
     code = ErrorCode.TXN_ABORTED
 
 
+class TransactionConflict(TransactionError):
+    """A key's value was not what the transaction's ``kv_cas`` expected at its commit: the
+    transaction was rolled back, nothing of it is visible."""
+
+    code = ErrorCode.TXN_CONFLICT
+
+
 class XAError(NodeError):
     """An XA call failed; ``code`` is the XA specification's error (XAER_*, XA_RB*)."""
 
@@ -172,6 +180,7 @@ _BY_CODE: dict[ErrorCode, type[NodeError]] = {
     ErrorCode.TXN_TIMED_OUT: TransactionTimedOut,
     ErrorCode.TXN_LIMIT: TransactionLimit,
     ErrorCode.TXN_ABORTED: TransactionAborted,
+    ErrorCode.TXN_CONFLICT: TransactionConflict,
     ErrorCode.XAER_NOTA: XAERNota,
     ErrorCode.XAER_PROTO: XAERProto,
     ErrorCode.XAER_DUPID: XAERDupid,

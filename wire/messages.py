@@ -526,6 +526,8 @@ class TxnWrite(Message):
     seq: int
     parts: Sequence[PartRow]
     offsets: Sequence[OffsetRow]
+    # A key write with a compare-and-set: the transaction commits only with ``checked``.
+    conditional: bool = False
 
 
 @message(79)
@@ -540,6 +542,9 @@ class TxnStep(Message):
     # With "commit" or "end": how many writes the client sent (-1: not said). If the node
     # staged another number (a write refused, or lost on its way), the step is refused.
     writes: int = -1
+    # With "commit": the front door found the transaction's compare-and-sets matching (a
+    # transaction with some is refused without it: a front door that restarted lost them).
+    checked: bool = False
 
 
 TXN_STEPS = ("end", "prepare", "commit", "commit_one_phase", "rollback")

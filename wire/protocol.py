@@ -312,7 +312,11 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("txn_kv", "stage a key's new value (or its deletion) in a transaction: invisible "
        "until the commit, when all of the transaction's writes become visible together",
        request=(TXN, TXN_SEQ, NAMESPACE, KV_KEY,
-                Field("value", (bytes, type(None)), "the new value; nil: delete the key")),
+                Field("value", (bytes, type(None)), "the new value; nil: delete the key"),
+                Field("expected", (bytes, type(None)), "a compare-and-set: the value the key "
+                      "must have at the commit (nil: absent), or the commit fails "
+                      "(TXN_CONFLICT) and the transaction is rolled back (local transactions "
+                      "only)", required=False)),
        reply=(TXN_RECORDS,)),
     Op("txn_commit", "commit a transaction: answered once its commit record is durable; "
        "a retry answers the same",
