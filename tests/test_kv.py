@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import pytest
 
+from config import load_config
 from node.client import NodeClient
 from tests.linearizable import Call, check, linearizable
 from wire.errors import BadRequest, NodeError, TransactionConflict
@@ -199,7 +200,7 @@ def test_bad_input_gets_a_clear_error_and_the_node_keeps_serving(node: LocalNode
         with pytest.raises(NodeError, match="namespace"):
             c.kv_put("no spaces", b"k", b"v")
         with pytest.raises(BadRequest, match="bytes"):
-            c.kv_put("bad", b"k", b"v" * (1024 * 1024 + 1))
+            c.kv_put("bad", b"k", b"v" * (load_config().limits.value_bytes_max + 1))
         c.kv_put("bad", b"k", b"v")
         # A namespace's topic is not a topic: not written or read as one.
         with pytest.raises(NodeError, match="KV namespace"):
