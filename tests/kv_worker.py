@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from node.client import NodeClient
+from wire.errors import NodeError
 
 
 def _hex(v: bytes | None) -> str | None:
@@ -23,13 +24,22 @@ def _hex(v: bytes | None) -> str | None:
 
 
 def cas_inc(c: NodeClient, n: int) -> None:
-    swapped = 0
+    """``unknown``: 1 if the node went away with a compare-and-set unanswered (it may or may
+    not have been applied); the worker stops there."""
+    swapped = unknown = 0
     for _ in range(n):
-        raw = c.kv_get("inc", b"count")
+        try:
+            raw = c.kv_get("inc", b"count")
+        except NodeError:
+            break
         now = int(raw) if raw is not None else 0
-        if c.kv_cas("inc", b"count", raw, str(now + 1).encode()):
-            swapped += 1
-    print(json.dumps({"swapped": swapped}))
+        try:
+            if c.kv_cas("inc", b"count", raw, str(now + 1).encode()):
+                swapped += 1
+        except NodeError:
+            unknown = 1
+            break
+    print(json.dumps({"swapped": swapped, "unknown": unknown}))
 
 
 def history(c: NodeClient, seed: int, n: int) -> None:
@@ -64,7 +74,8 @@ def history(c: NodeClient, seed: int, n: int) -> None:
 
 def main() -> None:
     mode, endpoint, seed, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    with NodeClient(endpoint, timeout_ms=30_000) as c:
+    with NodeClient(endpoint, timeout_ms=int(sys.argv[5]) if len(sys.argv) > 5 else 30_000,
+                    retries=0 if len(sys.argv) > 5 else 5) as c:
         if mode == "cas-inc":
             cas_inc(c, n)
         else:
