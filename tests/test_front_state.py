@@ -23,6 +23,7 @@ from wire.messages import (
     Done,
     EndOffsets,
     ErrorReply,
+    Exported,
     OffsetsReply,
     PartRow,
     Read,
@@ -290,6 +291,7 @@ EXAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
     "stats": ({}, lambda c: ShardsReply(c, [[1, 0, 0, 4096, [1, 0, 0, 0, 0, 0, 0], 0, 64, 9]],
                                         [0, 1, 1024, 16777216, 30, 10])),
     "compact": ({"topic": "t"}, lambda c: ShardsReply(c, [[1, 0, 4096, 2048]], [])),
+    "snapshot_export": ({"dir": "/snap"}, lambda c: Exported(c, 9, 4, 8192, 120)),
 }
 
 

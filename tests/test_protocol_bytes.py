@@ -217,11 +217,13 @@ def test_error_replies_keep_their_bytes(front: FrontDoorState) -> None:
         frames.append(out.frame)
     assert frames == [
         # (The list of known ops grew with the transactions' ops: a str 8 became a str 16;
-        # then with stats and compact.)
-        b"\x84\xa2id\x13\xa2ok\xc2\xa4code\x02\xa5error\xda\x01\xb6unknown op 'fly'; known: "
+        # then with stats and compact; then with snapshot_export.)
+        b"\x84\xa2id\x13\xa2ok\xc2\xa4code\x02\xa5error\xda\x01\xc9unknown op 'fly'; known: "
         b"['checkpoint', 'cluster_map', 'cluster_sync', 'commit_offset', 'committed_offset', 'compact', 'create_topic', 'delete_topic', "
         b"'end_offsets', 'list_topics', 'offset_for_timestamp', 'produce', 'read', 'read_by_key', "
-        b"'read_by_tag', 'stats', 'status', 'txn_abort', 'txn_begin', 'txn_commit', 'txn_commit_offset', "
+        b"'read_by_tag', "
+        b"'snapshot_export', "
+        b"'stats', 'status', 'txn_abort', 'txn_begin', 'txn_commit', 'txn_commit_offset', "
         b"'txn_list', 'txn_produce', 'xa_commit', 'xa_end', 'xa_prepare', 'xa_recover', "
         b"'xa_rollback', 'xa_start']",
         b"\x84\xa2id\x14\xa2ok\xc2\xa4code\n\xa5error\xbbtopic 'nope' does not exist",
