@@ -192,6 +192,14 @@ def test_bad_exports_and_snapshots_are_refused_with_clear_errors(
     out = capsys.readouterr().out
     assert "snapshot exported" in out and "--from-snapshot" in out
     assert start_from_export(snap, tmp_path / "fresh")["lsn"] > 0
+    # SST files are hard-linked (one file system here), everything else copied.
+    ssts = list((tmp_path / "fresh" / "shards").rglob("*.sst"))
+    fresh = tmp_path / "fresh"
+    assert ssts and all(p.stat().st_ino == (snap / p.relative_to(fresh)).stat().st_ino
+                        for p in ssts)
+    slot = Path("log", "checkpoint-0.snap")  # overwritten in place by the new node
+    assert (fresh / slot).read_bytes() == (snap / slot).read_bytes()
+    assert (fresh / slot).stat().st_ino != (snap / slot).stat().st_ino
 
     def refused(src: Path, data: Path, match: str) -> None:
         with pytest.raises(ExportRefused, match=match):
