@@ -519,6 +519,7 @@ class LogManager(Actor):
             "last_checkpoint_ms": round(self.last_checkpoint_ms, 1),
             "exports": self.export.done,
             "exports_failed": self.export.failed,
+            "export_phase": self.export.phase.value,
             "cache_queued_bytes": self.to_cache.bytes,
             "groups_not_sent": self.to_cache.skipped,
             **self.fsync_figures(),

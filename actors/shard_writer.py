@@ -39,6 +39,7 @@ from actors.shard_store import (
     parse_shard_dir,
     shard_dir,
 )
+from actors.snapshot_files import HOLD_SHARDS_S, RELEASE_SHARDS_SUFFIX, hold
 from actors.writer_state import REPLY_WAIT_MS, WriterInstruction, WriterState, error_reply
 from wire import logrecord
 from wire.codec import Message
@@ -442,6 +443,9 @@ class ShardWriter(Actor):
                 size += store.checkpoint(target, self.keep_alive)
                 rows.append([topic_id, partition, store.applied_lsn])
                 self.keep_alive()
+            if faults.armed("export.hold_shards"):  # a test holds the answer
+                hold(Path(directory), RELEASE_SHARDS_SUFFIX, time.monotonic() + HOLD_SHARDS_S,
+                     self.keep_alive)
         except Exception as exc:
             log.exception("checkpointing the shards for an export failed")
             error = f"{type(exc).__name__}: {exc}"

@@ -6,7 +6,8 @@ by its ordinary recovery:
 
     shards/t<id>-p<n>/     a RocksDB checkpoint of each shard (the shard writers take them)
     log/checkpoint-0.snap  the log manager's state as of the export's LSN L
-    log/<first LSN>.log    the segments holding the LSNs the shards still need, up to L
+    log/<first LSN>.log    the segments holding the LSNs the shards still need, up to L,
+                           and an empty one from L + 1, where the new node appends
     MANIFEST.json          written last: format, L, shards, every file and its size
 
 A directory without a manifest is an export cut short; one whose files do not match its
@@ -22,17 +23,23 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import zmq
 
+from actors import faults
 from actors.durable import fsync_dir
-from actors.wal import SNAPSHOT_SLOTS, list_segments, write_snapshot
+from actors.wal import SNAPSHOT_SLOTS, list_segments, segment_name, write_snapshot
 from wire import formats, logrecord
 
 MANIFEST = "MANIFEST.json"
 COPY_CHUNK_BYTES = 1024 * 1024
+HOLD_POLL_S = 0.02  # the seam export.hold_copy: how often it looks for its release file
+RELEASE_SUFFIX = ".release"  # export.hold_copy
+RELEASE_SHARDS_SUFFIX = ".release-shards"  # export.hold_shards
+HOLD_SHARDS_S = 60.0  # export.hold_shards waits at most this long
 
 
 class ExportRefused(Exception):
@@ -142,6 +149,8 @@ def write_export(directory: Path, lsn: int, snapshot: dict[str, Any], segments: 
     written last, after every file and directory under ``directory`` is fsynced. Returns
     the bytes written here (the shards' checkpoints are the writers'). Raises
     ``TimeoutError`` past ``deadline`` (monotonic)."""
+    if faults.armed("export.hold_copy"):
+        hold(directory, RELEASE_SUFFIX, deadline)
     log_dir = directory / "log"
     log_dir.mkdir(exist_ok=True)
     write_snapshot(log_dir, 0, logrecord.encode_snapshot(snapshot))
@@ -150,6 +159,14 @@ def write_export(directory: Path, lsn: int, snapshot: dict[str, Any], segments: 
         if time.monotonic() > deadline:
             raise TimeoutError("the export took longer than log.snapshot_timeout_ms")
         size += copy_file(src, log_dir / src.name)
+    # The segment the new node appends to, from L + 1: it tells its shard writers where
+    # the log starts when no segment was needed (every shard had everything up to L).
+    header = logrecord.encode_segment_header(formats.LOG_SEGMENT.current)
+    with open(log_dir / segment_name(lsn + 1), "xb") as f:
+        f.write(header)
+        f.flush()
+        os.fsync(f.fileno())
+    size += len(header)
     files = []
     for path in sorted(directory.rglob("*")):
         if path.is_file():
@@ -169,6 +186,19 @@ def write_export(directory: Path, lsn: int, snapshot: dict[str, Any], segments: 
     os.replace(tmp, directory / MANIFEST)
     fsync_dir(directory)
     return size
+
+
+def hold(directory: Path, suffix: str, deadline: float,
+         progress: Callable[[], None] | None = None) -> None:
+    """The test seams ``export.hold_copy`` and ``export.hold_shards``: wait until the file
+    ``<directory><suffix>`` exists (a test's signal), or the deadline passes."""
+    release = directory.with_name(directory.name + suffix)
+    while not release.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the test seam was not released ({release}) in time")
+        if progress is not None:
+            progress()
+        time.sleep(HOLD_POLL_S)
 
 
 def copy_file(src: Path, dst: Path) -> int:

@@ -221,6 +221,9 @@ def cmd_status(args: argparse.Namespace) -> int:
          f"{lg.get('checkpoints', '-')} ({lg.get('checkpoints_abandoned', '-')})"),
         ("checkpoint phase", lg.get("checkpoint_phase")),
         ("last checkpoint ms", lg.get("last_checkpoint_ms")),
+        ("snapshot exports (failed)",
+         f"{lg.get('exports', '-')} ({lg.get('exports_failed', '-')})"),
+        ("snapshot export phase", lg.get("export_phase")),
         # The data path's byte bound: groups queued, and those left for receivers to read
         # back from the log because their queue was full.
         ("queued for the cache MB", _mb(lg.get("cache_queued_bytes"))),

@@ -15,12 +15,19 @@ import pytest
 
 from actors.instructions import AskShards, CopyLog, Send
 from actors.snapshot import ExportPhase, SnapshotCoordinator
-from actors.snapshot_files import MANIFEST, ExportRefused, export_segments, start_from_export
+from actors.snapshot_files import (
+    MANIFEST,
+    RELEASE_SHARDS_SUFFIX,
+    RELEASE_SUFFIX,
+    ExportRefused,
+    export_segments,
+    start_from_export,
+)
 from actors.wal import segment_name
 from node import cli
 from node.client import NodeClient
 from node.local import LocalNode
-from wire.errors import BadRequest, ErrorCode
+from wire.errors import BadRequest, Busy, ErrorCode
 from wire.messages import ErrorReply, Exported
 from wire.records import pack_batch
 from wire.xid import Xid
@@ -225,6 +232,61 @@ def test_bad_exports_and_snapshots_are_refused_with_clear_errors(
     (newer / MANIFEST).write_text(json.dumps(manifest))
     refused(newer, tmp_path / "d4", "newer")
     assert not any(p.exists() for p in (tmp_path / f"d{n}" for n in range(1, 5)))
+
+
+def test_one_export_at_a_time_and_checkpoints_keep_the_segments_it_copies(
+        make_node: MakeNode, tmp_path: Path) -> None:
+    """Two test seams hold the export: ``export.hold_shards`` the writers' answers (their
+    checkpoints taken), so that records are written after the shards' LSN and before the
+    export's; then ``export.hold_copy`` the log manager's copy. Meanwhile a second export
+    is answered BUSY, and a checkpoint past the export's LSN, which would delete every
+    segment the export copies, deletes none."""
+    node = make_node(SMALL_LOG, env={"SHARDNODE_FAULTS": "export.hold_shards,export.hold_copy"})
+    first = tmp_path / "first"
+    value = b"v" * VALUE_BYTES
+    with node.client(timeout_ms=60_000) as c:
+        c.create_topic("t", partitions=2)
+        before = [c.produce("t", value, partition=n % 2) for n in range(100)]
+        result: dict[str, int] = {}
+        failure: list[BaseException] = []
+
+        def export() -> None:
+            try:
+                with node.client(timeout_ms=60_000) as own:
+                    result.update(own.snapshot_export(str(first)))
+            except BaseException as exc:  # reported below
+                failure.append(exc)
+
+        taking = threading.Thread(target=export, daemon=True)
+        taking.start()
+        until("the writers' checkpoints", lambda: len(list((first / "shards").glob("*"))) == 2)
+        # Acknowledged after the shards' checkpoints, before the export's LSN: from the log.
+        during = [c.produce("t", value, partition=n % 2) for n in range(150)]
+        first.with_name(first.name + RELEASE_SHARDS_SUFFIX).touch()
+        until("the export to reach its copy",
+              lambda: c.status()["log"]["export_phase"] == "copying")
+        with pytest.raises(Busy, match="one runs at a time"):
+            c.snapshot_export(str(tmp_path / "second"))
+        after = [c.produce("t", value, partition=n % 2) for n in range(150)]
+        c.checkpoint()  # every shard durable past the export's LSN: it could delete them all
+        first.with_name(first.name + RELEASE_SUFFIX).touch()
+        taking.join(60)
+        assert not taking.is_alive() and not failure, failure
+        assert not (tmp_path / "second").exists()
+        assert result["shards"] == 2
+        copied = sorted(p.name for p in (first / "log").glob("*.log"))
+        assert len(copied) > 2, "the export must copy segments for the test to mean anything"
+
+    new = LocalNode(tmp_path / "new", log_file=tmp_path / "new.log",
+                    extra_args=["--from-snapshot", str(first)]).start()
+    try:
+        with new.client(timeout_ms=30_000) as c:
+            found = read_all(c, "t", 2)
+            held = {(p, o) for p, rows in found.items() for o, _v in rows}
+            assert sorted(held) == sorted(before + during) and not held & set(after)
+            assert c.produce("t", b"next", partition=0) == (0, len(found[0]))
+    finally:
+        new.stop()
 
 
 # ---- the coordinator, without processes ------------------------------------------------
