@@ -141,7 +141,11 @@ def test_an_export_taken_under_load_holds_exactly_the_records_durable_at_its_lsn
         assert manifest["lsn"] == lsn and len(manifest["shards"]) == PARTITIONS + 1
         until("the log manager's figures", lambda: c.status()["log"]["exports"] == 1)
 
-    new = LocalNode(tmp_path / "new", log_file=tmp_path / "new.log",
+    # Started with three shard writers where the exporting node had two: shards change
+    # writers, and each writer replays the copied log from the start.
+    three = tmp_path / "three-writers.toml"
+    three.write_text("[node]\nwriters = 3\n")
+    new = LocalNode(tmp_path / "new", log_file=tmp_path / "new.log", config=three,
                     extra_args=["--from-snapshot", str(snap)]).start()
     try:
         with new.client(timeout_ms=30_000) as c:
