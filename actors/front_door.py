@@ -37,6 +37,7 @@ from wire.messages import (
     DeleteTopic,
     Done,
     ErrorReply,
+    Exported,
     Hello,
     OffsetsReply,
     OtherWrite,
@@ -281,7 +282,8 @@ class FrontDoor(Actor):
                 self.state.catalog(msg)
             case (Ack() | Done() | RecordsReply() | ValueReply() | TopicsReply() | StatusReply()
                   | OffsetsReply() | ErrorReply() | TxnId() | TxnWritten() | TxnCommitted()
-                  | TxnsReply() | ShardsReply()):
+                  | TxnsReply() | ShardsReply()
+                  | Exported()):
                 self.perform(self.state.answer(msg))
             case _:
                 self.unexpected(msg)

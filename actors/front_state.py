@@ -57,6 +57,7 @@ from wire.messages import (
     Done,
     EndOffsets,
     ErrorReply,
+    Exported,
     KvGet,
     KvScan,
     ListTopics,
@@ -70,6 +71,7 @@ from wire.messages import (
     RecordsReply,
     ShardsReply,
     ShardStats,
+    SnapshotExport,
     StatusReply,
     StatusRequest,
     TopicsReply,
@@ -231,13 +233,16 @@ class FrontDoorState:
             "kv_drop": self.kv_drop,
             "xa_recover": lambda _req: (TRANSACTION_MANAGER, lambda c: TxnList(c, True)),
             "txn_list": lambda _req: (TRANSACTION_MANAGER, lambda c: TxnList(c, False)),
+            "snapshot_export": self.snapshot_export,
         }
         missing = protocol.OPS.keys() - self.routes.keys() - WRITER_OPS - KV_OPS - {
             "produce", "txn_produce", "txn_kv", "cluster_map", "cluster_sync"}
         assert not missing, f"ops of wire.protocol.OPS with no route: {sorted(missing)}"
         # Ops that take longer than a request: a checkpoint flushes every shard.
         self.timeouts_ms = {"checkpoint": 3 * self.checkpoint_timeout_ms,
-                            "compact": protocol.COMPACT_TIMEOUT_MS}
+                            "compact": protocol.COMPACT_TIMEOUT_MS,
+                            # the log manager answers TIMEOUT at its own bound first
+                            "snapshot_export": cfg.log.snapshot_timeout_ms + 10_000}
 
     # ---- requests ---------------------------------------------------------------------
 
@@ -350,6 +355,14 @@ class FrontDoorState:
         if op in TXN_TRACKED_OPS:
             self.track_txn(op, req, corr)
         return [Request(role, corr, make(corr))]
+
+    def snapshot_export(self, req: dict[str, Any]) -> Target:
+        """The log manager runs it (``actors/snapshot.py``); in a cluster, of this member."""
+        directory = req["dir"]
+        if not directory.startswith("/"):
+            raise NodeError(f"the export directory {directory!r} must be an absolute path",
+                            ErrorCode.BAD_REQUEST)
+        return LOG_MANAGER, lambda c: SnapshotExport(c, directory)
 
     # ---- a cluster: forward to owners, gather from several, copy the catalog ----------
 
@@ -1188,6 +1201,9 @@ class FrontDoorState:
                 fields = {"status": status}
             case ShardsReply(shards=shards, writer=writer):
                 fields = {"shards": shards, "writer": writer}
+            case Exported(lsn=lsn, shards=shards_count, bytes=size, elapsed_ms=elapsed_ms):
+                fields = {"lsn": lsn, "shards": shards_count, "bytes": size,
+                          "elapsed_ms": elapsed_ms}
             case ErrorReply(code=code, text=text):
                 return out + self.settle(w, None, (code, text))
             case _:

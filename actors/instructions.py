@@ -139,6 +139,30 @@ class Finish:
     error: str = ""
 
 
+# ---- a snapshot export (actors/snapshot.py) ------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AskShards:
+    """Prepare the export's directory ``dir``, then ask every shard writer for a checkpoint
+    of its shards there (``SnapshotCoordinator.checkpointed`` hears each answer)."""
+
+    export_id: int
+    dir: str
+
+
+@dataclass(frozen=True, slots=True)
+class CopyLog:
+    """Commit the queue; take L, the last durable LSN, and roll the log past it; then, off
+    the commit path, write the log manager's state at L and copy the segments holding LSNs
+    ``floor`` + 1 .. L into ``dir``, and the manifest last (``SnapshotCoordinator.copied``)."""
+
+    export_id: int
+    dir: str
+    floor: int
+    deadline: float  # a monotonic time: the copy gives up past it
+
+
 # ---- a shard writer's shards (actors/writer_state.py) -------------------------------
 
 
@@ -204,5 +228,6 @@ class StopNode:
 
 Instruction = (Send | Request | Forward | Produce | Reply | Log
                | Roll | AskTxn | AskFlush | Truncate | Finish
+               | AskShards | CopyLog
                | ReadLog | Apply | Serve | Flush
                | Spawn | Terminate | StopNode)

@@ -24,6 +24,7 @@ import collections
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Any, assert_never
 
 import zmq
@@ -33,10 +34,28 @@ from actors.base import POLL_MS_MAX, Actor, ActorContext, RefuseToStart
 from actors.checkpoint import Coordinator, Phase, Step
 from actors.flow import BUNDLE_BYTES_MAX, GroupsInFlight, chunks
 from actors.group_commit import GroupCommit
-from actors.instructions import AskFlush, AskTxn, Finish, Log, Roll, Send, Truncate
+from actors.instructions import (
+    AskFlush,
+    AskShards,
+    AskTxn,
+    CopyLog,
+    Finish,
+    Log,
+    Roll,
+    Send,
+    Truncate,
+)
 from actors.log_state import LogState
 from actors.process import EXIT_FSYNC_FAILED
-from actors.roles import CACHE_MANAGER, FRONT_DOOR, TRANSACTION_MANAGER, writes_role
+from actors.roles import (
+    CACHE_MANAGER,
+    FRONT_DOOR,
+    TRANSACTION_MANAGER,
+    writer_role,
+    writes_role,
+)
+from actors.snapshot import ExportStep, SnapshotCoordinator
+from actors.snapshot_files import CopyResult, ExportCopier, export_dir_problem, export_segments
 from actors.truncator import TruncateResult, Truncator
 from actors.wal import CorruptLog, SegmentWriter, SnapshotRefused, recover, segments_bytes
 from wire import codec
@@ -54,6 +73,7 @@ from wire.messages import (
     CheckpointFinished,
     CheckpointReady,
     CheckpointRequest,
+    CheckpointShards,
     CommitOffset,
     CreateTopic,
     DeleteTopic,
@@ -68,6 +88,8 @@ from wire.messages import (
     LogGroup,
     LogRequest,
     Progress,
+    ShardsCheckpointed,
+    SnapshotExport,
     TxnAppend,
     TxnResolve,
     TxnStart,
@@ -118,6 +140,12 @@ class LogManager(Actor):
         self.last_checkpoint_ms = 0.0
         self.truncator = Truncator(self.zctx, self.log_dir, self.cfg.data_path)
         self.poller.register(self.truncator.wake, zmq.POLLIN)
+        # Snapshot exports (actors/snapshot.py): the logic, and its file work on a thread.
+        self.export = SnapshotCoordinator(
+            tuple(writer_role(i) for i in range(self.cfg.node.writers)),
+            lcfg.snapshot_timeout_ms / 1000)
+        self.copier = ExportCopier(self.zctx)
+        self.poller.register(self.copier.wake, zmq.POLLIN)
 
     # ---- start and stop ---------------------------------------------------------------
 
@@ -150,11 +178,16 @@ class LogManager(Actor):
         if self.truncator.busy:
             self.truncated(self.truncator.collect(self.cfg.log.checkpoint_timeout_ms / 1000))
         self.truncator.close()
+        if self.copier.busy:
+            self.copier.collect(self.cfg.log.snapshot_timeout_ms / 1000)
+        self.copier.close()
         self.writer.close()
 
     def on_socket(self, sock: zmq.Socket[bytes]) -> None:
         if sock is self.truncator.wake:
             self.truncated(self.truncator.collect(timeout_s=1.0))
+        elif sock is self.copier.wake:
+            self.exported(self.copier.collect(timeout_s=1.0))
 
     def truncated(self, result: TruncateResult | None) -> None:
         if result is None:
@@ -163,7 +196,7 @@ class LogManager(Actor):
         self.log_bytes = segments_bytes(self.log_dir)
         if not result.error:
             log.info("checkpoint %d: shards durable to LSN %d; deleted %d segments, log now "
-                     "%d bytes", result.ckpt_id, result.upto, result.deleted, self.log_bytes)
+                     "%d bytes", result.ckpt_id, self.ckpt.lsn, result.deleted, self.log_bytes)
         self.run_steps(self.ckpt.truncated(result.ckpt_id, result.error))
 
     def catalog(self) -> Catalog:
@@ -207,6 +240,11 @@ class LogManager(Actor):
             case Flushed(ckpt_id, _role, lsn):
                 faults.crash_point("checkpoint.after_flushed", self.cfg.data_path)
                 self.run_steps(self.ckpt.flushed(ckpt_id, lsn))
+            case SnapshotExport(corr, directory):
+                self.export_steps(self.export.start(corr, directory, time.monotonic()))
+            case ShardsCheckpointed(export_id, role, lsn, shards, size, error):
+                self.export_steps(self.export.checkpointed(export_id, role, lsn, len(shards),
+                                                           size, error))
             case _:
                 self.unexpected(msg)
 
@@ -386,6 +424,10 @@ class LogManager(Actor):
                     self.send(CACHE_MANAGER, FlushTo(ckpt_id, self.state.last_lsn), wait_ms=1000)
                 case Truncate(ckpt_id, upto):
                     self.flush_queue()  # the snapshot must be exactly what is durable
+                    if self.export.pins_log:
+                        upto = 0  # an export copies segments: delete none (actors/snapshot.py)
+                        log.info("checkpoint %d deletes no segment: a snapshot export runs",
+                                 ckpt_id)
                     self.truncator.start(ckpt_id, upto, self.state.snapshot())
                 case Finish():
                     self.finish_checkpoint(step)
@@ -405,10 +447,55 @@ class LogManager(Actor):
                                          f"{step.error}") if step.error else Done(corr, step.lsn))
             self.send(role, reply, wait_ms=1000)
 
+    # ---- snapshot exports (actors/snapshot.py) ----------------------------------------
+
+    def export_steps(self, steps: list[ExportStep]) -> None:
+        for step in steps:
+            match step:
+                case AskShards(export_id, directory):
+                    problem = export_dir_problem(directory, self.cfg.data_path)
+                    if problem:
+                        self.export_steps(self.export.failed_to_start(
+                            export_id, ErrorCode.BAD_REQUEST, problem))
+                        continue
+                    log.info("export %d into %s: asking the writers for checkpoints",
+                             export_id, directory)
+                    for role in self.export.writers:
+                        if not self.send(role, CheckpointShards(export_id, directory),
+                                         wait_ms=1000):
+                            self.export_steps(self.export.checkpointed(
+                                export_id, role, 0, 0, 0, "its mailbox is full"))
+                case CopyLog(export_id, directory, floor, deadline):
+                    # L: the last durable LSN, and the state exactly as of it.
+                    self.flush_queue()
+                    lsn = self.state.last_lsn
+                    self.writer.roll(lsn + 1)  # segments up to here hold nothing past L
+                    segments = export_segments(self.log_dir, floor, lsn, self.writer.path)
+                    log.info("export %d: LSN %d; copying %d segments (shards from LSN %d)",
+                             export_id, lsn, len(segments), floor + 1)
+                    self.copier.start(export_id, Path(directory), lsn, self.state.snapshot(),
+                                      segments, self.cfg.cluster.node_id, deadline)
+                case Send(role, msg, wait_ms):
+                    self.send(role, msg, wait_ms)
+                case _:
+                    assert_never(step)
+
+    def exported(self, result: CopyResult | None) -> None:
+        if result is None:
+            log.warning("the export's copy is still running")
+            return
+        if result.error:
+            log.warning("export %d failed: %s", result.export_id, result.error)
+        else:
+            log.info("export %d done: LSN %d", result.export_id, result.lsn)
+        self.export_steps(self.export.copied(result.export_id, result.lsn, result.bytes,
+                                             time.monotonic(), result.error))
+
     # ---- figures ----------------------------------------------------------------------
 
     def on_tick(self, now: float) -> None:
         self.run_steps(self.ckpt.tick(now))
+        self.export_steps(self.export.tick(now))
         span = now - self.window_start
         if span > 0:
             self.fsyncs_per_s = self.window_fsyncs / span
@@ -430,6 +517,9 @@ class LogManager(Actor):
             "checkpoints_abandoned": self.ckpt.abandoned,
             "checkpoint_phase": self.ckpt.phase.value,
             "last_checkpoint_ms": round(self.last_checkpoint_ms, 1),
+            "exports": self.export.done,
+            "exports_failed": self.export.failed,
+            "export_phase": self.export.phase.value,
             "cache_queued_bytes": self.to_cache.bytes,
             "groups_not_sent": self.to_cache.skipped,
             **self.fsync_figures(),

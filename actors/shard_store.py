@@ -370,6 +370,24 @@ class ShardStore:
                 progress()
         return before, self.sst_bytes()
 
+    def checkpoint(self, path: Path, progress: Callable[[], None]) -> int:
+        """A RocksDB checkpoint of the shard as applied so far, at ``path`` (which must not
+        exist): made durable the usual way first (data column families, then meta), as
+        RocksDB's WAL is off and a checkpoint holds only what is flushed. Hard links when
+        ``path`` is on the same file system, copies otherwise, on a thread while this one
+        calls ``progress``, as ``compact`` does. Returns the checkpoint's bytes."""
+        self.finish(self.batch_lsn)
+        self.flush()
+        with ThreadPoolExecutor(1, thread_name_prefix="checkpoint") as pool:
+            done = pool.submit(rocksdict.Checkpoint(self.db).create_checkpoint, str(path))
+            while True:
+                try:
+                    done.result(timeout=COMPACT_PROGRESS_S)
+                    break
+                except FuturesTimeout:
+                    progress()
+        return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+
     def close(self) -> None:
         self.batch = None  # anything not finished is dropped: the log still has it
         self.cf.clear()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from pathlib import Path
 from typing import Any, assert_never
 
 import msgpack
@@ -29,7 +30,7 @@ from actors.base import Actor, ActorContext, RefuseToStart, waiting_messages
 from actors.durable import fsync_dir, write_atomic
 from actors.flow import PROGRESS_BYTES_DIVISOR
 from actors.instructions import Apply, Flush, ReadLog, Send, Serve
-from actors.roles import FRONT_DOOR, shard_owner, writer_index
+from actors.roles import FRONT_DOOR, LOG_MANAGER, shard_owner, writer_index
 from actors.shard_store import (
     TOMBSTONE_SUFFIX,
     ShardStore,
@@ -38,6 +39,7 @@ from actors.shard_store import (
     parse_shard_dir,
     shard_dir,
 )
+from actors.snapshot_files import HOLD_SHARDS_S, RELEASE_SHARDS_SUFFIX, hold
 from actors.writer_state import REPLY_WAIT_MS, WriterInstruction, WriterState, error_reply
 from wire import logrecord
 from wire.codec import Message
@@ -45,6 +47,7 @@ from wire.errors import ErrorCode
 from wire.logrecord import Entry, Kind
 from wire.messages import (
     CatchUp,
+    CheckpointShards,
     CommittedOffset,
     Compact,
     FlushTo,
@@ -57,6 +60,7 @@ from wire.messages import (
     ReadByTag,
     ReadRequest,
     RecordsReply,
+    ShardsCheckpointed,
     ShardsReply,
     ShardStats,
     ValueReply,
@@ -341,6 +345,8 @@ class ShardWriter(Actor):
                 self.perform(self.state.read(msg, time.monotonic()))
             case ShardStats() | Compact():
                 self.perform([self.shards_reply(msg)])
+            case CheckpointShards(export_id, directory):
+                self.perform([self.checkpoint_shards(export_id, directory)])
             case _:
                 self.unexpected(msg)
 
@@ -434,6 +440,30 @@ class ShardWriter(Actor):
             log.exception("%s failed", type(msg).__name__)
             return error_reply(msg.corr, ErrorCode.INTERNAL, f"{self.role}: {exc}")
         return Send(FRONT_DOOR, ShardsReply(msg.corr, rows, writer), wait_ms=REPLY_WAIT_MS)
+
+    def checkpoint_shards(self, export_id: int, directory: str) -> Send:
+        """A snapshot export: a RocksDB checkpoint of every shard here into
+        ``directory``/shards, each holding every record up to ``processed_lsn``."""
+        rows: list[list[int]] = []
+        size, error = 0, ""
+        t0 = time.monotonic()
+        try:
+            for (topic_id, partition), store in sorted(self.stores.items()):
+                store.finish(max(store.applied_lsn, self.processed_lsn))
+                target = shard_dir(Path(directory) / "shards", topic_id, partition)
+                size += store.checkpoint(target, self.keep_alive)
+                rows.append([topic_id, partition, store.applied_lsn])
+                self.keep_alive()
+            if faults.armed("export.hold_shards"):  # a test holds the answer
+                hold(Path(directory), RELEASE_SHARDS_SUFFIX, time.monotonic() + HOLD_SHARDS_S,
+                     self.keep_alive)
+        except Exception as exc:
+            log.exception("checkpointing the shards for an export failed")
+            error = f"{type(exc).__name__}: {exc}"
+        log.info("export %d: %d shards checkpointed to LSN %d (%d bytes) in %.0f ms", export_id,
+                 len(rows), self.processed_lsn, size, (time.monotonic() - t0) * 1000)
+        return Send(LOG_MANAGER, ShardsCheckpointed(export_id, self.role, self.processed_lsn,
+                                                    rows, size, error), wait_ms=1000)
 
     def figures(self) -> dict[str, Any]:
         return {

@@ -64,6 +64,7 @@ class LogConfig:
     checkpoint_bytes: int
     checkpoint_mode: str
     checkpoint_timeout_ms: int
+    snapshot_timeout_ms: int
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,13 @@
 """The ``shardnode`` command: run a node, look at it, and use it from a shell.
 
     shardnode start [--config FILE] [--data-dir DIR] [--port N] [--cluster FILE --node-id N]
+                    [--from-snapshot DIR]
     shardnode status [--port N]
     shardnode checkpoint [--port N]
     shardnode stats [--json]           (RocksDB's figures of each shard on this node)
     shardnode compact TOPIC            (compact the topic's shards on this node)
+    shardnode snapshot export DIR      (a point-in-time copy of this node, taken while it serves)
+    shardnode start --data-dir NEW --from-snapshot DIR   (a new node from that copy)
     shardnode create-topic NAME [--partitions N]
     shardnode topics
     shardnode delete-topic NAME
@@ -39,6 +42,10 @@ from wire.protocol import COMPACT_TIMEOUT_MS, DEFAULT_PORT
 
 if TYPE_CHECKING:
     from node.client import NodeClient
+
+# How long `snapshot export` waits by default: the node's own bound
+# (log.snapshot_timeout_ms, 10 minutes by default) and a little more.
+SNAPSHOT_CLIENT_TIMEOUT_MS = 620_000
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)  # errors stay one line in logs
@@ -122,6 +129,16 @@ def cmd_start(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         err_console.print(f"[red]config error:[/red] {exc}")
         return 2
+    if args.from_snapshot is not None:
+        from actors.snapshot_files import ExportRefused, start_from_export
+
+        try:
+            manifest = start_from_export(Path(args.from_snapshot), cfg.data_path)
+        except ExportRefused as exc:
+            err_console.print(f"[red]cannot start from the snapshot:[/red] {exc}")
+            return 2
+        print(f"data dir {cfg.data_path} made from the snapshot {args.from_snapshot} "
+              f"(LSN {manifest['lsn']}, {len(manifest['shards'])} shards)", flush=True)
     configure_logging("supervisor")
     sup = Supervisor(cfg)
     try:
@@ -204,6 +221,9 @@ def cmd_status(args: argparse.Namespace) -> int:
          f"{lg.get('checkpoints', '-')} ({lg.get('checkpoints_abandoned', '-')})"),
         ("checkpoint phase", lg.get("checkpoint_phase")),
         ("last checkpoint ms", lg.get("last_checkpoint_ms")),
+        ("snapshot exports (failed)",
+         f"{lg.get('exports', '-')} ({lg.get('exports_failed', '-')})"),
+        ("snapshot export phase", lg.get("export_phase")),
         # The data path's byte bound: groups queued, and those left for receivers to read
         # back from the log because their queue was full.
         ("queued for the cache MB", _mb(lg.get("cache_queued_bytes"))),
@@ -260,6 +280,21 @@ def cmd_compact(args: argparse.Namespace) -> int:
     for topic, partition, before, after in rows:
         print(f"{topic}/{partition}: {_mb(before)} MB → {_mb(after)} MB")
     print(f"compacted {len(rows)} shard(s) of {args.topic} on this node")
+    return 0
+
+
+def cmd_snapshot_export(args: argparse.Namespace) -> int:
+    directory = str(Path(args.dir).resolve())  # the node resolves nothing: it may run elsewhere
+    t0 = time.monotonic()
+    with _client(args, retries=0) as c:
+        done = c.snapshot_export(directory)
+    t = Table(title=f"snapshot exported to {directory}")
+    for col in ("LSN", "shards", "MB", "seconds"):
+        t.add_column(col, justify="right")
+    t.add_row(str(done["lsn"]), str(done["shards"]), _mb(done["bytes"]),
+              f"{time.monotonic() - t0:.1f}")
+    console.print(t)
+    print(f"start a node from it: shardnode start --data-dir NEW --from-snapshot {directory}")
     return 0
 
 
@@ -460,6 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run as a member of the cluster this file lists (scripts/cluster writes "
                         "it); the member's endpoint gives host and port")
     s.add_argument("--node-id", type=int, help="this node's id in the cluster file")
+    s.add_argument("--from-snapshot", metavar="DIR",
+                   help="fill the new (absent or empty) data dir from a snapshot export first "
+                        "(`shardnode snapshot export`), then start")
     s.add_argument("--exit-with-parent", action="store_true",
                    help="stop cleanly when the process that started the node exits "
                         "(for harnesses: tests, benchmarks)")
@@ -483,6 +521,14 @@ def build_parser() -> argparse.ArgumentParser:
     client_args(s)
     s.add_argument("topic")
     s.set_defaults(func=cmd_compact, timeout_ms=COMPACT_TIMEOUT_MS + 10_000)
+
+    s = sub.add_parser("snapshot", help="snapshots of this node: export")
+    snap = s.add_subparsers(dest="snapshot_command", required=True)
+    t = snap.add_parser("export", help="a point-in-time copy of this node (in a cluster: of "
+                        "this member only) into DIR, taken while it serves")
+    client_args(t)
+    t.add_argument("dir", metavar="DIR", help="a new or empty directory outside the data dir")
+    t.set_defaults(func=cmd_snapshot_export, timeout_ms=SNAPSHOT_CLIENT_TIMEOUT_MS)
 
     s = sub.add_parser("create-topic", help="create a topic")
     client_args(s)

@@ -566,6 +566,14 @@ class NodeClient:
         rows = self.call("compact", topic=topic)["shards"]
         return [(t, p, before, after) for t, p, before, after in rows]
 
+    def snapshot_export(self, directory: str) -> dict[str, int]:
+        """A point-in-time copy of the node asked (in a cluster, of that member) into
+        ``directory`` (absolute; absent or empty): ``lsn``, ``shards``, ``bytes`` and
+        ``elapsed_ms``. It takes as long as copying takes: give the client a long
+        ``timeout_ms``. ``shardnode start --from-snapshot`` starts a node from it."""
+        reply = self.call("snapshot_export", dir=directory)
+        return {k: int(reply[k]) for k in ("lsn", "shards", "bytes", "elapsed_ms")}
+
     def pipeline(self, in_flight_max: int = PIPELINE_IN_FLIGHT_MAX) -> Pipeline:
         return Pipeline(self, in_flight_max)
 

@@ -342,3 +342,25 @@ def test_a_routed_batch_retried_under_its_sequence_number_is_written_once(
         assert len({c.owners("retried")[p] for p, _off in first}) == 3  # split over all three
         assert c.produce_batch("retried", recs, seq=5) == first
         assert sum(c.end_offsets("retried")) == 60
+
+
+def test_a_snapshot_export_on_a_member_copies_that_member_only(
+        cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> None:
+    import json
+
+    from actors.snapshot_files import MANIFEST
+
+    with routed(cluster) as c:
+        c.create_topic("exported", partitions=6)
+        owners = c.owners("exported")
+        c.produce_batch("exported", keyed("e", 60))
+    snap = tmp_path_factory.mktemp("member-export") / "snap"
+    with one(cluster, 2, timeout_ms=60_000) as m:
+        done = m.snapshot_export(str(snap))
+        topic_id = next(r[2] for r in m.call("list_topics")["topics"] if r[0] == "exported")
+    manifest = json.loads((snap / MANIFEST).read_text())
+    assert manifest["node_id"] == 2 and manifest["lsn"] == done["lsn"]
+    assert set(manifest["shards"]) == shard_dirs(cluster, 2)  # this member's, every topic
+    exported = {parse_shard_dir(d) for d in manifest["shards"]}
+    assert {s for s in exported if s and s[0] == topic_id} == {
+        (topic_id, p) for p, o in enumerate(owners) if o == 2}

@@ -23,6 +23,7 @@ from wire.messages import (
     Done,
     EndOffsets,
     ErrorReply,
+    Exported,
     OffsetsReply,
     PartRow,
     Read,
@@ -303,6 +304,7 @@ EXAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
                lambda c: RecordsReply(c, b"\x90", 5)),
     "txn_kv": ({"txn": 77, "seq": 2, "namespace": "cfg", "key": b"k", "value": b"v"},
                lambda c: TxnWritten(c, 5, 1)),
+    "snapshot_export": ({"dir": "/snap"}, lambda c: Exported(c, 9, 4, 8192, 120)),
 }
 
 

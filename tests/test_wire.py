@@ -219,6 +219,7 @@ VALID_REQUESTS: dict[str, dict[str, Any]] = {
     "checkpoint": {},
     "stats": {},
     "compact": {"topic": "orders"},
+    "snapshot_export": {"dir": "/var/backups/shardnode-1"},
     "produce": {"topic": "orders", "partition": 3, "producer_id": 9, "seq": 0,
                 "records": pack([b"a", b"b"])},
     "create_topic": {"name": "orders", "partitions": 4},

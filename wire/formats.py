@@ -1,12 +1,14 @@
 """The format versions of the files a node keeps, and the one check made of each at start.
 
-Three things on disk carry a version, each where it is read first:
+Four things on disk carry a version, each where it is read first:
 
     log segment   a header at the start of each ``<first LSN>.log`` (``wire/logrecord.py``);
                   format 1, segments without a header, is still read
     snapshot      the ``format`` of the log manager's snapshot (``checkpoint-N.snap``),
                   which holds the catalog; format 2 (before transactions) is still read
     shard         ``format`` in a shard's ``meta`` column family (``actors/shard_store.py``)
+    export        ``format`` in a snapshot export's manifest (``actors/snapshot_files.py``),
+                  checked by ``shardnode start --from-snapshot``
 
 The catalog has no file of its own: its topics are the snapshot's ``topics`` and the log's
 ``TOPIC_CREATE`` / ``TOPIC_DELETE`` records after it, so its format is the snapshot's format
@@ -66,3 +68,5 @@ LOG_SEGMENT = Format("log segment", 2, (1, 2))
 SNAPSHOT = Format("snapshot", 3, (2, 3))
 # 1: the column families of actors/shard_store.py, ``staged`` included.
 SHARD = Format("shard", 1, (1,))
+# 1: a snapshot export's manifest (``actors/snapshot_files.py``): L, shards, files.
+EXPORT = Format("snapshot export", 1, (1,))

@@ -647,11 +647,57 @@ class TxnsReply(Message):
     rows: list[list[Any]]
 
 
+# ---- snapshot export (actors/snapshot.py, actors/snapshot_files.py) -------------------
+
+
+@message(120)
+class SnapshotExport(Message):
+    """Front door → log manager: export a point-in-time copy of the node into ``dir``
+    (absolute; absent or empty); answered ``Exported`` or an error."""
+
+    corr: int
+    dir: str
+
+
+@message(121)
+class CheckpointShards(Message):
+    """Log manager → a shard writer: a RocksDB checkpoint of each shard it owns, into
+    ``dir``/shards; answered ``ShardsCheckpointed``."""
+
+    export_id: int
+    dir: str
+
+
+@message(122)
+class ShardsCheckpointed(Message):
+    """A shard writer's checkpoints: everything up to ``lsn`` (its processed LSN) is in
+    them; ``shards`` rows ``[topic_id, partition, applied_lsn]``; ``error`` "" if all went."""
+
+    export_id: int
+    role: str
+    lsn: int
+    shards: list[list[int]]
+    bytes: int
+    error: str
+
+
+@message(123)
+class Exported(Message):
+    """The export is whole: its LSN, how many shards and bytes, how long it took."""
+
+    corr: int
+    lsn: int
+    shards: int
+    bytes: int
+    elapsed_ms: int
+
+
 # ---- unions --------------------------------------------------------------------------
 
 # The requests the log manager's logic admits (``LogState.admit``), and the answers the
 # front door matches to a waiting client (``FrontDoorState.answer``).
 Answer = (Ack | Done | TopicsReply | ErrorReply | RecordsReply | ValueReply | StatusReply
-          | OffsetsReply | TxnId | TxnWritten | TxnCommitted | TxnsReply | ShardsReply)
+          | OffsetsReply | TxnId | TxnWritten | TxnCommitted | TxnsReply | ShardsReply
+          | Exported)
 LogRequest = (Append | CreateTopic | DeleteTopic | CommitOffset | ListTopics | EndOffsets
               | TxnStart | TxnAppend | TxnResolve)

@@ -44,6 +44,8 @@ COMPACT_TIMEOUT_MS = 600_000
 # name (``kv_topic``); topic names cannot contain ':', so the two never collide.
 KV_PREFIX = "kv:"
 KV_KEY_BYTES_MAX = 1024
+# A snapshot export's directory: an absolute path of at most this many characters.
+EXPORT_DIR_LEN_MAX = 4096
 
 
 # ---- rows that replies carry ---------------------------------------------------------
@@ -290,6 +292,17 @@ OPS: dict[str, Op] = {op.name: op for op in (
               Field("lsn", _INT, "the LSN that made the new value durable (0: not swapped)"),
               Field("value", (bytes, type(None)), "when not swapped: the value the key had "
                     "(nil: absent)", required=False))),
+    Op("snapshot_export", "a point-in-time copy of this node (in a cluster: the member "
+       "asked) into a directory, taken while it serves: every shard (RocksDB checkpoints), "
+       "the catalog, consumer offsets, producers' sequence numbers and transactions, as of "
+       "one LSN; answered when whole", retry=False,
+       request=(Field("dir", _STR, "absolute path of the directory to write: absent or "
+                      "empty, outside the node's data dir", len_max=EXPORT_DIR_LEN_MAX),),
+       reply=(Field("lsn", _INT, "the export's LSN: it holds every record durable at or "
+                    "below it, and none above"),
+              Field("shards", _INT, "how many shards it holds"),
+              Field("bytes", _INT, "the bytes of its files"),
+              Field("elapsed_ms", _INT, "how long the export took"))),
     # ---- transactions (node/transaction.py is the client's side) ----
     Op("txn_begin", "begin a local transaction",
        request=(TIMEOUT_MS, CHOSEN_TXN),
