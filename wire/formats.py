@@ -64,5 +64,7 @@ LOG_SEGMENT = Format("log segment", 2, (1, 2))
 # 3: with the transactions' ledger. 2 (still read: no transactions): each window a map
 # seq → the packed [lsn, parts]. 1 is no longer read.
 SNAPSHOT = Format("snapshot", 3, (2, 3))
-# 1: the column families of actors/shard_store.py, ``staged`` included.
-SHARD = Format("shard", 1, (1,))
+# 2: large values in chunks (the ``chunks`` column family; records ending with
+# ``[length, chunk_bytes]``). 1 (still read: it has no chunked records): the column families
+# of actors/shard_store.py, ``staged`` included.
+SHARD = Format("shard", 2, (1, 2))
