@@ -316,3 +316,22 @@ def test_deleting_a_records_chunks_leaves_its_neighbours(tmp_path: Path) -> None
     offsets = {CHUNK_KEY.unpack(k)[0] for k in chunk_keys(st)}
     assert offsets == {0, 2}
     st.close()
+
+
+def test_a_format_1_shard_is_read_and_then_written_as_format_2(tmp_path: Path) -> None:
+    from actors.shard_store import U64
+    from wire import formats
+
+    st = store(tmp_path / "s")
+    st.apply_produce(1, 0, 1, TS, pack_batch([b"old"]))
+    st.finish(1)
+    st.cf["meta"][b"format"] = U64.pack(1)  # as a shardnode before large values left it
+    st.flush()
+    st.close()
+    st = store(tmp_path / "s")
+    assert [r[4] for r in st.read(0, 10)] == [b"old"]
+    st.apply_produce(2, 1, 1, TS, pack_batch([value_of(2000, 4)]))
+    st.finish(2)
+    assert st.cf["meta"][b"format"] == U64.pack(formats.SHARD.current) == U64.pack(2)
+    assert [r[4] for r in st.read(0, 10)] == [b"old", value_of(2000, 4)]
+    st.close()
