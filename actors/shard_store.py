@@ -29,7 +29,9 @@ same batch as its record, whose value field is then nil and which ends with
 the setting reads it as before. With ``"blob_files"`` every value stays in its record and
 RocksDB's integrated blob files keep those over ``inline_bytes_max`` (``min_blob_size`` of
 the ``records`` column family). Either way a read joins a record's chunks whatever the
-setting is now.
+setting is now. A read learns a chunked value's length from its record before reading its
+chunks, so it never reads the chunks of a value past its byte limit; with blob files the
+iterator has read the value of the record a read stops before (one value past the limit).
 """
 
 from __future__ import annotations
@@ -189,9 +191,9 @@ class ShardStore:
         mem = memory
         small = max(mem.write_buffer_bytes // 8, 256 * 1024)
         opts = mem.db_options
-        cfs = {name: mem.options(mem.write_buffer_bytes if name == "chunks" else small)
+        cfs = {name: mem.records_options() if name == "records"
+               else mem.options(mem.write_buffer_bytes if name == "chunks" else small)
                for name in CFS}
-        cfs["records"] = mem.records_options()
         self.large = mem.large
         self.db = rocksdict.Rdict(str(path), options=opts, column_families=cfs)
         self.cf = {name: self.db.get_column_family(name) for name in CFS}

@@ -335,3 +335,16 @@ def test_a_format_1_shard_is_read_and_then_written_as_format_2(tmp_path: Path) -
     assert st.cf["meta"][b"format"] == U64.pack(formats.SHARD.current) == U64.pack(2)
     assert [r[4] for r in st.read(0, 10)] == [b"old", value_of(2000, 4)]
     st.close()
+
+
+def test_storage_settings_are_checked_by_name() -> None:
+    from config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"storage\.large_values must be one of"):
+        load_config(overrides={"storage": {"large_values": "blobs"}})
+    with pytest.raises(ConfigError, match=r"storage\.chunk_bytes must be at most"):
+        load_config(overrides={"storage": {"chunk_bytes": 1 << 30}})
+    with pytest.raises(ConfigError, match=r"storage\.inline_bytes_max must be positive"):
+        load_config(overrides={"storage": {"inline_bytes_max": 0}})
+    cfg = load_config(overrides={"storage": {"large_values": "blob_files"}})
+    assert LargeValues.of(cfg.storage).blob_files
