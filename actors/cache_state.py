@@ -184,10 +184,11 @@ class CacheState:
             self.entries.move_to_end(key)
             items = msgpack.unpackb(e.blob, raw=False, use_list=False)
             for j in range(want - e.first, min(e.count, want - e.first + max_records - len(rows))):
-                if size >= bytes_max:
-                    break
                 item = items[j]
-                size += len(item) if type(item) is bytes else len(item[0])
+                n = len(item) if type(item) is bytes else len(item[0])
+                if rows and size + n > bytes_max:
+                    break  # the record that would take the read over stays for the next one
+                size += n
                 if type(item) is bytes:
                     rows.append([e.first + j, e.timestamp, None, (), item])
                 else:

@@ -9,6 +9,7 @@ Column families (keys are big-endian so that byte order is numeric order):
     groups    consumer group utf-8                → committed offset u64
     staged    txn u64 | lsn u64 | part u16        → msgpack [timestamp_ms, count, blob]
     kv        key                                 → value   (KV namespaces' shards only)
+    chunks    offset u64 | chunk number u32       → bytes of the value (see below)
     meta      b"applied_lsn", b"next_offset", b"max_ts" (+1; 0 = none), b"format" → u64
 
 ``staged`` holds the records of open and prepared transactions: invisible to every read,
@@ -27,6 +28,17 @@ so after a crash the shard is exactly as of some LSN and replay from the log con
 from there; replay is idempotent. The ``time`` index holds the running maximum timestamp,
 so a seek finds the first offset whose timestamp is at or after the one asked for even
 when producers send timestamps out of order.
+
+**Large values** (``[storage]``, format 2). With ``large_values = "chunks"`` a value over
+``inline_bytes_max`` is split into chunks of ``chunk_bytes`` in ``chunks``, written in the
+same batch as its record, whose value field is then nil and which ends with
+``[length, chunk_bytes]``: the chunk size it was written with, so that a later change of
+the setting reads it as before. With ``"blob_files"`` every value stays in its record and
+RocksDB's integrated blob files keep those over ``inline_bytes_max`` (``min_blob_size`` of
+the ``records`` column family). Either way a read joins a record's chunks whatever the
+setting is now. A read learns a chunked value's length from its record before reading its
+chunks, so it never reads the chunks of a value past its byte limit; with blob files the
+iterator has read the value of the record a read stops before (one value past the limit).
 """
 
 from __future__ import annotations
@@ -34,9 +46,10 @@ from __future__ import annotations
 import re
 import shutil
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +57,15 @@ import msgpack
 import rocksdict
 
 from actors.durable import rename_durably
-from config import ShardsConfig
+from config import ShardsConfig, StorageConfig
 from wire import formats
 from wire.formats import FormatRefused
 
 U64 = struct.Struct(">Q")
 TAG_LEN = struct.Struct(">H")
 FORMAT_VERSION = formats.SHARD.current
-DATA_CFS = ("records", "keys", "tags", "time", "groups", "staged")
+DATA_CFS = ("records", "keys", "tags", "time", "groups", "staged", "chunks")
+CHUNK_KEY = struct.Struct(">QI")  # offset, chunk number
 STAGED_KEY = struct.Struct(">QQH")  # txn, lsn, part
 CFS = (*DATA_CFS, "meta")
 KV_CF = "kv"  # the extra column family of a KV namespace's shard
@@ -64,14 +78,54 @@ class StoreFormatError(FormatRefused):
     old to be upgraded): refuse to open it rather than misread it."""
 
 
+def split_value(value: bytes, chunk_bytes: int) -> list[bytes]:
+    """``value`` in chunks of ``chunk_bytes`` (the last one shorter; none for b"")."""
+    assert chunk_bytes > 0
+    return [value[i:i + chunk_bytes] for i in range(0, len(value), chunk_bytes)]
+
+
+def chunk_count(length: int, chunk_bytes: int) -> int:
+    return -(-length // chunk_bytes)
+
+
+def join_chunks(chunks: Sequence[Any], length: int, chunk_bytes: int) -> bytes:
+    """The value of ``length`` bytes whose chunks of ``chunk_bytes`` these are; raises
+    ``ValueError`` when one is missing or of the wrong size (checked after the read, as
+    ``split_value``'s were before the write)."""
+    if len(chunks) != chunk_count(length, chunk_bytes):
+        raise ValueError(f"a value of {length} bytes in chunks of {chunk_bytes} has "
+                         f"{chunk_count(length, chunk_bytes)} chunks, not {len(chunks)}")
+    for i, chunk in enumerate(chunks):
+        want = min(chunk_bytes, length - i * chunk_bytes)
+        if type(chunk) is not bytes or len(chunk) != want:
+            got = "missing" if chunk is None else f"{len(chunk)} bytes"
+            raise ValueError(f"chunk {i} of a value of {length} bytes: {got}, not {want} bytes")
+    return b"".join(chunks)
+
+
+@dataclass(frozen=True, slots=True)
+class LargeValues:
+    """How the shards keep values over ``inline_bytes_max`` (``[storage]``)."""
+
+    inline_bytes_max: int
+    chunk_bytes: int
+    blob_files: bool  # RocksDB's blob files instead of chunks
+
+    @classmethod
+    def of(cls, storage: StorageConfig) -> LargeValues:
+        return cls(storage.inline_bytes_max, storage.chunk_bytes,
+                   storage.large_values == "blob_files")
+
+
 class StoreMemory:
     """What all the shards of one writer process share, so that memory stays bounded however
     many shards it holds: one memtable budget (RocksDB flushes early when it is reached,
     which is safe because a flush writes every column family together, applied LSN
-    included) and one block cache."""
+    included) and one block cache; and how they keep large values."""
 
     def __init__(self, memtable_bytes_max: int, block_cache_bytes: int,
-                 write_buffer_bytes: int) -> None:
+                 write_buffer_bytes: int, large: LargeValues) -> None:
+        self.large = large
         self.write_buffers = rocksdict.WriteBufferManager(memtable_bytes_max, False)
         self.block_cache = rocksdict.Cache(block_cache_bytes)
         self.block_cache_bytes = block_cache_bytes
@@ -92,9 +146,19 @@ class StoreMemory:
         return found["rocksdb.block.cache.hit"], found["rocksdb.block.cache.miss"]
 
     @classmethod
-    def of(cls, shards: ShardsConfig) -> StoreMemory:
+    def of(cls, shards: ShardsConfig, storage: StorageConfig) -> StoreMemory:
         """The budget ``[shards]`` of the configuration gives one writer process."""
-        return cls(shards.memtable_bytes_max, shards.block_cache_bytes, shards.write_buffer_bytes)
+        return cls(shards.memtable_bytes_max, shards.block_cache_bytes, shards.write_buffer_bytes,
+                   LargeValues.of(storage))
+
+    def records_options(self) -> rocksdict.Options:
+        """The ``records`` column family's: with ``blob_files``, RocksDB keeps the values over
+        ``inline_bytes_max`` in blob files beside the SSTs."""
+        o = self.options(self.write_buffer_bytes)
+        if self.large.blob_files:
+            o.set_enable_blob_files(True)
+            o.set_min_blob_size(self.large.inline_bytes_max + 1)
+        return o
 
     def options(self, write_buffer_bytes: int) -> rocksdict.Options:
         o = rocksdict.Options(raw_mode=True)
@@ -142,8 +206,10 @@ class ShardStore:
         self.kv = kv
         self.data_cfs = (*DATA_CFS, KV_CF) if kv else DATA_CFS
         names = (*self.data_cfs, "meta")
-        cfs = {name: mem.options(mem.write_buffer_bytes if name in ("records", KV_CF) else small)
+        cfs = {name: mem.records_options() if name == "records"
+               else mem.options(mem.write_buffer_bytes if name in ("chunks", KV_CF) else small)
                for name in names}
+        self.large = mem.large
         self.db = rocksdict.Rdict(str(path), options=opts, column_families=cfs)
         self.cf = {name: self.db.get_column_family(name) for name in names}
         self.h = {name: self.db.get_column_family_handle(name) for name in names}
@@ -194,17 +260,24 @@ class ShardStore:
         pack = msgpack.packb
         max_ts = self.max_ts
         offset = first
+        inline_max = 1 << 62 if self.large.blob_files else self.large.inline_bytes_max
         items = msgpack.unpackb(blob, raw=False, use_list=False)
         for item in items:
             off = U64.pack(offset)
             if type(item) is bytes:
                 ts = batch_ts
-                wb.put(off, pack((ts, None, (), item), use_bin_type=True), h_rec)
+                if len(item) > inline_max:
+                    wb.put(off, self._put_chunked(wb, off, (ts, None, ()), item), h_rec)
+                else:
+                    wb.put(off, pack((ts, None, (), item), use_bin_type=True), h_rec)
             else:
                 value, key, tags, ts = item
                 if ts is None:
                     ts = batch_ts
-                wb.put(off, pack((ts, key, tags, value), use_bin_type=True), h_rec)
+                if len(value) > inline_max:
+                    wb.put(off, self._put_chunked(wb, off, (ts, key, tags), value), h_rec)
+                else:
+                    wb.put(off, pack((ts, key, tags, value), use_bin_type=True), h_rec)
                 if key is not None:
                     wb.put(key, off, h_keys)
                 for tag in tags:
@@ -228,6 +301,22 @@ class ShardStore:
             else:
                 wb.put(key, value, h_kv)
         self.next_offset += len(items)
+
+    def _put_chunked(self, wb: rocksdict.WriteBatch, off: bytes, head: tuple[Any, ...],
+                     value: bytes) -> bytes:
+        """Put ``value``'s chunks at ``off``; returns its record: ``head`` (timestamp, key,
+        tags), a nil value, and ``[length, chunk_bytes]``."""
+        size = self.large.chunk_bytes
+        h_chunks = self.h["chunks"]
+        offset = U64.unpack(off)[0]
+        for i, chunk in enumerate(split_value(value, size)):
+            wb.put(CHUNK_KEY.pack(offset, i), chunk, h_chunks)
+        return bytes(msgpack.packb((*head, None, (len(value), size)), use_bin_type=True))
+
+    def _delete_chunks(self, wb: rocksdict.WriteBatch, offset: int) -> None:
+        """Delete the chunks of the record at ``offset``, if it has any (for whatever
+        removes a record: they are not an index of their own)."""
+        wb.delete_range(CHUNK_KEY.pack(offset, 0), U64.pack(offset + 1), self.h["chunks"])
 
     # ---- transactions ---------------------------------------------------------------
 
@@ -405,22 +494,45 @@ class ShardStore:
 
     # ---- reading ------------------------------------------------------------------------
 
-    @staticmethod
-    def _row(offset: int, raw: bytes) -> list[Any]:
-        ts, key, tags, value = msgpack.unpackb(raw, raw=False)
+    def _row(self, offset: int, fields: list[Any]) -> list[Any]:
+        """A read's row of the record at ``offset`` (its unpacked fields), chunks joined."""
+        if len(fields) == 4:
+            ts, key, tags, value = fields
+        else:
+            ts, key, tags, _nil, (length, chunk_bytes) = fields
+            value = self._join(offset, length, chunk_bytes)
         return [offset, ts, key, tags, value]
 
+    def _join(self, offset: int, length: int, chunk_bytes: int) -> bytes:
+        cf = self.cf["chunks"]
+        chunks = [cf.get(CHUNK_KEY.pack(offset, i))
+                  for i in range(chunk_count(length, chunk_bytes))]
+        try:
+            return join_chunks(chunks, length, chunk_bytes)
+        except ValueError as exc:
+            raise RuntimeError(f"shard {self.shard}: record at offset {offset}: {exc}") from None
+
+    @staticmethod
+    def _record(raw: bytes) -> tuple[list[Any], int]:
+        """A stored record's fields, and the bytes a read counts for it (a chunked value's
+        length: what joining it will take)."""
+        fields = msgpack.unpackb(raw, raw=False)
+        return fields, (len(raw) if len(fields) == 4 else fields[4][0])
+
     def read(self, offset: int, max_records: int, bytes_max: int = 1 << 62) -> list[Any]:
-        """Rows from ``offset``: at most ``max_records``, and stopping once ``bytes_max``
-        bytes are reached (so at least one row is always returned)."""
+        """Rows from ``offset``: at most ``max_records``, and stopping before the record that
+        would take them over ``bytes_max`` bytes (but at least one row is always returned),
+        so no chunked value past the limit is joined."""
         rows: list[Any] = []
         size = 0
         it = self.cf["records"].iter()
         it.seek(U64.pack(offset))
-        while it.valid() and len(rows) < max_records and size < bytes_max:
-            raw = it.value()
-            size += len(raw)
-            rows.append(self._row(U64.unpack(it.key())[0], raw))
+        while it.valid() and len(rows) < max_records:
+            fields, n = self._record(it.value())
+            if rows and size + n > bytes_max:
+                break
+            size += n
+            rows.append(self._row(U64.unpack(it.key())[0], fields))
             it.next()
         return rows
 
@@ -429,7 +541,9 @@ class ShardStore:
         if off is None:
             return []
         raw = self.cf["records"].get(off)
-        return [] if raw is None else [self._row(U64.unpack(off)[0], raw)]
+        if raw is None:
+            return []
+        return [self._row(U64.unpack(off)[0], self._record(raw)[0])]
 
     def read_by_tag(self, tag: str, offset: int, max_records: int,
                     bytes_max: int = 1 << 62) -> list[Any]:
@@ -440,15 +554,18 @@ class ShardStore:
         records = self.cf["records"]
         rows: list[Any] = []
         size = 0
-        while it.valid() and len(rows) < max_records and size < bytes_max:
+        while it.valid() and len(rows) < max_records:
             k = it.key()
             if not k.startswith(prefix) or len(k) != len(prefix) + 8:
                 break
             off = k[len(prefix):]
             raw = records.get(off)
             if raw is not None:
-                size += len(raw)
-                rows.append(self._row(U64.unpack(off)[0], raw))
+                fields, n = self._record(raw)
+                if rows and size + n > bytes_max:
+                    break
+                size += n
+                rows.append(self._row(U64.unpack(off)[0], fields))
             it.next()
         return rows
 

@@ -89,7 +89,7 @@ class ShardWriter(Actor):
         self.state_file = data / "writers" / f"{self.role}.lsn"
         self.stores: dict[Shard, ShardStore] = {}
         sc = self.cfg.shards
-        self.memory = StoreMemory.of(sc)
+        self.memory = StoreMemory.of(sc, self.cfg.storage)
         self.state = WriterState(
             self.role, PARKED_READS_MAX,
             read_wait_s=self.cfg.limits.request_timeout_ms / 1000,

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from config.cluster import Member
 
 CHECKPOINT_MODES = ("fuzzy", "blocking")
+LARGE_VALUES = ("chunks", "blob_files")  # how a shard keeps values over storage.inline_bytes_max
+CHUNK_BYTES_LIMIT = 64 * 1024 * 1024  # a chunk is one RocksDB value, written in one batch
 GROUP_BYTES_LIMIT = 48 * 1024 * 1024  # a group travels between actors as one frame (wire.codec)
 LOOPBACK_NAMES = ("localhost",)  # besides the loopback addresses (127.0.0.0/8, ::1)
 
@@ -87,6 +89,13 @@ class ShardsConfig:
 
 
 @dataclass(frozen=True)
+class StorageConfig:
+    inline_bytes_max: int
+    chunk_bytes: int
+    large_values: str
+
+
+@dataclass(frozen=True)
 class CacheConfig:
     bytes_max: int
 
@@ -120,6 +129,7 @@ class NodeConfig:
     log: LogConfig
     txn: TxnConfig
     shards: ShardsConfig
+    storage: StorageConfig
     cache: CacheConfig
     supervisor: SupervisorConfig
     cluster: ClusterConfig
@@ -150,6 +160,7 @@ _SECTION_TYPES: dict[str, type] = {
     "log": LogConfig,
     "txn": TxnConfig,
     "shards": ShardsConfig,
+    "storage": StorageConfig,
     "cache": CacheConfig,
     "supervisor": SupervisorConfig,
     "cluster": ClusterConfig,
@@ -294,8 +305,19 @@ def validate(cfg: NodeConfig) -> None:
                           f"limits.frame_bytes_max: {txn.bytes_max} < {lim.frame_bytes_max}")
     if cfg.cache.bytes_max < lim.value_bytes_max:
         raise ConfigError("cache.bytes_max must hold at least one record of limits.value_bytes_max")
+    _check_storage(cfg)
     _check_security(cfg)
     _validate_cluster(cfg)
+
+
+def _check_storage(cfg: NodeConfig) -> None:
+    st = cfg.storage
+    if st.large_values not in LARGE_VALUES:
+        raise ConfigError(f"storage.large_values must be one of {LARGE_VALUES}, "
+                          f"got {st.large_values!r}")
+    if st.chunk_bytes > CHUNK_BYTES_LIMIT:
+        raise ConfigError(f"storage.chunk_bytes must be at most {CHUNK_BYTES_LIMIT}: "
+                          f"got {st.chunk_bytes}")
 
 
 def _validate_cluster(cfg: NodeConfig) -> None:

@@ -134,7 +134,8 @@ def test_a_shard_of_a_format_not_read_refuses_to_start(make_node: MakeNode,
     (path,) = [d for d in (node.data_dir / "shards").iterdir() if d.is_dir()]
     current = formats.SHARD.current
     for version, says in ((current + 1, f"newer than format {current} of this shardnode"),
-                          (0, f"older than any this shardnode reads (1; it writes format "
+                          (0, f"older than any this shardnode reads "
+                              f"({', '.join(map(str, formats.SHARD.reads))}; it writes format "
                               f"{current}): no upgrade from format 0 exists yet")):
         # As another shardnode would have left it: RocksDB opened without ShardStore's check.
         raw = rocksdict.Options(raw_mode=True)

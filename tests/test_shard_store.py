@@ -59,7 +59,8 @@ class Model:
 @functools.cache
 def memory() -> StoreMemory:
     """One budget for every store of this module, as one writer process has: the defaults'."""
-    return StoreMemory.of(load_config().shards)
+    cfg = load_config()
+    return StoreMemory.of(cfg.shards, cfg.storage)
 
 
 class Shard:
@@ -314,7 +315,7 @@ def test_a_store_older_than_any_format_read_is_refused_saying_no_upgrade_exists(
     with pytest.raises(StoreFormatError) as info:
         ShardStore(path, 3, 1, memory())
     assert str(info.value).startswith(f"shard {path} has format 0, older than any this "
-                                      f"shardnode reads (1; it writes format {FORMAT_VERSION}): "
+                                      f"shardnode reads (1, 2, 3; it writes format {FORMAT_VERSION}): "
                                       f"no upgrade from format 0 exists yet")
 
 

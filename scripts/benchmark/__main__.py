@@ -7,9 +7,10 @@ workloads against peers in the same run, on the same machine.
     scripts/bench ingest-batched ingest-single read-tail --peers rabbitmq
     scripts/bench spark --repeat 3
     scripts/bench cluster --repeat 3 --peers none
+    scripts/bench large-values --repeat 2 --peers none
 
 Scenarios: ingest-batched, ingest-single, read-tail, read-key, recovery, checkpoint, txn;
-spark and cluster, only when named.
+spark, cluster and large-values, only when named.
 Systems: shardnode (the node, started here on a fresh data dir); redis (Redis Streams,
 ``appendfsync always``, started here on a free loopback port); rabbitmq (quorum queues,
 publisher confirms, started here on free loopback ports: ingest-batched, ingest-single and
@@ -22,7 +23,9 @@ transaction, and Redis MULTI/XADD/EXEC (redis). ``spark``: one SparkSession writ
 rows through the shardnode sink (exactly_once, at_least_once), to Parquet files and to a
 bare ZeroMQ socket, and reading them back through the shardnode source and from Parquet.
 ``cluster``: clusters of 1, 2 and 3 members started here, written to through routed clients
-and through one member that forwards.
+and through one member that forwards. ``large-values``: values of 1 MiB and 10 MiB written
+and read back through a node keeping them in chunks and one leaving them to RocksDB's blob
+files.
 
 Every client workload runs in its own process (spawn start method): the parent starts the
 servers, lines the clients up, fires them together, samples the servers' RSS and collects

@@ -118,6 +118,13 @@ class Row:
     # the cluster scenario only (None elsewhere; cpu_s: each member's and the clients')
     nodes: int | None = None            # members of the cluster
     routing: str | None = None          # routed | forwarded
+    # the large-values scenario only (None elsewhere; msgs/s and MB/s: the ingest's)
+    way: str | None = None              # [storage] large_values: chunks | blob_files
+    value_bytes: int | None = None      # the size of every value written
+    read_mb_per_s: float | None = None  # reading them all back, from the shards
+    sst_mb: float | None = None         # SST files under the shards after a clean stop
+    blob_mb: float | None = None        # blob files under the shards after a clean stop
+    writer_rss_mb: float | None = None  # the largest RSS of the writer processes together
 
     @classmethod
     def of(cls, scenario: str, system: str, m: Measurement, note: str = "") -> Row:
@@ -136,7 +143,8 @@ def median_row(rows: Sequence[Row]) -> Row:
     first = rows[0]
     out = replace(first, runs=len(rows), errors=sum(r.errors for r in rows))
     for name in ("msgs_per_s", "mb_per_s", "p50_ms", "p99_ms", "rss_mb", "seconds",
-                 "checkpoint_ms", "p99_ratio", "backlog_s"):
+                 "checkpoint_ms", "p99_ratio", "backlog_s", "read_mb_per_s", "sst_mb",
+                 "blob_mb", "writer_rss_mb"):
         setattr(out, name, med([getattr(r, name) for r in rows]))
     out.records = int(statistics.median(r.records for r in rows))
     counts = [r.checkpoints for r in rows if r.checkpoints is not None]

@@ -22,6 +22,7 @@ from .settings import (
     DISK,
     EXACTLY_ONCE,
     INSIDE,
+    LARGE_VALUES,
     REDIS,
     ROUTED,
     SHARDNODE,
@@ -264,7 +265,32 @@ def print_cluster_table(rows: list[Row], s: Settings) -> None:
         console.print(f"  {r.note}{errors}", highlight=False)
 
 
+def print_large_values_table(rows: list[Row]) -> None:
+    n = max((r.runs for r in rows), default=1)
+    runs = "1 run" if n == 1 else f"median of {n} runs"
+    t = Table(title=f"{LARGE_VALUES}  ({runs})", title_justify="left")
+    for col in ("value", "kept in", "values", "ingest MB/s", "read MB/s", "SST MB", "blob MB",
+                "writers' RSS MB"):
+        t.add_column(col, justify="left" if col == "kept in" else "right", no_wrap=True)
+    for r in sorted(rows, key=lambda r: (r.value_bytes or 0, r.way or "")):
+        t.add_row(f"{(r.value_bytes or 0) / (1 << 20):g} MiB", r.way or "", str(r.records),
+                  _num(r.mb_per_s, 1), _num(r.read_mb_per_s, 1), _num(r.sst_mb),
+                  _num(r.blob_mb), _num(r.writer_rss_mb))
+    (console if console.is_terminal else Console(width=120)).print(t)  # a file: don't crop
+    console.print("  ingest: one value a request, one at a time, until the shard writer has "
+                  "applied the last (a read by key of it answers); read: every value back by "
+                  "offset from a restarted node (the shards, not the cache); SST/blob MB: the "
+                  "shards' files after a clean stop (MB = 10^6 bytes); RSS: the two writer "
+                  "processes together, the largest sampled in ingest and read", highlight=False)
+    for r in rows:
+        errors = f" [red]{r.errors} errors[/red]" if r.errors else ""
+        console.print(f"  {r.note}{errors}", highlight=False)
+
+
 def print_table(scenario: str, rows: list[Row], s: Settings) -> None:
+    if scenario == LARGE_VALUES:
+        print_large_values_table(rows)
+        return
     if scenario == CLUSTER:
         print_cluster_table(rows, s)
         return

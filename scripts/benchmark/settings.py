@@ -58,6 +58,11 @@ TXN_OPS = ("begin", "produce", "commit")  # a node transaction's round trips, ti
 # to start (not counted).
 SPARK = "spark"
 CLUSTER = "cluster"
+LARGE_VALUES = "large-values"
+LARGE_WAYS = ("chunks", "blob_files")  # [storage] large_values of the scenario's two nodes
+LARGE_SIZES = (1 << 20, 10 << 20)      # value bytes: 1 MiB and 10 MiB
+LARGE_TOTAL_BYTES = 200 << 20          # written by each run of each (way, size): 200 MiB
+LARGE_QUICK_BYTES = 20 << 20           # ... with --quick
 CLUSTER_SIZES = (1, 2, 3)   # members of the clusters the cluster scenario starts
 ROUTED = "routed"           # cluster: each request to its partition's owner
 FORWARDED = "forwarded"     # cluster: every request to member 1, which forwards the rest

@@ -13,11 +13,12 @@ from collections.abc import Callable, Sequence
 from ..bench import Bench, Runs
 from ..measure import Row, median_row
 from ..peers.base import Server
-from ..settings import AT_LEAST_ONCE, CLUSTER, DISK, SHARDNODE, SPARK, TXN
+from ..settings import AT_LEAST_ONCE, CLUSTER, DISK, LARGE_VALUES, SHARDNODE, SPARK, TXN
 from .checkpoint import checkpoint
 from .cluster import cluster
 from .ingest_batched import ingest_batched
 from .ingest_single import ingest_single
+from .large_values import large_values
 from .read_key import read_key
 from .read_tail import read_tail
 from .recovery import recovery
@@ -37,10 +38,11 @@ SCENARIOS: dict[str, Callable[[Bench, Server], Result]] = {
     TXN: txn,
     SPARK: spark,
     CLUSTER: cluster,
+    LARGE_VALUES: large_values,
 }
 # Run only when named: Spark needs Java, a JVM of about 1 GB, 10-30 s; the cluster scenario
-# starts three clusters (six more nodes).
-NAMED_ONLY = (SPARK, CLUSTER)
+# starts three clusters (six more nodes); large-values writes 200 MiB four times over.
+NAMED_ONLY = (SPARK, CLUSTER, LARGE_VALUES)
 INGEST = ("ingest-batched", "ingest-single")  # the scenarios that show the references
 
 
