@@ -317,5 +317,6 @@ class FrontDoor(Actor):
             "forwarded": s.forwarded,
             "kv_gets_cached": s.kv_gets_cached,
             **s.kv.figures(),
+            **s.memory.figures(),
         }
 

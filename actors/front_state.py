@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, assert_never
@@ -30,6 +31,7 @@ from actors.cluster_state import (
 )
 from actors.instructions import Produce, Reply, Request, ToPeer
 from actors.kv_state import Generation, KeyOp, KvState, Load, Refused, Send, Step
+from actors.memory_topics import MemoryTopics, OutOfRange
 from actors.roles import (
     CACHE_MANAGER,
     LOG_MANAGER,
@@ -87,7 +89,7 @@ from wire.messages import (
 )
 from wire.placement import place
 from wire.protocol import KV_PREFIX, Topic, kv_topic
-from wire.records import check_batch, key_of
+from wire.records import check_batch, key_of, pack_read
 
 log = logging.getLogger("shardnode")
 
@@ -121,6 +123,10 @@ KV_OPS = frozenset({"kv_put", "kv_get", "kv_delete", "kv_scan", "kv_cas"})
 KV_CREATING_OPS = frozenset({"kv_put", "kv_cas", "txn_kv"})
 # Commits: a namespace they may change is not answered from the cache meanwhile.
 COMMIT_OPS = frozenset({"txn_commit", "xa_commit"})
+TOPIC_SETTING_FIELDS = ("storage",)
+# Reads a memory topic answers from the front door's memory.
+MEMORY_READ_OPS = frozenset({"read", "read_by_key", "read_by_tag", "offset_for_timestamp",
+                             "end_offsets"})  # create_topic's fields that are topic settings
 TXN_TRACKED_OPS = COMMIT_OPS | {"txn_begin", "xa_start", "txn_abort", "xa_rollback"}
 TXNS_REMEMBERED_MAX = 65536  # transactions begun here whose KV namespaces the front door knows
 
@@ -187,6 +193,9 @@ class FrontDoorState:
         self.parked: list[tuple[bytes, int, str, dict[str, Any], bool]] = []
         # Topic creations and deletions the catalog member answered: replied once copied.
         self.after_pull: list[tuple[bytes, int, Fields, bool]] = []
+        # Memory topics' records (actors/memory_topics.py), and which topics are such.
+        self.memory = MemoryTopics(cfg.storage.memory_bytes_max)
+        self.memory_tids: set[int] = set()
         # Key/value: the cache and each key's writes (actors/kv_state.py).
         self.kv = KvState(cfg.limits.kv_cache_bytes_max)
         self.kv_late: dict[int, KeyOp] = {}  # KV writes sent that timed out: their answers
@@ -334,6 +343,10 @@ class FrontDoorState:
                 return routed
         if op == "produce":  # the hot path
             return [self.produce(identity, rid, req, now)]
+        if op in MEMORY_READ_OPS and self.memory_tids:
+            t = self.topic(req["topic"])
+            if t.topic_id in self.memory_tids:
+                return [self.memory_read(identity, rid, op, req, t)]
         if op == "txn_produce":
             return [self.txn_produce(identity, rid, req, now)]
         if op in KV_OPS:
@@ -478,6 +491,13 @@ class FrontDoorState:
         by_owner: dict[int, list[PartRow]] = {}
         for part in parts:
             by_owner.setdefault(t.owner(part[1]), []).append(part)
+        if t.topic_id in self.memory_tids:
+            if list(by_owner) == [c.me]:
+                return [self.memory_produce(identity, rid, req, parts, assign, now)]
+            if len(by_owner) > 1:
+                raise NodeError(f"the records of this batch belong to partitions of memory topic "
+                                f"{t.name!r} on several members: send each its own (a client "
+                                f"of the cluster, NodeClient([...]), does)", ErrorCode.BAD_REQUEST)
         if list(by_owner) == [c.me]:  # all here: on to be logged, split once
             corr = self.wait(identity, rid, now, assign)
             self.pending[corr].topic_id = t.topic_id
@@ -512,10 +532,18 @@ class FrontDoorState:
         assert c is not None
         parent = self.wait(identity, rid, now)
         self.pending[parent].gather = Gather("end_offsets", len(others) + 1, topic=t)
-        corr = self.wait(b"", 0, now)
-        w = self.pending[corr]
-        w.parent, w.member = parent, c.me
-        out: list[Out] = [Request(LOG_MANAGER, corr, EndOffsets(corr, t.topic_id))]
+        out: list[Out] = []
+        if t.topic_id in self.memory_tids:  # this member's part from its memory
+            g = self.pending[parent].gather
+            assert g is not None
+            g.replies[c.me] = {"offsets": [self.memory.end_offset(t.topic_id, p)
+                                           for p in range(t.partitions)]}
+            g.left -= 1
+        else:
+            corr = self.wait(b"", 0, now)
+            w = self.pending[corr]
+            w.parent, w.member = parent, c.me
+            out.append(Request(LOG_MANAGER, corr, EndOffsets(corr, t.topic_id)))
         for member in others:
             out += self.forward(b"", 0, req, now, member, parent=parent)
         return out
@@ -587,7 +615,7 @@ class FrontDoorState:
             corr = self.wait(b"", 0, self.clock)
             self.pending[corr].then = self.copied(t, deleted=False)
             out.append(Request(self.writes_to, corr, CreateTopic(
-                corr, t.name, t.partitions, list(t.owners), t.topic_id)))
+                corr, t.name, t.partitions, list(t.owners), t.topic_id, dict(t.settings))))
         return out
 
     def copied(self, topic: Topic, deleted: bool) -> Then:
@@ -694,11 +722,13 @@ class FrontDoorState:
     def create_topic(self, req: dict[str, Any]) -> Target:
         name, partitions = req["name"], req["partitions"]
         protocol.check_name("topic name", name)
+        settings = protocol.topic_settings({k: req[k] for k in TOPIC_SETTING_FIELDS if k in req})
         owners: list[int] = []
         if self.cluster is not None and 1 <= partitions <= self.lim.partitions_max:
             # The catalog member places the partitions, once: the placement is metadata.
             owners = list(place(name, partitions, self.cluster.members))
-        return self.writes_to, lambda c: CreateTopic(c, name, partitions, owners)
+        return self.writes_to, lambda c: CreateTopic(c, name, partitions, owners,
+                                                     settings=settings)
 
     def delete_topic(self, req: dict[str, Any]) -> Target:
         name = req["name"]
@@ -728,10 +758,13 @@ class FrontDoorState:
         n: int = req["max_records"]
         return min(n, self.lim.read_records_max)
 
-    def produce(self, identity: bytes, rid: int, req: dict[str, Any], now: float) -> Produce:
+    def produce(self, identity: bytes, rid: int, req: dict[str, Any], now: float
+                ) -> Produce | Reply:
         # Round-robin by the producer's sequence number: a retry of the same request
         # places its records exactly as the first attempt did.
         parts, assign = self.split(req, req["producer_id"] + req["seq"])
+        if parts[0][0] in self.memory_tids:
+            return self.memory_produce(identity, rid, req, parts, assign, now)
         corr = self.wait(identity, rid, now, assign)
         self.pending[corr].topic_id = parts[0][0]  # its acknowledgement invalidates reads
         return Produce(corr, (req["producer_id"], req["seq"], parts))
@@ -770,6 +803,9 @@ class FrontDoorState:
     def txn_produce(self, identity: bytes, rid: int, req: dict[str, Any], now: float) -> Request:
         txn, seq = req["txn"], req["seq"]
         parts, assign = self.split(req, txn + seq)
+        if parts[0][0] in self.memory_tids:
+            raise NodeError(f"{req['topic']!r} is a memory topic: its records are not logged, so "
+                            f"they take no part in transactions", ErrorCode.BAD_REQUEST)
         if txn in self.kv_txns:  # its commit makes cached reads of the topic stale
             self.kv_txns[txn].add(parts[0][0])
         corr = self.wait(identity, rid, now, assign)
@@ -789,6 +825,48 @@ class FrontDoorState:
     def txn_step(self, req: dict[str, Any], step: str) -> Target:
         txn, xid, writes = req.get("txn", 0), req.get("xid"), req.get("writes", -1)
         return TRANSACTION_MANAGER, lambda c: TxnStep(c, txn, xid, step, writes)
+
+    # ---- memory topics: their records are here (actors/memory_topics.py) ---------------
+
+    def memory_produce(self, identity: bytes, rid: int, req: dict[str, Any],
+                       parts: list[PartRow], assign: list[int] | None, now: float) -> Reply:
+        """Keep the records, and answer at once: nothing is logged (``lsn`` 0)."""
+        pid, seq = req["producer_id"], req["seq"]
+        placed = self.memory.seen(pid, seq)
+        if placed is None:
+            rows = [(tid, p, msgpack.unpackb(blob, raw=False)) for tid, p, _n, blob in parts]
+            placed = self.memory.append(pid, seq, rows, int(time.time() * 1000))
+        fields: Fields = {"lsn": 0, "parts": placed}
+        if assign is not None:
+            fields["assign"] = assign
+        return Reply(identity, protocol.ok(rid, **fields))
+
+    def memory_read(self, identity: bytes, rid: int, op: str, req: dict[str, Any],
+                    t: Topic) -> Reply:
+        m, tid = self.memory, t.topic_id
+        if op == "end_offsets":
+            offsets = [m.end_offset(tid, p) for p in range(t.partitions)]
+            return Reply(identity, protocol.ok(rid, offsets=offsets))
+        p = self.partition(t.name, req["partition"])[1]
+        bytes_max = self.lim.read_bytes_max
+        try:
+            if op == "read":
+                rows = m.read(tid, p, req["offset"], self.records_max(req), bytes_max)
+            elif op == "read_by_key":
+                rows = m.read_by_key(tid, p, req["key"])
+            elif op == "read_by_tag":
+                rows = m.read_by_tag(tid, p, req["tag"], req["offset"], self.records_max(req),
+                                     bytes_max)
+            else:
+                value = m.offset_for_timestamp(tid, p, req["timestamp"])
+                return Reply(identity, protocol.ok(rid, value=value))
+        except OutOfRange as exc:
+            self.errors += 1
+            return Reply(identity, protocol.error(
+                rid, ErrorCode.OFFSET_OUT_OF_RANGE,
+                f"partition {p} of memory topic {t.name!r} keeps offsets from {exc.earliest} "
+                f"(the oldest went over storage.memory_bytes_max) (earliest: {exc.earliest})"))
+        return Reply(identity, protocol.ok(rid, records=pack_read(rows)))
 
     # ---- key/value: the cache and each key's writes are actors/kv_state.py -------------
 
@@ -1127,6 +1205,10 @@ class FrontDoorState:
         if msg.version >= self.catalog_version:
             self.catalog_version = msg.version
             self.topics = {t.name: t for t in msg.topics}
+            memory = {t.topic_id for t in msg.topics if t.storage == "memory"}
+            for tid in self.memory_tids - memory:
+                self.memory.drop(tid)  # deleted
+            self.memory_tids = memory
             # A restarted front door has acknowledged nothing yet, but its clients may have
             # been told of writes up to the durable LSN: reads wait for those too.
             self.lsn_seen = max(self.lsn_seen, msg.version, msg.durable_lsn)

@@ -93,6 +93,7 @@ class StorageConfig:
     inline_bytes_max: int
     chunk_bytes: int
     large_values: str
+    memory_bytes_max: int
 
 
 @dataclass(frozen=True)

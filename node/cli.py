@@ -8,7 +8,7 @@
     shardnode compact TOPIC            (compact the topic's shards on this node)
     shardnode snapshot export DIR      (a point-in-time copy of this node, taken while it serves)
     shardnode start --data-dir NEW --from-snapshot DIR   (a new node from that copy)
-    shardnode create-topic NAME [--partitions N]
+    shardnode create-topic NAME [--partitions N] [--storage rocksdb|memory]
     shardnode topics
     shardnode delete-topic NAME
     shardnode produce TOPIC VALUE... [--key K] [--partition P]
@@ -300,7 +300,7 @@ def cmd_snapshot_export(args: argparse.Namespace) -> int:
 
 def cmd_create_topic(args: argparse.Namespace) -> int:
     with _client(args) as c:
-        c.create_topic(args.name, args.partitions)
+        c.create_topic(args.name, args.partitions, args.storage)
     print(f"created topic {args.name} with {args.partitions} partition(s)")
     return 0
 
@@ -318,8 +318,9 @@ def cmd_topics(args: argparse.Namespace) -> int:
     t = Table(title="topics")
     t.add_column("name")
     t.add_column("partitions", justify="right")
+    t.add_column("storage")
     for topic in topics:
-        t.add_row(topic.name, str(topic.partitions))
+        t.add_row(topic.name, str(topic.partitions), topic.storage)
     console.print(t)
     return 0
 
@@ -534,6 +535,9 @@ def build_parser() -> argparse.ArgumentParser:
     client_args(s)
     s.add_argument("name")
     s.add_argument("--partitions", type=int, default=1)
+    s.add_argument("--storage", choices=("rocksdb", "memory"), default=None,
+                   help="memory: records kept in memory within storage.memory_bytes_max, "
+                   "acknowledged without a log write, gone when the node restarts")
     s.set_defaults(func=cmd_create_topic)
 
     s = sub.add_parser("delete-topic", help="delete a topic and its records")

@@ -82,6 +82,7 @@ XA_START_ATTEMPTS = 3  # an xa_start rolled back by restarts before it was answe
 class TopicInfo:
     name: str
     partitions: int
+    storage: str = "rocksdb"
 
 
 def _as_bytes(value: bytes | str) -> bytes:
@@ -373,8 +374,14 @@ class NodeClient:
 
     # ---- topics -------------------------------------------------------------------
 
-    def create_topic(self, name: str, partitions: int = 1) -> None:
-        self.call("create_topic", name=name, partitions=partitions)
+    def create_topic(self, name: str, partitions: int = 1, storage: str | None = None) -> None:
+        """``storage``: "rocksdb" (the default: every acknowledged record durable) or
+        "memory" (records kept by the node's front door within ``storage.memory_bytes_max``,
+        acknowledged without a log write, gone when the node restarts; the topic stays)."""
+        fields: dict[str, Any] = {"name": name, "partitions": partitions}
+        if storage is not None:
+            fields["storage"] = storage
+        self.call("create_topic", **fields)
         self._partitions[name] = partitions
 
     def delete_topic(self, name: str) -> None:
@@ -391,7 +398,7 @@ class NodeClient:
         self._partitions = {t.name: t.partitions for t in topics}
         self._owners = {t.name: t.owners for t in topics if t.owners}
         # KV namespaces are topics of the catalog too (kv:<name>): ``kv_namespaces`` lists them.
-        return [TopicInfo(t.name, t.partitions) for t in topics
+        return [TopicInfo(t.name, t.partitions, t.storage) for t in topics
                 if not t.name.startswith(KV_PREFIX)]
 
     def partitions(self, topic: str) -> int:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from actors.memory_topics import RECORD_OVERHEAD_BYTES, MemoryTopics, OutOfRange
+from node.client import Record
+from wire.errors import NodeError, OffsetOutOfRange
+
+if TYPE_CHECKING:
+    from tests.conftest import MakeNode
 
 
 def test_records_get_offsets_and_read_back_by_offset_key_tag_and_time() -> None:
@@ -59,3 +66,47 @@ def test_a_deleted_topic_frees_its_bytes() -> None:
     m.drop(3)
     assert m.end_offset(3, 0) == 0 and m.end_offset(4, 0) == 1
     assert m.bytes == RECORD_OVERHEAD_BYTES + 1
+
+
+# ---- on a real node --------------------------------------------------------------------
+
+
+def test_a_memory_topic_on_a_node_is_served_from_memory_and_empty_after_a_restart(
+        make_node: MakeNode) -> None:
+    n = make_node("[storage]\nmemory_bytes_max = 200000\n")
+    with n.client() as c:
+        c.create_topic("fast", partitions=2, storage="memory")
+        c.create_topic("slow", partitions=1)
+        assert {(t.name, t.storage) for t in c.list_topics()} == {("fast", "memory"),
+                                                                 ("slow", "rocksdb")}
+        placed = c.produce_batch("fast", [Record(b"v%d" % i, key=b"k%d" % (i % 3),
+                                                 tags=("t",) if i % 2 else ())
+                                          for i in range(10)])
+        assert len(placed) == 10
+        before = c.status()["log"]["last_lsn"]
+        _p, off = c.produce("fast", b"one more", partition=1)
+        assert c.status()["log"]["last_lsn"] == before  # nothing was logged
+        assert [r.value for r in c.read("fast", 1, off)] == [b"one more"]
+        assert c.read_by_key("fast", b"k1") is not None
+        assert c.end_offsets("fast") == [sum(1 for q, _o in placed if q == 0),
+                                         sum(1 for q, _o in placed if q == 1) + 1]
+        c.commit_offset("g", "fast", 1, off + 1)  # consumer offsets are durable, as any topic's
+        # Past the budget the oldest go, and a read below says where the partition starts.
+        for _ in range(30):
+            c.produce_batch("fast", [b"x" * 1000] * 10, partition=0)
+        with pytest.raises(OffsetOutOfRange) as info:
+            c.read("fast", 0, 0)
+        assert info.value.earliest > 0
+        assert c.read("fast", 0, info.value.earliest)[0].offset == info.value.earliest
+        with pytest.raises(NodeError, match="memory topic"), c.transaction() as tx:
+            tx.produce("fast", b"no")
+    n.stop()
+    n.start()
+    with n.client() as c:
+        assert [(t.name, t.storage) for t in c.list_topics() if t.name == "fast"] == [
+            ("fast", "memory")]  # the topic stays
+        assert c.end_offsets("fast") == [0, 0]  # its records do not
+        assert c.read("fast", 1, 0) == []
+        assert c.committed_offset("g", "fast", 1) == off + 1
+        c.produce("fast", b"again", partition=1)
+        assert [r.value for r in c.read("fast", 1, 0)] == [b"again"]

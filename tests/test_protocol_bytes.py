@@ -177,8 +177,10 @@ def test_produce_replies_keep_their_bytes(front: FrontDoorState) -> None:
 def test_answers_keep_their_bytes(front: FrontDoorState) -> None:
     out = ask(front, "list_topics", 13)
     topics = [Topic("events", 4, 1), Topic("one", 1, 2)]
+    # (Each row gained its settings, a map: empty here, \x80.)
     assert answer(front, TopicsReply(out.corr, topics)) == (
-        b"\x83\xa6topics\x92\x94\xa6events\x04\x01\x90\x94\xa3one\x01\x02\x90\xa2id\r\xa2ok\xc3")
+        b"\x83\xa6topics\x92\x95\xa6events\x04\x01\x90\x80\x95\xa3one\x01\x02\x90\x80"
+        b"\xa2id\r\xa2ok\xc3")
     out = ask(front, "read", 14, topic="events", partition=0, offset=0, max_records=10)
     records = pack_read([[0, 1700000000000, b"k1", ["red"], b"hello"]])
     assert answer(front, RecordsReply(out.corr, records, 40)) == (

@@ -595,6 +595,7 @@ EXPECTED_CLASS: dict[ErrorCode, type[NodeError]] = {
     ErrorCode.TXN_LIMIT: errors.TransactionLimit,
     ErrorCode.TXN_ABORTED: errors.TransactionAborted,
     ErrorCode.TXN_CONFLICT: errors.TransactionConflict,
+    ErrorCode.OFFSET_OUT_OF_RANGE: errors.OffsetOutOfRange,
     ErrorCode.XAER_NOTA: errors.XAERNota,
     ErrorCode.XAER_PROTO: errors.XAERProto,
     ErrorCode.XAER_DUPID: errors.XAERDupid,

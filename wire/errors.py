@@ -23,6 +23,7 @@ class ErrorCode(enum.IntEnum):
     INVALID_NAME = 13
     NOT_OWNER = 14  # the partition lives on another member of the cluster (the message names it)
     CROSS_NODE = 15  # a transaction would span members of a cluster (use XA across them)
+    OFFSET_OUT_OF_RANGE = 16  # a read below the earliest offset kept (the message names it)
     STALE_SEQUENCE = 20  # a producer sequence number older than the remembered window
     BUSY = 30  # a bounded queue is full; retry later
     TIMEOUT = 31  # the node did not finish the request in time; retry (produce is idempotent)
@@ -80,6 +81,18 @@ class NotOwner(NodeError):
     """The partition lives on another member: the client refreshes its map and retries."""
 
     code = ErrorCode.NOT_OWNER
+
+
+class OffsetOutOfRange(NodeError):
+    """A read below the partition's earliest offset still kept; ``earliest`` is that offset
+    (the message ends with it: ``... (earliest: N)``)."""
+
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
+
+    @property
+    def earliest(self) -> int:
+        tail = self.message.rpartition("(earliest: ")[2].rstrip(")")
+        return int(tail) if tail.isdigit() else 0
 
 
 class CrossNode(NodeError):
@@ -171,6 +184,7 @@ _BY_CODE: dict[ErrorCode, type[NodeError]] = {
     ErrorCode.TOPIC_EXISTS: TopicExists,
     ErrorCode.NOT_OWNER: NotOwner,
     ErrorCode.CROSS_NODE: CrossNode,
+    ErrorCode.OFFSET_OUT_OF_RANGE: OffsetOutOfRange,
     ErrorCode.STALE_SEQUENCE: StaleSequence,
     ErrorCode.BUSY: Busy,
     ErrorCode.TIMEOUT: RequestTimeout,

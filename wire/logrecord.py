@@ -10,8 +10,10 @@ so a record moved to the wrong place or given the wrong LSN fails its check too.
 Bodies, by kind (msgpack arrays, fields in this order):
 
     PRODUCE        [producer_id, seq, timestamp_ms, [[topic_id, partition, first_offset, count, blob], ...]]
-    TOPIC_CREATE   [topic_id, name, partitions, owners]   owners: the owning member's id of each
-                   partition in a cluster, [] on a single node (and absent before clusters)
+    TOPIC_CREATE   [topic_id, name, partitions, owners, settings]   owners: the owning member's
+                   id of each partition in a cluster, [] on a single node (and absent before
+                   clusters); settings: a map of those not at their defaults
+                   (``wire.protocol.TOPIC_SETTINGS``; absent when there are none)
     TOPIC_DELETE   [topic_id, name]
     OFFSET_COMMIT  [group, topic_id, partition, offset]
 

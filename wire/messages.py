@@ -79,6 +79,7 @@ class CreateTopic(Message):
     # the topic's id when a member copies the catalog member's topic (0: the next free id).
     owners: list[int] = dataclasses.field(default_factory=list)
     topic_id: int = 0
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)  # wire.protocol.Topic's
 
 
 @message(12)

@@ -61,16 +61,48 @@ class Topic(NamedTuple):
     # The member id owning each partition, in partition order (``wire.placement``); empty on
     # a single node, where this node owns them all.
     owners: tuple[int, ...] = ()
+    # What was set at its creation, by name, only those not at their defaults (TOPIC_SETTINGS):
+    # ``storage`` ("rocksdb", or "memory": records kept by the front door, never logged).
+    settings: dict[str, Any] = {}  # noqa: RUF012 (a NamedTuple default, never changed in place)
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> Topic:
         """A topic from its msgpack array (where ``owners`` comes back as a list)."""
         name, partitions, topic_id, *rest = row
-        return cls(name, partitions, topic_id, tuple(rest[0]) if rest else ())
+        return cls(name, partitions, topic_id, tuple(rest[0]) if rest else (),
+                   dict(rest[1]) if len(rest) > 1 else {})
+
+    @property
+    def storage(self) -> str:
+        return str(self.settings.get("storage", "rocksdb"))
 
     def owner(self, partition: int) -> int:
         """The member id owning ``partition``; 0 on a single node."""
         return self.owners[partition] if self.owners else 0
+
+
+
+# A topic's settings, their defaults and the values they may take (None: any).
+TOPIC_SETTINGS: dict[str, tuple[Any, tuple[Any, ...] | None]] = {
+    "storage": ("rocksdb", ("rocksdb", "memory")),
+}
+
+
+def topic_settings(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a new topic that differ from their defaults, checked; raises
+    ``BadRequest`` naming one that is unknown or out of its range."""
+    out = {}
+    for name, value in given.items():
+        known = TOPIC_SETTINGS.get(name)
+        if known is None:
+            raise BadRequest(f"unknown topic setting {name!r}; known: {sorted(TOPIC_SETTINGS)}")
+        default, allowed = known
+        if allowed is not None and value not in allowed:
+            raise BadRequest(f"topic setting {name!r} must be one of {list(allowed)}, got "
+                             f"{value!r}")
+        if value != default:
+            out[name] = value
+    return out
 
 
 class Placed(NamedTuple):
@@ -187,7 +219,10 @@ OPS: dict[str, Op] = {op.name: op for op in (
               Field("assign", _ARRAY, "the partition of each record, in batch order, when "
                     "the batch was split by key", required=False))),
     Op("create_topic", "create a topic", retry=False,
-       request=(NAME, Field("partitions", _INT, "1 .. 1024 partitions")),
+       request=(NAME, Field("partitions", _INT, "1 .. 1024 partitions"),
+                Field("storage", _STR, "`rocksdb` (the default: logged, durable) or `memory` "
+                      "(kept by the front door within `storage.memory_bytes_max`, answered "
+                      "without a log write, empty after a restart)", required=False)),
        reply=(LSN,)),
     Op("delete_topic", "delete a topic and its partitions", retry=False,
        request=(NAME,),
