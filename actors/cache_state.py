@@ -105,6 +105,11 @@ class CacheState:
             elif entry.kind == Kind.TOPIC_DELETE:
                 topic_id, _name = entry.body()
                 self.drop_topic(topic_id)
+            elif entry.kind == Kind.DELETE:
+                # A record deleted: what is cached of its partition goes (reads go to the
+                # shard, which no longer has it).
+                topic_id, partition, _offset, _key = entry.body()
+                self.drop_shard((topic_id, partition))
         self.seen_lsn = max(self.seen_lsn, last_lsn)
 
     def _add(self, shard: Shard, e: Entry) -> None:
@@ -145,6 +150,15 @@ class CacheState:
         for shard in [s for s in self.starts if s[0] == topic_id]:
             del self.starts[shard]
             self.end.pop(shard, None)
+
+    def drop_shard(self, shard: Shard) -> None:
+        starts = self.starts.pop(shard, None)
+        if starts is None:
+            return
+        for first in starts.offsets[starts.head:]:
+            e = self.entries.pop((shard, first), None)
+            if e is not None:
+                self.bytes -= len(e.blob) + ENTRY_OVERHEAD_BYTES
 
     def keep_topics(self, topic_ids: set[int]) -> None:
         for topic_id in {s[0] for s in self.starts} - topic_ids:

@@ -34,6 +34,7 @@ from wire.messages import (
     Catalog,
     CommitOffset,
     CreateTopic,
+    DeleteRecord,
     DeleteTopic,
     Done,
     ErrorReply,
@@ -57,7 +58,7 @@ from wire.messages import (
 log = logging.getLogger("shardnode")
 
 # The writes other than produce, which ride in a write burst (``Writes``) at their place.
-BURST_WRITES = (CreateTopic, DeleteTopic, CommitOffset)
+BURST_WRITES = (CreateTopic, DeleteTopic, CommitOffset, DeleteRecord)
 
 CLIENT_BURST_MAX = 1024  # client requests read per poll before looking at the mailbox
 # A request for a member whose connection is not up (yet, or again: a member reconnects

@@ -55,6 +55,7 @@ from wire.messages import (
     CommittedOffset,
     Compact,
     CreateTopic,
+    DeleteRecord,
     DeleteTopic,
     Done,
     EndOffsets,
@@ -116,7 +117,8 @@ Then = Callable[["Waiting", Fields | None, Failure | None], list[Out]]
 
 # Ops that name one partition: in a cluster, its owner answers them.
 PARTITION_OPS = frozenset({"read", "read_by_key", "read_by_tag", "offset_for_timestamp",
-                           "committed_offset", "commit_offset"})
+                           "committed_offset", "commit_offset", "delete_by_key",
+                           "delete_by_offset"})
 # Key/value ops (a namespace is the one-partition topic ``kv_topic(namespace)``): in a
 # cluster, the namespace's owner answers them; ``KV_CREATING_OPS`` create it when it is new.
 KV_OPS = frozenset({"kv_put", "kv_get", "kv_delete", "kv_scan", "kv_cas"})
@@ -124,6 +126,7 @@ KV_CREATING_OPS = frozenset({"kv_put", "kv_cas", "txn_kv"})
 # Commits: a namespace they may change is not answered from the cache meanwhile.
 COMMIT_OPS = frozenset({"txn_commit", "xa_commit"})
 TOPIC_SETTING_FIELDS = ("storage",)
+DELETE_OPS = frozenset({"delete_by_key", "delete_by_offset"})
 # Reads a memory topic answers from the front door's memory.
 MEMORY_READ_OPS = frozenset({"read", "read_by_key", "read_by_tag", "offset_for_timestamp",
                              "end_offsets"})  # create_topic's fields that are topic settings
@@ -224,6 +227,8 @@ class FrontDoorState:
             "create_topic": self.create_topic,
             "delete_topic": self.delete_topic,
             "commit_offset": self.commit_offset,
+            "delete_by_key": self.delete_record,
+            "delete_by_offset": self.delete_record,
             "list_topics": self.list_topics,
             "end_offsets": self.end_offsets,
             "checkpoint": self.checkpoint,
@@ -367,6 +372,8 @@ class FrontDoorState:
         corr = self.wait(identity, rid, now, timeout_ms=self.timeouts_ms.get(op))
         if op in TXN_TRACKED_OPS:
             self.track_txn(op, req, corr)
+        elif op in DELETE_OPS:
+            self.pending[corr].then = self.deleted(*self.partition(req["topic"], req["partition"]))
         return [Request(role, corr, make(corr))]
 
     def snapshot_export(self, req: dict[str, Any]) -> Target:
@@ -734,6 +741,22 @@ class FrontDoorState:
         name = req["name"]
         self.topic(name)
         return self.writes_to, lambda c: DeleteTopic(c, name)
+
+    def delete_record(self, req: dict[str, Any]) -> Target:
+        tid, p = self.partition(req["topic"], req["partition"])
+        if tid in self.memory_tids:
+            raise NodeError(f"{req['topic']!r} is a memory topic: its records are not deleted "
+                            f"one by one", ErrorCode.BAD_REQUEST)
+        offset, key = req.get("offset", -1), req.get("key")
+        return self.writes_to, lambda c: DeleteRecord(c, tid, p, offset, key)
+
+    def deleted(self, tid: int, p: int) -> Then:
+        """A deletion is durable: reads by key of its partition cached here are stale."""
+        def done(w: Waiting, ok: Fields | None, err: Failure | None) -> list[Out]:
+            self.kv.partitions_written(tid, [(p, 0, 0)])
+            w.then = None
+            return self.settle(w, ok, err)
+        return done
 
     def commit_offset(self, req: dict[str, Any]) -> Target:
         group, offset = req["group"], req["offset"]

@@ -76,6 +76,7 @@ from wire.messages import (
     CheckpointShards,
     CommitOffset,
     CreateTopic,
+    DeleteRecord,
     DeleteTopic,
     Done,
     Ended,
@@ -214,7 +215,8 @@ class LogManager(Actor):
         match msg:
             case Writes():  # a burst of write requests: most messages
                 self.admit_writes(msg)
-            case (Append() | CreateTopic() | DeleteTopic() | CommitOffset() | ListTopics()
+            case (Append() | CreateTopic() | DeleteTopic() | CommitOffset() | DeleteRecord()
+                  | ListTopics()
                   | EndOffsets() | TxnStart() | TxnAppend() | TxnResolve()):
                 self.admit(msg)
             case TxnSync(role):

@@ -35,6 +35,7 @@ from wire.messages import (
     Catalog,
     CommitOffset,
     CreateTopic,
+    DeleteRecord,
     DeleteTopic,
     Done,
     EndOffsets,
@@ -120,6 +121,8 @@ class LogState:
                 return self._delete(msg)
             case CommitOffset():
                 return self._commit_offset(msg)
+            case DeleteRecord():
+                return self._delete_record(msg)
             case ListTopics(corr):
                 return TopicsReply(corr, sorted(self.topics.values(), key=lambda t: t.name))
             case EndOffsets():
@@ -282,6 +285,23 @@ class LogState:
         self._apply_delete(topic.topic_id, self.last_lsn)
         record = logrecord.encode(self.last_lsn, Kind.TOPIC_DELETE, [topic.topic_id, topic.name])
         return Log(record, Done(msg.corr, self.last_lsn), self.last_lsn, catalog_changed=True)
+
+    def _delete_record(self, msg: DeleteRecord) -> Log | Message:
+        topic = self.by_id.get(msg.topic_id)
+        if topic is None:
+            return ErrorReply(msg.corr, ErrorCode.UNKNOWN_TOPIC, f"topic id {msg.topic_id} does not exist")
+        if not 0 <= msg.partition < topic.partitions:
+            return ErrorReply(msg.corr, ErrorCode.UNKNOWN_PARTITION,
+                              f"topic {topic.name!r} has no partition {msg.partition}")
+        end = self.next_offset[(msg.topic_id, msg.partition)]
+        if msg.offset >= end:
+            return ErrorReply(msg.corr, ErrorCode.BAD_REQUEST,
+                              f"offset {msg.offset} of {topic.name}/{msg.partition} was never "
+                              f"written (the next is {end})")
+        self.last_lsn += 1
+        record = logrecord.encode(self.last_lsn, Kind.DELETE,
+                                  [msg.topic_id, msg.partition, msg.offset, msg.key])
+        return Log(record, Done(msg.corr, self.last_lsn), self.last_lsn)
 
     def _commit_offset(self, msg: CommitOffset) -> Log | Message:
         topic = self.by_id.get(msg.topic_id)
@@ -539,7 +559,7 @@ class LogState:
         elif kind == Kind.TOPIC_DELETE:
             topic_id, _name = entry.body()
             self._apply_delete(topic_id, entry.lsn)
-        elif kind == Kind.OFFSET_COMMIT:
+        elif kind in (Kind.OFFSET_COMMIT, Kind.DELETE):
             pass  # applied by the shard writers; nothing for the log manager to remember
         elif Kind.TX_START <= kind <= Kind.ROLLBACK:
             self._replay_txn(entry)

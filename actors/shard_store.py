@@ -388,6 +388,33 @@ class ShardStore:
         """Entries staged by unfinished transactions (for status and tests)."""
         return sum(1 for _ in self.cf["staged"].keys())  # noqa: SIM118 (an iterator of keys)
 
+    def apply_delete(self, lsn: int, offset: int, key: bytes | None) -> bool:
+        """Delete the record at ``offset`` (or, ``offset`` -1, the latest with ``key``) and
+        its index entries and chunks; False if there is none (deleted before, or never
+        indexed by that key). Offsets of the others do not move. The ``time`` index keeps
+        its entry: it answers an offset, and a read from it starts at the next record."""
+        if lsn <= self.applied_lsn:
+            return False
+        if self.batch is not None:  # what this group wrote first, so that the lookups see it
+            self.finish(self.batch_lsn)
+        self.batch_lsn = lsn
+        off = self.cf["keys"].get(key) if offset < 0 and key is not None else U64.pack(offset)
+        raw = None if off is None else self.cf["records"].get(off)
+        if off is None or raw is None:
+            return False
+        rec = msgpack.unpackb(raw, raw=False)
+        _ts, rec_key, tags = rec[0], rec[1], rec[2]
+        wb = self._wb()
+        wb.delete(off, self.h["records"])
+        if rec_key is not None and self.cf["keys"].get(rec_key) == off:
+            wb.delete(rec_key, self.h["keys"])
+        for tag in tags:
+            t = tag.encode()
+            wb.delete(TAG_LEN.pack(len(t)) + t + off, self.h["tags"])
+        if len(rec) > 4:  # a chunked value
+            self._delete_chunks(wb, U64.unpack(off)[0])
+        return True
+
     def apply_offset_commit(self, lsn: int, group: str, offset: int) -> None:
         if lsn <= self.applied_lsn:
             return

@@ -237,6 +237,12 @@ class ShardWriter(Actor):
                         continue
                     self.applied_records += store.apply_produce(e.lsn, first, count, ts, blob)
                     touched.add(store)
+            elif e.kind == Kind.DELETE:
+                topic_id, partition, offset, key = e.body()
+                store = self.stores.get((topic_id, partition))
+                if store is not None:
+                    store.apply_delete(e.lsn, offset, key)
+                    touched.add(store)
             elif e.kind == Kind.OFFSET_COMMIT:
                 group, topic_id, partition, offset = e.body()
                 store = self.stores.get((topic_id, partition))

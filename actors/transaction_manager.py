@@ -41,6 +41,7 @@ from wire.messages import (
     CheckpointRequest,
     CommitOffset,
     CreateTopic,
+    DeleteRecord,
     DeleteTopic,
     Ended,
     ErrorReply,
@@ -113,7 +114,8 @@ class TransactionManager(Actor):
         match msg:
             case Writes():
                 self.incoming.append(msg)
-            case CreateTopic(corr) | DeleteTopic(corr) | CommitOffset(corr):
+            case (CreateTopic(corr) | DeleteTopic(corr) | CommitOffset(corr)
+                  | DeleteRecord(corr)):
                 # A write request sent alone: a burst of one, as its encoded message.
                 self.incoming.append(Writes([corr], [], [(0, self.current_frame)]))
             case TxnBegin(corr):

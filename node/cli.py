@@ -435,6 +435,20 @@ def cmd_kv(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_delete(args: argparse.Namespace) -> int:
+    """``shardnode delete TOPIC (--key K | --offset N --partition P)``."""
+    with _client(args) as c:
+        if args.key is not None:
+            lsn = c.delete_by_key(args.topic, args.key, args.partition)
+            print(f"deleted the latest record of {args.topic} with key {args.key} (LSN {lsn})")
+        else:
+            if args.partition is None:
+                raise CommandError("--offset needs --partition")
+            lsn = c.delete_by_offset(args.topic, args.partition, args.offset)
+            print(f"deleted {args.topic}/{args.partition}@{args.offset} (LSN {lsn})")
+    return 0
+
+
 def cmd_txn_list(args: argparse.Namespace) -> int:
     with _client(args) as c:
         txns = c.txn_list()
@@ -574,6 +588,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--group", action="append", default=[],
                    help="a consumer group (a Spark source's groupId); may be repeated")
     s.set_defaults(func=cmd_offsets)
+
+    s = sub.add_parser("delete", help="delete a record: the latest with a key, or the one at "
+                       "an offset (the offsets of the others do not move)")
+    client_args(s)
+    s.add_argument("topic")
+    which = s.add_mutually_exclusive_group(required=True)
+    which.add_argument("--key", help="the latest record with this key (in its own partition "
+                       "unless --partition names one)")
+    which.add_argument("--offset", type=int, help="the record at this offset (with --partition)")
+    s.add_argument("--partition", type=int)
+    s.set_defaults(func=cmd_delete)
 
     s = sub.add_parser("kv", help="key/value namespaces: get, put, delete, scan, cas, list, drop")
     kv = s.add_subparsers(dest="kv_command", required=True)

@@ -106,7 +106,8 @@ def expand_offsets(reply: dict[str, Any], count: int) -> list[tuple[int, int]]:
 
 # Ops that name one partition: a client of a cluster sends them to its owner.
 PARTITION_OPS = frozenset({"produce", "read", "read_by_key", "read_by_tag",
-                           "offset_for_timestamp", "commit_offset", "committed_offset"})
+                           "offset_for_timestamp", "commit_offset", "committed_offset",
+                           "delete_by_key", "delete_by_offset"})
 # Key/value ops: a client of a cluster sends them to the namespace's owner, when it knows it.
 KV_OPS = frozenset({"kv_put", "kv_get", "kv_delete", "kv_scan", "kv_cas"})
 SEND_TIMEOUT_MS_MAX = 1000  # how long a send waits for a member's connection
@@ -460,6 +461,18 @@ class NodeClient:
         rows = unpack_read(self.call("read_by_key", topic=topic, partition=p,
                                      key=_as_bytes(key))["records"])
         return rows[0] if rows else None
+
+    def delete_by_key(self, topic: str, key: bytes | str, partition: int | None = None) -> int:
+        """Delete the latest record with ``key`` (the one ``read_by_key`` answers), in the
+        key's own partition unless one is named; returns the LSN that made it durable.
+        Older records with the key stay (``delete_by_offset`` deletes any one)."""
+        p = self.key_partition(topic, key) if partition is None else partition
+        return int(self.call("delete_by_key", topic=topic, partition=p, key=_as_bytes(key))["lsn"])
+
+    def delete_by_offset(self, topic: str, partition: int, offset: int) -> int:
+        """Delete the record at ``offset``; the offsets of the others do not move."""
+        return int(self.call("delete_by_offset", topic=topic, partition=partition,
+                             offset=offset)["lsn"])
 
     def read_by_tag(self, topic: str, partition: int, tag: str, offset: int = 0,
                     max_records: int = 1000) -> list[Record]:

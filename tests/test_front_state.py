@@ -271,6 +271,8 @@ EXAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
                       lambda c: Done(c, 5)),
     "committed_offset": ({"group": "g", "topic": "t", "partition": 0},
                          lambda c: ValueReply(c, 3)),
+    "delete_by_key": ({"topic": "t", "partition": 0, "key": b"k"}, lambda c: Done(c, 5)),
+    "delete_by_offset": ({"topic": "t", "partition": 0, "offset": 3}, lambda c: Done(c, 5)),
     "status": ({}, lambda c: StatusReply(c, {"pid": 1})),
     "checkpoint": ({}, lambda c: Done(c, 5)),
     "txn_begin": ({"timeout_ms": 1000}, lambda c: TxnId(c, 77)),

@@ -235,6 +235,8 @@ VALID_REQUESTS: dict[str, dict[str, Any]] = {
     "offset_for_timestamp": {"topic": "orders", "partition": 2, "timestamp": 1_700_000_000_000},
     "commit_offset": {"group": "g1", "topic": "orders", "partition": 0, "offset": OFFSET_MAX},
     "committed_offset": {"group": "g1", "topic": "orders", "partition": 0},
+    "delete_by_key": {"topic": "orders", "partition": 1, "key": b"k1"},
+    "delete_by_offset": {"topic": "orders", "partition": 1, "offset": 7},
     "status": {},
     "txn_begin": {"timeout_ms": 60_000},
     "txn_produce": {"txn": 5, "seq": 0, "topic": "orders", "records": pack([b"a"]),

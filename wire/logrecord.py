@@ -16,6 +16,8 @@ Bodies, by kind (msgpack arrays, fields in this order):
                    (``wire.protocol.TOPIC_SETTINGS``; absent when there are none)
     TOPIC_DELETE   [topic_id, name]
     OFFSET_COMMIT  [group, topic_id, partition, offset]
+    DELETE         [topic_id, partition, offset, key]   a record deleted: the one at ``offset``,
+                   or (offset -1) the latest with ``key`` (the one read_by_key answers)
 
 Transactions (Qpid CLFS's transaction records; ``actors/txn_ledger.py`` writes and reads them):
 
@@ -80,6 +82,7 @@ class Kind(enum.IntEnum):
     PREPARE = 8
     COMMIT = 9
     ROLLBACK = 10
+    DELETE = 11
 
 
 def encode(lsn: int, kind: Kind, body: Any) -> bytes:

@@ -102,6 +102,18 @@ class CommitOffset(Message):
     offset: int
 
 
+@message(102)
+class DeleteRecord(Message):
+    """Delete one record of a partition: the one at ``offset``, or (``offset`` -1) the latest
+    with ``key``; ack when the deletion is durable."""
+
+    corr: int
+    topic_id: int
+    partition: int
+    offset: int
+    key: bytes | None
+
+
 @message(14)
 class ListTopics(Message):
     """Ask for the topic table; answered with ``TopicsReply``."""
@@ -700,5 +712,6 @@ class Exported(Message):
 Answer = (Ack | Done | TopicsReply | ErrorReply | RecordsReply | ValueReply | StatusReply
           | OffsetsReply | TxnId | TxnWritten | TxnCommitted | TxnsReply | ShardsReply
           | Exported)
-LogRequest = (Append | CreateTopic | DeleteTopic | CommitOffset | ListTopics | EndOffsets
+LogRequest = (Append | CreateTopic | DeleteTopic | CommitOffset | DeleteRecord | ListTopics
+              | EndOffsets
               | TxnStart | TxnAppend | TxnResolve)

@@ -260,6 +260,15 @@ OPS: dict[str, Op] = {op.name: op for op in (
        request=(TOPIC, PARTITION,
                 Field("timestamp", _INT, "milliseconds since the epoch", non_negative=True)),
        reply=(VALUE,)),
+    Op("delete_by_key", "delete the latest record with a key (the one `read_by_key` answers): "
+       "gone from every read and index, the offsets of the others unchanged; older records "
+       "with the key stay",
+       request=(TOPIC, PARTITION, Field("key", _BIN, "record key", len_max=KEY_BYTES_MAX)),
+       reply=(LSN,)),
+    Op("delete_by_offset", "delete the record at an offset: gone from every read and index, "
+       "the offsets of the others unchanged",
+       request=(TOPIC, PARTITION, OFFSET),
+       reply=(LSN,)),
     Op("commit_offset", "record a consumer group's offset in a partition",
        request=(GROUP, TOPIC, PARTITION, OFFSET),
        reply=(LSN,)),
