@@ -118,6 +118,9 @@ class Row:
     # the cluster scenario only (None elsewhere; cpu_s: each member's and the clients')
     nodes: int | None = None            # members of the cluster
     routing: str | None = None          # routed | forwarded
+    # the kv scenario only (None elsewhere)
+    op: str | None = None               # get | put | cas | read_by_key
+    in_flight: int | None = None        # requests in flight: 1, or --concurrency
 
     @classmethod
     def of(cls, scenario: str, system: str, m: Measurement, note: str = "") -> Row:
