@@ -8,9 +8,10 @@ workloads against peers in the same run, on the same machine.
     scripts/bench spark --repeat 3
     scripts/bench cluster --repeat 3 --peers none
     scripts/bench large-values --repeat 2 --peers none
+    scripts/bench kv --repeat 3
 
 Scenarios: ingest-batched, ingest-single, read-tail, read-key, recovery, checkpoint, txn;
-spark, cluster and large-values, only when named.
+spark, cluster, large-values and kv, only when named.
 Systems: shardnode (the node, started here on a fresh data dir); redis (Redis Streams,
 ``appendfsync always``, started here on a free loopback port); rabbitmq (quorum queues,
 publisher confirms, started here on free loopback ports: ingest-batched, ingest-single and
@@ -25,7 +26,9 @@ bare ZeroMQ socket, and reading them back through the shardnode source and from 
 ``cluster``: clusters of 1, 2 and 3 members started here, written to through routed clients
 and through one member that forwards. ``large-values``: values of 1 MiB and 10 MiB written
 and read back through a node keeping them in chunks and one leaving them to RocksDB's blob
-files.
+files. ``kv``: kv_get, kv_put (one at a time and
+--concurrency in flight), CAS increments and read_by_key in flight, against Redis GET, SET,
+WATCH/GET/MULTI/SET/EXEC and HGET (redis).
 
 Every client workload runs in its own process (spawn start method): the parent starts the
 servers, lines the clients up, fires them together, samples the servers' RSS and collects
@@ -75,11 +78,11 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
     p.add_argument("--batch", type=int, default=1000, help="records per batch (default 1000)")
     p.add_argument("--size", type=int, default=100, help="value bytes (default 100)")
     p.add_argument("--concurrency", type=int, default=64,
-                   help="ingest-single: requests in flight (default 64)")
+                   help="ingest-single, kv: requests in flight (default 64)")
     p.add_argument("--seconds", type=float, help="length of each timed run (default 5)")
     p.add_argument("--repeat", type=int, help="runs per scenario, median reported (default 1)")
     p.add_argument("--read-records", type=int, help="read-tail: records to prefill and read")
-    p.add_argument("--keys", type=int, help="read-key: keyed records to prefill")
+    p.add_argument("--keys", type=int, help="read-key, kv: keys to prefill")
     p.add_argument("--recovery-mb", type=int, help="recovery: log size to fill (default 256)")
     p.add_argument("--spark-rows", type=int,
                    help="spark: rows each system writes and reads (default 1 000 000)")

@@ -27,6 +27,15 @@ def value_of(i: int, size: int) -> bytes:
     return (b"%016d" % i).ljust(size, b"v")
 
 
+def kv_key_numbers(job: Job) -> Callable[[int], int]:
+    """The key number of a client's ``n``-th request: an untimed fill (``records_max``)
+    writes ``first``, ``first + 1``, ...; a timed run draws from ``job.keys`` at random."""
+    if job.records_max:
+        return lambda n: job.first + n
+    rng = random.Random(job.seed * 1000 + job.index)
+    return lambda _n: rng.randrange(job.keys)
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """One client's work. ``seconds`` or ``records_max`` (or both) bound it."""
@@ -46,6 +55,7 @@ class Job:
     seed: int = 0
     rate: float = 0.0       # paced producer: records per second
     gap_s: float = 0.0      # checkpointer: pause after each checkpoint
+    op: str = ""            # kv: get | put | cas | read_by_key (settings.GET, ...)
 
     def __post_init__(self) -> None:
         assert self.seconds > 0 or self.records_max > 0, "a job needs a bound"

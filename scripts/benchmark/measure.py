@@ -125,6 +125,9 @@ class Row:
     sst_mb: float | None = None         # SST files under the shards after a clean stop
     blob_mb: float | None = None        # blob files under the shards after a clean stop
     writer_rss_mb: float | None = None  # the largest RSS of the writer processes together
+    # the kv scenario only (None elsewhere)
+    op: str | None = None               # get | put | cas | read_by_key
+    in_flight: int | None = None        # requests in flight: 1, or --concurrency
 
     @classmethod
     def of(cls, scenario: str, system: str, m: Measurement, note: str = "") -> Row:

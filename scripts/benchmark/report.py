@@ -22,6 +22,7 @@ from .settings import (
     DISK,
     EXACTLY_ONCE,
     INSIDE,
+    KV,
     LARGE_VALUES,
     REDIS,
     ROUTED,
@@ -34,6 +35,7 @@ from .settings import (
     Settings,
 )
 from .targets import (
+    KV_TARGETS,
     SPARK_TARGETS,
     TARGETS,
     TXN_TARGETS,
@@ -182,6 +184,32 @@ def _print_verdicts(targets: Sequence[Target], rows: list[Row]) -> None:
     console.print()
 
 
+def print_kv_table(rows: list[Row], s: Settings) -> None:
+    from .scenarios.kv import kinds
+
+    n = max((r.runs for r in rows), default=1)
+    runs = "1 run" if n == 1 else f"median of {n} runs"
+    t = Table(title=f"kv  ({s.size}-byte values, {s.keys:,} keys, one client process, {runs})",
+                    title_justify="left")
+    for col in ("op", "in flight", "system", "ops/s", "p50 ms", "p99 ms", "RSS MB",
+                "shardnode ÷ this"):
+        t.add_column(col, justify="left" if col in ("op", "system") else "right", no_wrap=True)
+    order = {kind: i for i, kind in enumerate(kinds(s))}
+    ordered = sorted(rows, key=lambda r: (order.get((r.op or "", r.in_flight or 0), len(order)),
+                                          r.system != SHARDNODE))
+    for r in ordered:
+        t.add_row(r.op or "", str(r.in_flight or ""), r.system, _num(r.msgs_per_s),
+                  _num(r.p50_ms, 3), _num(r.p99_ms, 3), _num(r.rss_mb), ratio_text(r))
+    (console if console.is_terminal else Console(width=110)).print(t)  # a file: don't crop
+    console.print("  ops/s: requests answered over the run's time (cas: increments, each a get "
+                  "and a compare-and-set); p50/p99: per request (cas: per increment)",
+                  highlight=False)
+    for r in ordered:
+        errors = f" [red]{r.errors} errors[/red]" if r.errors else ""
+        console.print(f"  {r.system} {r.op} x{r.in_flight}: {r.note}{errors}", highlight=False)
+    _print_verdicts(KV_TARGETS, rows)
+
+
 def _cpu(r: Row) -> tuple[str, str]:
     """The run's CPU seconds per group of processes; all of them over the wall time."""
     if not r.cpu_s:
@@ -303,6 +331,9 @@ def print_table(scenario: str, rows: list[Row], s: Settings) -> None:
     if scenario == SPARK:
         print_spark_table(rows, s)
         return
+    if scenario == KV:
+        print_kv_table(rows, s)
+        return
     n = max((r.runs for r in rows), default=1)
     runs = "1 run" if n == 1 else f"median of {n} runs"
     t = Table(title=f"{scenario}  ({s.size}-byte values, {runs})", title_justify="left")
@@ -335,6 +366,8 @@ def plot(rows: list[Row], path: Path) -> None:
             return f"{r.scenario} {r.direction}{alone}"
         if r.per_request is not None:
             return f"{r.scenario} x{r.per_request}\n{'txn' if r.txn else 'no txn'}"
+        if r.op is not None:
+            return f"{r.scenario} {r.op}\nx{r.in_flight}"
         return r.scenario
 
     scenarios = list(dict.fromkeys(group_of(r) for r in rows))

@@ -63,6 +63,20 @@ LARGE_WAYS = ("chunks", "blob_files")  # [storage] large_values of the scenario'
 LARGE_SIZES = (1 << 20, 10 << 20)      # value bytes: 1 MiB and 10 MiB
 LARGE_TOTAL_BYTES = 200 << 20          # written by each run of each (way, size): 200 MiB
 LARGE_QUICK_BYTES = 20 << 20           # ... with --quick
+# The kv scenario (issue 14): K keys prefilled (untimed), then gets, puts and CAS one at a
+# time, and gets, puts and read_by_key with --concurrency in flight, beside Redis GET, SET,
+# WATCH/GET/MULTI/SET/EXEC and HGET (``appendfsync always``). Runs only when named: 12 timed
+# runs of --seconds and an untimed prefill (about 2 min with Redis here).
+KV = "kv"
+GET = "get"
+PUT = "put"
+CAS = "cas"
+READ_BY_KEY = "read_by_key"
+KV_ONE_OVER_REDIS_MIN = 1.0   # goals: kv_get and read_by_key one at a time over Redis', ...
+KV_MANY_OVER_REDIS_MIN = 1.5  # ... with --concurrency in flight, ...
+KV_PUT_OVER_REDIS_MIN = 2.0   # ... kv_put in flight over SET with AOF always, ...
+KV_CAS_OVER_REDIS_MIN = 1.0   # ... and kv_cas over WATCH/MULTI/EXEC
+KV_PREFILL_IN_FLIGHT = 256    # the untimed prefill's puts in flight
 CLUSTER_SIZES = (1, 2, 3)   # members of the clusters the cluster scenario starts
 ROUTED = "routed"           # cluster: each request to its partition's owner
 FORWARDED = "forwarded"     # cluster: every request to member 1, which forwards the rest

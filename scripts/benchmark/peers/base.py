@@ -38,6 +38,8 @@ class Workloads:
     read_tail: ClientFn
     read_key: ClientFn | None = None
     transact: ClientFn | None = None  # the txn scenario: produce in transactions
+    kv: ClientFn | None = None        # the kv scenario: ``job.op`` with ``job.concurrency``
+                                      # in flight
 
 
 class Server(Protocol):

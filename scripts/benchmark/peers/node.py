@@ -12,7 +12,14 @@ from node.client import NodeClient, NodeError
 from node.local import LocalNode
 
 from ..settings import SERVE_TIMEOUT_S, SHARDNODE
-from ..workloads.node import sn_produce, sn_produce_single, sn_read_key, sn_read_tail, sn_transact
+from ..workloads.node import (
+    sn_kv,
+    sn_produce,
+    sn_produce_single,
+    sn_read_key,
+    sn_read_tail,
+    sn_transact,
+)
 from .base import Workloads, dir_bytes
 
 
@@ -20,7 +27,8 @@ class NodeServer:
     """shardnode through ``LocalNode``, on its own fresh data directory."""
 
     system = SHARDNODE
-    workloads = Workloads(sn_produce, sn_produce_single, sn_read_tail, sn_read_key, sn_transact)
+    workloads = Workloads(sn_produce, sn_produce_single, sn_read_tail, sn_read_key, sn_transact,
+                          sn_kv)
     note: Mapping[str, str] = MappingProxyType({})
     reads_consume = False
 

@@ -18,6 +18,7 @@ from node.local import free_port
 
 from ..settings import REDIS, SERVE_TIMEOUT_S, Settings
 from ..workloads.redis import (
+    redis_kv,
     redis_produce,
     redis_produce_single,
     redis_read_key,
@@ -27,7 +28,7 @@ from ..workloads.redis import (
 from .base import ServerPeer, Workloads, dir_bytes, find_or_install, which
 
 SCENARIOS = frozenset({"ingest-batched", "ingest-single", "read-tail", "read-key", "recovery",
-                       "txn"})
+                       "txn", "kv"})
 
 
 class RedisServer:
@@ -36,7 +37,7 @@ class RedisServer:
 
     system = REDIS
     workloads = Workloads(redis_produce, redis_produce_single, redis_read_tail, redis_read_key,
-                          redis_transact)
+                          redis_transact, redis_kv)
     note: Mapping[str, str] = MappingProxyType({
         "ingest-batched": "XADD pipelined, one stream per producer",
         "ingest-single": "redis.asyncio, concurrent XADDs",

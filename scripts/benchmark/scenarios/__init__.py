@@ -13,11 +13,12 @@ from collections.abc import Callable, Sequence
 from ..bench import Bench, Runs
 from ..measure import Row, median_row
 from ..peers.base import Server
-from ..settings import AT_LEAST_ONCE, CLUSTER, DISK, LARGE_VALUES, SHARDNODE, SPARK, TXN
+from ..settings import AT_LEAST_ONCE, CLUSTER, DISK, KV, LARGE_VALUES, SHARDNODE, SPARK, TXN
 from .checkpoint import checkpoint
 from .cluster import cluster
 from .ingest_batched import ingest_batched
 from .ingest_single import ingest_single
+from .kv import kv
 from .large_values import large_values
 from .read_key import read_key
 from .read_tail import read_tail
@@ -39,10 +40,12 @@ SCENARIOS: dict[str, Callable[[Bench, Server], Result]] = {
     SPARK: spark,
     CLUSTER: cluster,
     LARGE_VALUES: large_values,
+    KV: kv,
 }
 # Run only when named: Spark needs Java, a JVM of about 1 GB, 10-30 s; the cluster scenario
-# starts three clusters (six more nodes); large-values writes 200 MiB four times over.
-NAMED_ONLY = (SPARK, CLUSTER, LARGE_VALUES)
+# starts three clusters (six more nodes); large-values writes 200 MiB four times over; kv
+# has twelve timed runs (about 2 min with Redis).
+NAMED_ONLY = (SPARK, CLUSTER, LARGE_VALUES, KV)
 INGEST = ("ingest-batched", "ingest-single")  # the scenarios that show the references
 
 
@@ -101,11 +104,13 @@ def _run_scenario(b: Bench, scenario: str) -> tuple[list[Row], list[str]]:
 def add_ratios(rows: list[Row]) -> None:
     """Each peer's row against the node's: the node's first row, or in the txn scenario its
     transactions of as many records, in the spark scenario its exactly-once sink or its
-    source. Disk: the node's share of its MB/s."""
+    source, in the kv scenario its row of the same op with as many in flight. Disk: the
+    node's share of its MB/s."""
     for r in rows:
         sn = next((x for x in rows if x.system == SHARDNODE and x.per_request == r.per_request
                    and x.txn is not False and x.direction == r.direction
-                   and x.guarantee != AT_LEAST_ONCE), None)
+                   and x.guarantee != AT_LEAST_ONCE and x.op == r.op
+                   and x.in_flight == r.in_flight), None)
         if sn is None:
             continue
         if r.system == DISK:

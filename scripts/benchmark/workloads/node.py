@@ -1,21 +1,45 @@
 """shardnode's client workloads, run inside client processes: produce (batched, single,
-paced, in transactions), read (tail, by key) and the checkpointer of the checkpoint
-scenario."""
+paced, in transactions), read (tail, by key), key/value (get, put, CAS; one at a time or
+many in flight) and the checkpointer of the checkpoint scenario."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import random
 import time
 from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import zmq
 
 from node.client import NodeClient, NodeError, Pipeline, Record
-from wire.records import pack_batch
+from wire.protocol import request_map, unpack_replies
+from wire.records import pack_batch, unpack_read
 
-from ..clients import Budget, Gate, Job, Payload, key_of, start_clock, value_of
+from ..clients import (
+    Budget,
+    Gate,
+    Job,
+    Payload,
+    key_of,
+    kv_key_numbers,
+    start_clock,
+    value_of,
+)
 from ..measure import ClientResult
-from ..settings import CKPT_LATE_S, CKPT_TIMEOUT_MS, DRAIN_TIMEOUT_S, TXN_OPS
+from ..settings import (
+    CAS,
+    CKPT_LATE_S,
+    CKPT_TIMEOUT_MS,
+    DRAIN_TIMEOUT_S,
+    GET,
+    PUT,
+    READ_BY_KEY,
+    TXN_OPS,
+)
 
 
 @contextlib.contextmanager
@@ -231,3 +255,136 @@ def sn_checkpointer(job: Job, gate: Gate) -> ClientResult:
             next_start = t1 + job.gap_s
         res.finished = time.monotonic()
     return res
+
+
+# ---- key/value: the kv scenario (scenarios/kv.py) ------------------------------------
+
+KV_COUNTER = b"counter"  # the key the CAS rows increment (one per client: ``counter-<i>``)
+# Request ids of the kv workload's raw frames: far above the client's own, so a late
+# answer to one of the client's calls is never taken for one of these.
+KV_FIRST_ID = 1 << 40
+
+
+def sn_kv(job: Job, gate: Gate) -> ClientResult:
+    """The kv scenario's work on the node, ``job.op`` on random keys of ``job.keys`` (a fill:
+    puts of keys ``first..`` in order): ``get`` (kv_get of namespace ``job.name``), ``put``
+    (kv_put of the key's value, answered once durable), ``read_by_key`` (of the keyed topic
+    ``job.name``) — one call at a time when ``job.concurrency`` is 1, else that many requests
+    in flight on the client's socket; ``cas``: increments of a counter, one at a time, each a
+    kv_get and a kv_cas from the value read to the next. Every value read is checked against
+    its key: a wrong one counts as an error."""
+    res = ClientResult()
+    with NodeClient(job.target, timeout_ms=30_000) as c:
+        if job.op == READ_BY_KEY:
+            c.partitions(job.name)  # the key → partition map, before the clock starts
+        if job.op == CAS:
+            c.kv_put(job.name, _counter(job), b"0")
+        gate.wait()
+        budget = start_clock(job, res)
+        if job.op == CAS:
+            _sn_cas(c, job, budget, res)
+        elif job.concurrency == 1:
+            _sn_kv_one(c, job, budget, res)
+        else:
+            _sn_kv_many(c, job, budget, res)
+    return res
+
+
+def _counter(job: Job) -> bytes:
+    return KV_COUNTER + b"-%d" % job.index
+
+
+def _sn_kv_one(c: NodeClient, job: Job, budget: Budget, res: ClientResult) -> None:
+    number = kv_key_numbers(job)
+    while budget.next_count(res.records, 1):
+        i = number(res.records)
+        key, value = key_of(i), value_of(i, job.size)
+        t0 = time.monotonic()
+        got: bytes | None = value
+        if job.op == PUT:
+            c.kv_put(job.name, key, value)
+        elif job.op == GET:
+            got = c.kv_get(job.name, key)
+        else:
+            record = c.read_by_key(job.name, key)
+            got = None if record is None else record.value
+        res.took(t0, time.monotonic(), 1, job.size)
+        if got != value:
+            res.errors += 1
+
+
+def _sn_cas(c: NodeClient, job: Job, budget: Budget, res: ClientResult) -> None:
+    counter = _counter(job)
+    while budget.next_count(res.records, 1):
+        t0 = time.monotonic()
+        old = c.kv_get(job.name, counter)
+        if old is None or not c.kv_cas(job.name, counter, old, b"%d" % (int(old) + 1)):
+            raise AssertionError(f"CAS on {counter!r} from {old!r} failed: one client alone "
+                                 f"increments it")
+        res.took(t0, time.monotonic(), 1, len(old))
+
+
+def _sn_kv_many(c: NodeClient, job: Job, budget: Budget, res: ClientResult) -> None:
+    """``job.concurrency`` requests in flight, as raw request maps on the client's socket
+    (the client's ``Pipeline`` carries produce requests only): each round sends what
+    answers freed up as one frame, then reads the answers."""
+    number = kv_key_numbers(job)
+    ids = itertools.count(KV_FIRST_ID)
+    sent: dict[int, tuple[float, int]] = {}  # request id → (send time, key number)
+    issued = 0
+    sock = c.sock
+    while True:
+        now = time.monotonic()
+        frames = []
+        while len(sent) < job.concurrency and budget.next_count(issued, 1):
+            i = number(issued)
+            rid = next(ids)
+            op, fields = _kv_request(c, job, i)
+            frames.append(msgpack.packb(request_map(op, rid, fields, id_first=True),
+                                        use_bin_type=True))
+            sent[rid] = (now, i)
+            issued += 1
+        if frames:
+            sock.send(b"".join(frames))
+        elif not sent or now > budget.deadline + DRAIN_TIMEOUT_S:
+            break
+        if not sock.poll(100, zmq.POLLIN):
+            continue
+        while True:
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            t = time.monotonic()
+            for reply in unpack_replies(frame):
+                answered = reply.get("id")
+                if type(answered) is not int or answered not in sent:
+                    continue  # a late answer to the client's own call
+                t0, i = sent.pop(answered)
+                if not reply.get("ok") or (job.op != PUT and
+                                           _read_value(job, reply) != value_of(i, job.size)):
+                    res.errors += 1
+                    continue
+                res.took(t0, t, 1, job.size)
+    res.errors += len(sent)  # never answered within the drain time
+
+
+def _kv_request(c: NodeClient, job: Job, i: int) -> tuple[str, dict[str, Any]]:
+    key = key_of(i)
+    if job.op == GET:
+        return "kv_get", {"namespace": job.name, "key": key}
+    if job.op == PUT:
+        return "kv_put", {"namespace": job.name, "key": key, "value": value_of(i, job.size),
+                          "producer_id": c.producer_id, "seq": c.next_seq()}
+    assert job.op == READ_BY_KEY, job.op
+    return "read_by_key", {"topic": job.name, "partition": c.key_partition(job.name, key),
+                           "key": key}
+
+
+def _read_value(job: Job, reply: dict[str, Any]) -> bytes | None:
+    """The value the answer to a get or a read_by_key carries."""
+    if job.op == GET:
+        value: bytes | None = reply.get("value")
+        return value
+    rows = unpack_read(reply["records"])
+    return rows[0].value if rows else None

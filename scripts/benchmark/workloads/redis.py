@@ -1,19 +1,21 @@
 """Redis Streams client workloads (redis-py), run inside client processes: XADD pipelined
-or concurrent or in MULTI/EXEC transactions, XRANGE, HSET/HGET for keyed records. ``redis`` is imported inside each
+or concurrent or in MULTI/EXEC transactions, XRANGE, HSET/HGET for keyed records, and
+GET, SET, WATCH/MULTI/EXEC for the kv scenario. ``redis`` is imported inside each
 function: it comes with the ``bench`` extra, which the modules that only judge rows do not
 need."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import random
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from ..clients import Gate, Job, Payload, key_of, start_clock, value_of
+from ..clients import Gate, Job, Payload, key_of, kv_key_numbers, start_clock, value_of
 from ..measure import ClientResult
-from ..settings import DRAIN_TIMEOUT_S
+from ..settings import CAS, DRAIN_TIMEOUT_S, GET, PUT, READ_BY_KEY
 
 if TYPE_CHECKING:
     import redis as redis_lib
@@ -156,4 +158,127 @@ def redis_read_key(job: Job, gate: Gate) -> ClientResult:
                 res.errors += 1
             res.records += 1
             res.payload_bytes += job.size
+    return res
+
+
+KV_FILL_BATCH = 1000  # an untimed fill's SETs per pipelined round trip
+
+
+def _kv_key(job: Job, i: int) -> bytes:
+    """Key ``i`` of the kv scenario's namespace ``job.name``: the name is its prefix."""
+    return job.name.encode() + b":" + key_of(i)
+
+
+def redis_kv(job: Job, gate: Gate) -> ClientResult:
+    """The kv scenario's work on Redis, as ``sn_kv`` on the node: ``get`` (GET), ``put``
+    (SET, answered once the AOF is fsync'ed: ``appendfsync always``), ``read_by_key`` (HGET
+    on the hash ``job.name``) on random keys — one at a time when ``job.concurrency`` is 1,
+    else that many in flight on one connection (``_kv_many``); ``cas``:
+    increments of a counter, each WATCH, GET, MULTI, SET, EXEC (redis-py's pipeline: WATCH
+    and GET a round trip each, MULTI/SET/EXEC one more). A fill (``job.records_max``) SETs
+    keys ``first..`` in pipelined batches of KV_FILL_BATCH."""
+    if job.records_max:
+        return _kv_fill(job, gate)
+    if job.concurrency > 1:
+        return _kv_many(job, gate)
+    number = kv_key_numbers(job)
+    res = ClientResult()
+    with _connected(job) as r:
+        if job.op == CAS:
+            counter = job.name.encode() + b":counter-%d" % job.index
+            r.set(counter, b"0")
+        gate.wait()
+        budget = start_clock(job, res)
+        while budget.next_count(res.records, 1):
+            if job.op == CAS:
+                t0 = time.monotonic()
+                _redis_increment(r, counter)
+                res.took(t0, time.monotonic(), 1, 0)
+                continue
+            i = number(res.records)
+            value = value_of(i, job.size)
+            t0 = time.monotonic()
+            if job.op == PUT:
+                r.set(_kv_key(job, i), value)
+                got: Any = value
+            elif job.op == GET:
+                got = r.get(_kv_key(job, i))
+            else:
+                assert job.op == READ_BY_KEY, job.op
+                got = r.hget(job.name, key_of(i))
+            res.took(t0, time.monotonic(), 1, job.size)
+            if got != value:
+                res.errors += 1
+    return res
+
+
+def _redis_increment(r: redis_lib.Redis, counter: bytes) -> None:
+    """WATCH the counter, GET it, MULTI, SET it one higher, EXEC: one client alone, so EXEC
+    never finds it changed."""
+    with r.pipeline() as pipe:
+        cast(Any, pipe).watch(counter)  # redis-py leaves watch untyped
+        old = int(cast(bytes, pipe.get(counter)))
+        pipe.multi()
+        pipe.set(counter, b"%d" % (old + 1))
+        pipe.execute()  # raises WatchError had another client changed it
+
+
+def _kv_fill(job: Job, gate: Gate) -> ClientResult:
+    res = ClientResult()
+    with _connected(job) as r:
+        gate.wait()
+        budget = start_clock(job, res)
+        while n := budget.next_count(res.records, KV_FILL_BATCH):
+            t0 = time.monotonic()
+            pipe = r.pipeline(transaction=False)
+            for i in range(job.first + res.records, job.first + res.records + n):
+                pipe.set(_kv_key(job, i), value_of(i, job.size))
+            pipe.execute()
+            res.took(t0, time.monotonic(), n, n * job.size)
+    return res
+
+
+def _kv_many(job: Job, gate: Gate) -> ClientResult:
+    """``job.concurrency`` requests in flight on one connection, as the node's client keeps
+    them on one socket: the first ``concurrency`` sent, then each answer read lets the next
+    request go (redis-py's connection: its packer and its reply parser). redis.asyncio with
+    a connection per request in flight (ingest-single's way) answered fewer GETs/s here than
+    one GET at a time: the client, not Redis, set the pace."""
+    assert job.op in (GET, PUT, READ_BY_KEY), job.op
+    number = kv_key_numbers(job)
+    res = ClientResult()
+
+    def command(i: int) -> tuple[Any, ...]:
+        if job.op == PUT:
+            return ("SET", _kv_key(job, i), value_of(i, job.size))
+        if job.op == GET:
+            return ("GET", _kv_key(job, i))
+        return ("HGET", job.name, key_of(i))
+
+    with _connected(job) as r:
+        conn: Any = r.connection_pool.get_connection()  # redis-py leaves its methods untyped
+        try:
+            gate.wait()
+            budget = start_clock(job, res)
+            sent: collections.deque[tuple[float, int]] = collections.deque()  # in send order
+            issued = 0
+            while True:
+                now = time.monotonic()
+                batch = []
+                while len(sent) < job.concurrency and budget.next_count(issued, 1):
+                    i = number(issued)
+                    batch.append(command(i))
+                    sent.append((now, i))
+                    issued += 1
+                if batch:
+                    conn.send_packed_command(conn.pack_commands(batch))
+                elif not sent:
+                    break
+                t0, i = sent.popleft()  # Redis answers in order
+                got = conn.read_response()
+                res.took(t0, time.monotonic(), 1, job.size)
+                if job.op != PUT and got != value_of(i, job.size):
+                    res.errors += 1
+        finally:
+            r.connection_pool.release(conn)
     return res
