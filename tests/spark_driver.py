@@ -8,7 +8,8 @@
         order read, to OUT_DIR/<batch id>.json (a replayed batch writes its file again).
         ``follow`` runs until killed; ``finish`` reads what there is and exits.
 
-Prints ``started`` once its query runs.
+Prints ``started`` once its query runs. The tests run the same queries (``sink_query``,
+``source_query``) in their own session to finish what a killed driver began.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
 
 from node.spark import register
 
@@ -37,19 +39,20 @@ def session() -> SparkSession:
     return spark
 
 
-def sink(endpoint: str, topic: str, inputs: str, checkpoint: str) -> None:
-    spark = session()
-    q = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(inputs)
-         .repartition(2)
-         .writeStream.format("shardnode").option("endpoint", endpoint).option("topic", topic)
-         .option("requestTimeoutMs", "5000")
-         .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
-    print("started", flush=True)
-    q.awaitTermination(600)  # the test kills it sooner, or waits for it with a timeout
+def sink_query(spark: SparkSession, endpoint: str, topic: str, inputs: str,
+               checkpoint: str) -> StreamingQuery:
+    """Every Parquet file of ``inputs`` (one a micro-batch) through the sink into ``topic``."""
+    return (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(inputs)
+            .repartition(2)
+            .writeStream.format("shardnode").option("endpoint", endpoint).option("topic", topic)
+            .option("requestTimeoutMs", "5000")
+            .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
 
 
-def source(endpoint: str, topic: str, out: str, checkpoint: str, mode: str) -> None:
-    spark = session()
+def source_query(spark: SparkSession, endpoint: str, topic: str, out: str, checkpoint: str,
+                 mode: str) -> StreamingQuery:
+    """``topic`` through the source, each batch's rows to ``out/<batch id>.json``:
+    ``follow`` runs until stopped, ``finish`` stops once it has read what there is."""
 
     def keep(df: DataFrame, batch_id: int) -> None:
         rows: list[Any] = [[r.partition, r.offset, r.value.decode()] for r in df.collect()]
@@ -64,14 +67,15 @@ def source(endpoint: str, topic: str, out: str, checkpoint: str, mode: str) -> N
         writer = writer.trigger(availableNow=True)
     else:
         writer = writer.trigger(processingTime="100 milliseconds")
-    q = writer.start()
+    return writer.start()
+
+
+def main(what: str, *args: str) -> None:
+    spark = session()
+    q = sink_query(spark, *args) if what == "sink" else source_query(spark, *args)
     print("started", flush=True)
     q.awaitTermination(600)  # the test kills it sooner, or waits for it with a timeout
 
 
 if __name__ == "__main__":
-    what, *args = sys.argv[1:]
-    if what == "sink":
-        sink(*args)
-    else:
-        source(*args)
+    main(*sys.argv[1:])

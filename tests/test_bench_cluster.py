@@ -22,7 +22,10 @@ KINDS = {(1, 1000, "routed"), (1, 1, "routed"), (2, 1000, "routed"), (2, 1000, "
 def test_bench_cluster_quick_writes_through_routed_and_forwarding_clients(
         tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
+    # Two producers, 0.25 s runs: the least that still writes to both members of a cluster
+    # of two (a partition each) from more than one client, in every kind of run.
     proc = subprocess.run([sys.executable, "-m", "scripts.benchmark", "cluster", "--quick",
+                           "--producers", "2", "--seconds", "0.25",
                            "--peers", "none", "--json", str(out), "--work-dir",
                            str(tmp_path / "work")],
                           cwd=ROOT, capture_output=True, text=True, timeout=170)

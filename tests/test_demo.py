@@ -20,13 +20,14 @@ from scripts.demo import Check
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = 20_000
 BATCH_ROWS = 10_000  # 2 micro-batches in each query
+NODES = 2  # the fewest that make a cluster (partitions on more than one member, checked below)
 
 
 @pytest.mark.timeout(90)  # 37 s on 2 cores kept busy by other jobs: mostly Spark starting
 def test_demo_writes_every_row_and_reads_each_back_once(tmp_path: Path) -> None:
     proc = subprocess.run(
         [str(ROOT / "scripts" / "demo"), "--rows", str(ROWS), "--batch-rows", str(BATCH_ROWS),
-         "--port", str(free_port()), "--data-dir", str(tmp_path / "demo")],
+         "--nodes", str(NODES), "--port", str(free_port()), "--data-dir", str(tmp_path / "demo")],
         cwd=ROOT, capture_output=True, text=True, timeout=85,
         env={**os.environ, "COLUMNS": "200"})  # the summary's rows on one line each
     out = proc.stdout

@@ -51,6 +51,7 @@ from node.spark.sink import (
     plan_commit,
 )
 from node.spark.source import Split, bounded, read_split, splits
+from tests.spark_driver import sink_query, source_query
 from wire.errors import NodeError, TopicExists, UnknownPartition
 from wire.records import Record
 from wire.xid import Xid
@@ -172,15 +173,6 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(30)
 
 
-def wait_child(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        out, _ = proc.communicate(timeout=WAIT_S)
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        raise
-    assert proc.returncode == 0, out.decode(errors="replace")[-4000:]
-
-
 # ---- the sink -------------------------------------------------------------------------
 
 
@@ -276,21 +268,23 @@ def test_a_task_that_fails_once_leaves_no_duplicate_and_nothing_staged(
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
 
 
-@pytest.mark.timeout(600)  # two Spark drivers of their own start
+@pytest.mark.timeout(600)  # a Spark driver of its own starts
 def test_sigkill_of_the_driver_mid_stream_then_restart_writes_every_row_once(
         spark: SparkSession, node: LocalNode, tmp_path: Path) -> None:
+    """The driver of its own is SIGKILLed mid-stream; the same query, restarted from its
+    checkpoint in this module's session (one JVM fewer to start), finishes the stream."""
     rows = write_inputs(spark, tmp_path / "in", files=4, rows_per_file=1500)
-    args = ("sink", node.endpoint, "events", str(tmp_path / "in"), str(tmp_path / "ck"))
+    args = (node.endpoint, "events", str(tmp_path / "in"), str(tmp_path / "ck"))
     with node.client() as c:
         c.create_topic("events", partitions=2)
-        proc = child(*args)
+        proc = child("sink", *args)
         try:
             poll(lambda: total(c, "events") > 0, "the first rows in the node")
         finally:
             kill_group(proc)
         written = total(c, "events")
         assert 0 < written < rows, f"killed mid-stream: {written} of {rows} rows written"
-        wait_child(child(*args))
+        finish(sink_query(spark, *args))
         assert_exactly(c, "events", rows)
         assert_no_branches(c)
 
@@ -627,7 +621,7 @@ def test_read_split_reads_every_offset_in_order_across_reads(node: LocalNode) ->
         assert batches[0].column("value")[0].as_py() == b"v5"
 
 
-@pytest.mark.timeout(600)  # two Spark drivers of their own start
+@pytest.mark.timeout(600)  # a Spark driver of its own starts
 def test_a_stream_read_killed_and_restarted_sees_every_record_once_in_order(
         spark: SparkSession, node: LocalNode, tmp_path: Path) -> None:
     out = tmp_path / "out"
@@ -657,7 +651,8 @@ def test_a_stream_read_killed_and_restarted_sees_every_record_once_in_order(
         finally:
             kill_group(proc)
         write(200)
-        wait_child(child("source", node.endpoint, "t", str(out), ckpt, "finish"))
+        # The same query, restarted from its checkpoint in this module's session.
+        finish(source_query(spark, node.endpoint, "t", str(out), ckpt, "finish"))
         ends = c.end_offsets("t")
     by_partition: dict[int, list[int]] = collections.defaultdict(list)
     for f in sorted(out.glob("*.json"), key=lambda f: int(f.stem)):
