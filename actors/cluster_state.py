@@ -96,6 +96,12 @@ def join_offsets(g: Gather) -> dict[str, Any]:
     return {"offsets": [g.replies[topic.owner(p)]["offsets"][p] for p in range(topic.partitions)]}
 
 
+def catalog_alters(local: dict[str, Topic], catalog: Sequence[Topic]) -> list[Topic]:
+    """The topics a member has whose settings the catalog member changed (``alter_topic``)."""
+    mine = {t.topic_id: t for t in local.values()}
+    return [t for t in catalog if t.topic_id in mine and mine[t.topic_id].settings != t.settings]
+
+
 def catalog_changes(local: dict[str, Topic], catalog: Sequence[Topic]
                     ) -> tuple[list[Topic], list[Topic]]:
     """What a member does to copy the catalog member's topics: the topics to delete (gone

@@ -31,6 +31,7 @@ from wire.errors import ErrorCode
 from wire.messages import (
     Ack,
     Acks,
+    AlterTopic,
     Catalog,
     CommitOffset,
     CreateTopic,
@@ -58,7 +59,7 @@ from wire.messages import (
 log = logging.getLogger("shardnode")
 
 # The writes other than produce, which ride in a write burst (``Writes``) at their place.
-BURST_WRITES = (CreateTopic, DeleteTopic, CommitOffset, DeleteRecord)
+BURST_WRITES = (CreateTopic, DeleteTopic, CommitOffset, DeleteRecord, AlterTopic)
 
 CLIENT_BURST_MAX = 1024  # client requests read per poll before looking at the mailbox
 # A request for a member whose connection is not up (yet, or again: a member reconnects

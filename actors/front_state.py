@@ -25,6 +25,7 @@ from actors.cluster_state import (
     PEER_PREFIX,
     ClusterView,
     Gather,
+    catalog_alters,
     catalog_changes,
     join_offsets,
     join_produce,
@@ -48,6 +49,7 @@ from wire.codec import Message
 from wire.errors import CrossNode, ErrorCode, NodeError, NotOwner
 from wire.messages import (
     Ack,
+    AlterTopic,
     Answer,
     Catalog,
     Checkpoint,
@@ -125,7 +127,7 @@ KV_OPS = frozenset({"kv_put", "kv_get", "kv_delete", "kv_scan", "kv_cas"})
 KV_CREATING_OPS = frozenset({"kv_put", "kv_cas", "txn_kv"})
 # Commits: a namespace they may change is not answered from the cache meanwhile.
 COMMIT_OPS = frozenset({"txn_commit", "xa_commit"})
-TOPIC_SETTING_FIELDS = ("storage",)
+TOPIC_SETTING_FIELDS = ("storage", "retention_ms", "retention_bytes")
 DELETE_OPS = frozenset({"delete_by_key", "delete_by_offset"})
 # Reads a memory topic answers from the front door's memory.
 MEMORY_READ_OPS = frozenset({"read", "read_by_key", "read_by_tag", "offset_for_timestamp",
@@ -226,6 +228,7 @@ class FrontDoorState:
             "committed_offset": self.committed_offset,
             "create_topic": self.create_topic,
             "delete_topic": self.delete_topic,
+            "alter_topic": self.alter_topic,
             "commit_offset": self.commit_offset,
             "delete_by_key": self.delete_record,
             "delete_by_offset": self.delete_record,
@@ -399,7 +402,7 @@ class FrontDoorState:
             # Answered once copied (after a copy under way, which may predate the change).
             self.after_pull.append((identity, rid, {"node_id": c.me}, self.pulling))
             return self.pull() or ([] if self.pulling else self.release())
-        if op in ("create_topic", "delete_topic"):
+        if op in ("create_topic", "delete_topic", "alter_topic"):
             if c.is_catalog:
                 role, make = self.routes[op](req)
                 corr = self.wait(identity, rid, now)
@@ -607,13 +610,19 @@ class FrontDoorState:
             self.pulling = False
             return self.release()
         self.pull_error = ""
-        deletes, creates = catalog_changes(self.topics,
-                                           [Topic.from_row(r) for r in ok["topics"]])
-        if not deletes and not creates:
+        there = [Topic.from_row(r) for r in ok["topics"]]
+        deletes, creates = catalog_changes(self.topics, there)
+        alters = catalog_alters(self.topics, there)
+        if not deletes and not creates and not alters:
             self.pulling = False
             return self.release()
-        self.pull_left = len(deletes) + len(creates)
+        self.pull_left = len(deletes) + len(creates) + len(alters)
         out: list[Out] = []
+        for t in alters:
+            corr = self.wait(b"", 0, self.clock)
+            self.pending[corr].then = self.copied(t, deleted=False)
+            out.append(Request(self.writes_to, corr, AlterTopic(corr, t.name, dict(t.settings),
+                                                                t.topic_id)))
         for t in deletes:
             corr = self.wait(b"", 0, self.clock)
             self.pending[corr].then = self.copied(t, deleted=True)
@@ -701,10 +710,14 @@ class FrontDoorState:
     # ---- routes: an op's checked fields → (the actor, the message given its corr) ------
 
     def read(self, req: dict[str, Any]) -> Target:
-        # Only reads by offset can be served from the cache.
+        # Only reads by offset can be served from the cache; not those of a topic with
+        # retention: only its writer knows which offsets it still keeps.
         tid, p = self.partition(req["topic"], req["partition"])
         offset, n, lsn = req["offset"], self.records_max(req), self.lsn_seen
-        return CACHE_MANAGER, lambda c: Read(c, tid, p, offset, n, lsn)
+        settings = self.topics[req["topic"]].settings
+        role = (self.writer_of(tid, p) if "retention_ms" in settings
+                or "retention_bytes" in settings else CACHE_MANAGER)
+        return role, lambda c: Read(c, tid, p, offset, n, lsn)
 
     def read_by_key(self, req: dict[str, Any]) -> Target:
         tid, p = self.partition(req["topic"], req["partition"])
@@ -730,12 +743,24 @@ class FrontDoorState:
         name, partitions = req["name"], req["partitions"]
         protocol.check_name("topic name", name)
         settings = protocol.topic_settings({k: req[k] for k in TOPIC_SETTING_FIELDS if k in req})
+        if settings.get("storage") == "memory" and len(settings) > 1:
+            raise NodeError("a memory topic has no retention: storage.memory_bytes_max bounds "
+                            "it", ErrorCode.BAD_REQUEST)
         owners: list[int] = []
         if self.cluster is not None and 1 <= partitions <= self.lim.partitions_max:
             # The catalog member places the partitions, once: the placement is metadata.
             owners = list(place(name, partitions, self.cluster.members))
         return self.writes_to, lambda c: CreateTopic(c, name, partitions, owners,
                                                      settings=settings)
+
+    def alter_topic(self, req: dict[str, Any]) -> Target:
+        name = req["name"]
+        t = self.topic(name)
+        settings = {k: req[k] for k in protocol.ALTERABLE_SETTINGS if k in req}
+        if t.storage == "memory" and settings:
+            raise NodeError("a memory topic has no retention: storage.memory_bytes_max bounds "
+                            "it", ErrorCode.BAD_REQUEST)
+        return self.writes_to, lambda c: AlterTopic(c, name, settings)
 
     def delete_topic(self, req: dict[str, Any]) -> Target:
         name = req["name"]
@@ -947,6 +972,12 @@ class FrontDoorState:
         the shard writer, whose answer fills it."""
         tid, p = self.partition(req["topic"], req["partition"])
         key = req["key"]
+        settings = self.topics[req["topic"]].settings
+        if "retention_ms" in settings or "retention_bytes" in settings:
+            # Retention deletes in the background, unseen here: never from the cache.
+            corr = self.wait(identity, rid, now)
+            return [Request(self.writer_of(tid, p), corr, ReadByKey(corr, tid, p, key,
+                                                                     self.lsn_seen))]
         hit, records = self.kv.read_cached(tid, p, key)
         if hit:
             self.kv_gets_cached += 1

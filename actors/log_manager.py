@@ -66,6 +66,7 @@ from wire.messages import (
     Ack,
     AckRow,
     Acks,
+    AlterTopic,
     Append,
     Catalog,
     CatchUp,
@@ -215,7 +216,8 @@ class LogManager(Actor):
         match msg:
             case Writes():  # a burst of write requests: most messages
                 self.admit_writes(msg)
-            case (Append() | CreateTopic() | DeleteTopic() | CommitOffset() | DeleteRecord()
+            case (Append() | CreateTopic() | DeleteTopic() | AlterTopic() | CommitOffset()
+                  | DeleteRecord()
                   | ListTopics()
                   | EndOffsets() | TxnStart() | TxnAppend() | TxnResolve()):
                 self.admit(msg)

@@ -27,10 +27,11 @@ from actors.txn_ledger import Outcome, TxnLedger
 from config import NodeConfig
 from wire import formats, logrecord
 from wire.codec import Message
-from wire.errors import ErrorCode
+from wire.errors import ErrorCode, NodeError
 from wire.logrecord import Kind
 from wire.messages import (
     Ack,
+    AlterTopic,
     Append,
     Catalog,
     CommitOffset,
@@ -54,7 +55,7 @@ from wire.messages import (
     TxnStart,
     TxnWritten,
 )
-from wire.protocol import KV_PREFIX, NAME_RE, Topic
+from wire.protocol import ALTERABLE_SETTINGS, KV_PREFIX, NAME_RE, Topic, topic_settings
 from wire.xid import Xid
 
 ANSWER_WAIT_MS = 1000  # an answer waits this long for room in the front door's mailbox
@@ -123,6 +124,8 @@ class LogState:
                 return self._commit_offset(msg)
             case DeleteRecord():
                 return self._delete_record(msg)
+            case AlterTopic():
+                return self._alter(msg)
             case ListTopics(corr):
                 return TopicsReply(corr, sorted(self.topics.values(), key=lambda t: t.name))
             case EndOffsets():
@@ -284,6 +287,30 @@ class LogState:
         self.last_lsn += 1
         self._apply_delete(topic.topic_id, self.last_lsn)
         record = logrecord.encode(self.last_lsn, Kind.TOPIC_DELETE, [topic.topic_id, topic.name])
+        return Log(record, Done(msg.corr, self.last_lsn), self.last_lsn, catalog_changed=True)
+
+    def _alter(self, msg: AlterTopic) -> Log | Message:
+        topic = self.topics.get(msg.name)
+        if topic is None or (msg.topic_id and topic.topic_id != msg.topic_id):
+            return ErrorReply(msg.corr, ErrorCode.UNKNOWN_TOPIC, f"topic {msg.name!r} does not exist")
+        if msg.topic_id:  # a member copying the catalog member's settings: whole
+            settings = dict(msg.settings)
+        else:
+            fixed = sorted(set(msg.settings) - set(ALTERABLE_SETTINGS))
+            if fixed:
+                return ErrorReply(msg.corr, ErrorCode.BAD_REQUEST,
+                                  f"{fixed} cannot be changed; alter_topic changes "
+                                  f"{list(ALTERABLE_SETTINGS)}")
+            try:
+                settings = topic_settings({**topic.settings, **msg.settings})
+            except NodeError as exc:
+                return ErrorReply(msg.corr, exc.code, exc.message)
+        if settings == topic.settings:
+            return Done(msg.corr, self.catalog_lsn)  # nothing changes: nothing logged
+        self.last_lsn += 1
+        self._apply_alter(topic.topic_id, settings, self.last_lsn)
+        record = logrecord.encode(self.last_lsn, Kind.TOPIC_ALTER,
+                                  [topic.topic_id, topic.name, settings])
         return Log(record, Done(msg.corr, self.last_lsn), self.last_lsn, catalog_changed=True)
 
     def _delete_record(self, msg: DeleteRecord) -> Log | Message:
@@ -480,6 +507,13 @@ class LogState:
                 self.next_offset.pop((topic_id, p), None)
         self.catalog_lsn = lsn
 
+    def _apply_alter(self, topic_id: int, settings: dict[str, Any], lsn: int) -> None:
+        topic = self.by_id.get(topic_id)
+        if topic is not None:
+            topic = topic._replace(settings=settings)
+            self.by_id[topic_id] = self.topics[topic.name] = topic
+        self.catalog_lsn = lsn
+
     def catalog(self) -> Catalog:
         return Catalog(self.catalog_lsn, list(self.by_id.values()), self.catalog_lsn)
 
@@ -559,6 +593,9 @@ class LogState:
         elif kind == Kind.TOPIC_DELETE:
             topic_id, _name = entry.body()
             self._apply_delete(topic_id, entry.lsn)
+        elif kind == Kind.TOPIC_ALTER:
+            topic_id, _name, settings = entry.body()
+            self._apply_alter(topic_id, settings, entry.lsn)
         elif kind in (Kind.OFFSET_COMMIT, Kind.DELETE):
             pass  # applied by the shard writers; nothing for the log manager to remember
         elif Kind.TX_START <= kind <= Kind.ROLLBACK:

@@ -10,7 +10,9 @@ Column families (keys are big-endian so that byte order is numeric order):
     staged    txn u64 | lsn u64 | part u16        → msgpack [timestamp_ms, count, blob]
     kv        key                                 → value   (KV namespaces' shards only)
     chunks    offset u64 | chunk number u32       → bytes of the value (see below)
-    meta      b"applied_lsn", b"next_offset", b"max_ts" (+1; 0 = none), b"format" → u64
+    meta      b"applied_lsn", b"next_offset", b"max_ts" (+1; 0 = none), b"format",
+              b"first_offset" (the earliest kept: retention), b"bytes" (values and keys
+              kept) → u64; b"settings" → msgpack map (the topic's, for retention)
 
 ``staged`` holds the records of open and prepared transactions: invisible to every read,
 without offsets. A commit moves them into ``records`` (with the indexes) at the offsets its
@@ -71,6 +73,14 @@ CFS = (*DATA_CFS, "meta")
 KV_CF = "kv"  # the extra column family of a KV namespace's shard
 LEVELS = 7  # RocksDB's default num_levels: the levels ``stats`` counts files at
 COMPACT_PROGRESS_S = 0.5  # how often a compaction tells its caller it is still running
+
+
+class OutOfRange(Exception):
+    """A read below the earliest offset retention kept."""
+
+    def __init__(self, earliest: int) -> None:
+        super().__init__(earliest)
+        self.earliest = earliest
 
 
 class StoreFormatError(FormatRefused):
@@ -224,6 +234,11 @@ class ShardStore:
         self.applied_lsn = self._meta(b"applied_lsn")
         self.next_offset = self._meta(b"next_offset")
         self.max_ts = self._meta(b"max_ts") - 1  # stored +1, so that 0 means "none yet"
+        self.first_offset = self._meta(b"first_offset")
+        self.bytes = self._meta(b"bytes")
+        raw_settings = self.cf["meta"].get(b"settings")
+        self.settings: dict[str, Any] = ({} if raw_settings is None
+                                         else msgpack.unpackb(raw_settings, raw=False))
         self.batch: rocksdict.WriteBatch | None = None
         self.batch_lsn = 0
 
@@ -262,8 +277,10 @@ class ShardStore:
         offset = first
         inline_max = 1 << 62 if self.large.blob_files else self.large.inline_bytes_max
         items = msgpack.unpackb(blob, raw=False, use_list=False)
+        nbytes = 0
         for item in items:
             off = U64.pack(offset)
+            nbytes += len(item) if type(item) is bytes else len(item[0])
             if type(item) is bytes:
                 ts = batch_ts
                 if len(item) > inline_max:
@@ -280,6 +297,7 @@ class ShardStore:
                     wb.put(off, pack((ts, key, tags, value), use_bin_type=True), h_rec)
                 if key is not None:
                     wb.put(key, off, h_keys)
+                    nbytes += len(key)
                 for tag in tags:
                     t = tag.encode()
                     wb.put(TAG_LEN.pack(len(t)) + t + off, b"", h_tags)
@@ -289,6 +307,7 @@ class ShardStore:
             offset += 1
         self.max_ts = max_ts
         self.next_offset = offset
+        self.bytes += nbytes
 
     def _put_kv(self, wb: rocksdict.WriteBatch, blob: bytes) -> None:
         """A KV namespace's writes: ``[key, value]`` each, value nil to delete; one offset
@@ -402,18 +421,77 @@ class ShardStore:
         raw = None if off is None else self.cf["records"].get(off)
         if off is None or raw is None:
             return False
-        rec = msgpack.unpackb(raw, raw=False)
-        _ts, rec_key, tags = rec[0], rec[1], rec[2]
-        wb = self._wb()
+        self._delete(self._wb(), off, raw)
+        return True
+
+    def _delete(self, wb: rocksdict.WriteBatch, off: bytes, raw: bytes) -> list[Any]:
+        """Put the deletion of the record ``raw`` at ``off`` (its index entries and chunks
+        with it) in ``wb``; returns the record as stored."""
+        rec: list[Any] = msgpack.unpackb(raw, raw=False)
+        rec_key, tags = rec[1], rec[2]
         wb.delete(off, self.h["records"])
         if rec_key is not None and self.cf["keys"].get(rec_key) == off:
             wb.delete(rec_key, self.h["keys"])
         for tag in tags:
             t = tag.encode()
             wb.delete(TAG_LEN.pack(len(t)) + t + off, self.h["tags"])
-        if len(rec) > 4:  # a chunked value
+        chunked = len(rec) > 4
+        if chunked:
             self._delete_chunks(wb, U64.unpack(off)[0])
-        return True
+        size = (rec[4][0] if chunked else len(rec[3])) + (len(rec_key) if rec_key else 0)
+        self.bytes = max(0, self.bytes - size)
+        return rec
+
+    # ---- retention (actors/shard_writer.py runs it in the background) ------------------
+
+    def set_settings(self, lsn: int, settings: dict[str, Any]) -> None:
+        """The topic's settings as of ``lsn`` (its creation, or a change), kept with the
+        shard so that retention knows them after a restart."""
+        if lsn <= self.applied_lsn:
+            return
+        self.settings = dict(settings)
+        self._wb().put(b"settings", msgpack.packb(self.settings, use_bin_type=True),
+                       self.h["meta"])
+        self.batch_lsn = lsn
+
+    def retain(self, now_ms: int, records_max: int) -> int:
+        """Delete the oldest records while they are older than ``retention_ms`` or the
+        partition holds more than ``retention_bytes``: at most ``records_max`` in one call
+        (its own batch, with the new earliest offset; no LSN: retention is not logged, and a
+        crash before the next flush only brings back records it deletes again). Returns how
+        many it deleted."""
+        age_ms = int(self.settings.get("retention_ms", 0))
+        bytes_max = int(self.settings.get("retention_bytes", 0))
+        if (not age_ms and not bytes_max) or self.kv:
+            return 0
+        if self.batch is not None:
+            self.finish(self.batch_lsn)
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        it = self.cf["records"].iter()
+        it.seek(U64.pack(self.first_offset))
+        deleted = 0
+        first = self.first_offset
+        while it.valid() and deleted < records_max:
+            off, raw = it.key(), it.value()
+            ts = msgpack.unpackb(raw, raw=False)[0]
+            if not ((bytes_max and self.bytes > bytes_max) or (age_ms and ts < now_ms - age_ms)):
+                break
+            self._delete(wb, off, raw)
+            first = U64.unpack(off)[0] + 1
+            deleted += 1
+            it.next()
+        if not deleted:
+            return 0
+        self.first_offset = first
+        wb.put(b"first_offset", U64.pack(first), self.h["meta"])
+        wb.put(b"bytes", U64.pack(self.bytes), self.h["meta"])
+        self.db.write(wb, self.write_opts)
+        return deleted
+
+    def check_offset(self, offset: int) -> None:
+        """Raise ``OutOfRange`` for an offset retention deleted."""
+        if offset < self.first_offset:
+            raise OutOfRange(self.first_offset)
 
     def apply_offset_commit(self, lsn: int, group: str, offset: int) -> None:
         if lsn <= self.applied_lsn:
@@ -433,6 +511,7 @@ class ShardStore:
         wb.put(b"applied_lsn", U64.pack(lsn), meta)
         wb.put(b"next_offset", U64.pack(self.next_offset), meta)
         wb.put(b"max_ts", U64.pack(self.max_ts + 1), meta)
+        wb.put(b"bytes", U64.pack(self.bytes), meta)
         wb.put(b"format", U64.pack(FORMAT_VERSION), meta)
         self.db.write(wb, self.write_opts)
         self.batch = None
@@ -547,6 +626,10 @@ class ShardStore:
         return fields, (len(raw) if len(fields) == 4 else fields[4][0])
 
     def read(self, offset: int, max_records: int, bytes_max: int = 1 << 62) -> list[Any]:
+        self.check_offset(offset)
+        return self._read(offset, max_records, bytes_max)
+
+    def _read(self, offset: int, max_records: int, bytes_max: int = 1 << 62) -> list[Any]:
         """Rows from ``offset``: at most ``max_records``, and stopping before the record that
         would take them over ``bytes_max`` bytes (but at least one row is always returned),
         so no chunked value past the limit is joined."""
@@ -574,6 +657,7 @@ class ShardStore:
 
     def read_by_tag(self, tag: str, offset: int, max_records: int,
                     bytes_max: int = 1 << 62) -> list[Any]:
+        self.check_offset(offset)
         t = tag.encode()
         prefix = TAG_LEN.pack(len(t)) + t
         it = self.cf["tags"].iter()
@@ -601,7 +685,7 @@ class ShardStore:
         it.seek(U64.pack(timestamp))
         if not it.valid():
             return None
-        return int(U64.unpack(it.key()[8:16])[0])
+        return max(int(U64.unpack(it.key()[8:16])[0]), self.first_offset)
 
     def committed_offset(self, group: str) -> int | None:
         raw = self.cf["groups"].get(group.encode())

@@ -33,6 +33,7 @@ from actors.instructions import Apply, Flush, ReadLog, Send, Serve
 from actors.roles import FRONT_DOOR, LOG_MANAGER, shard_owner, writer_index
 from actors.shard_store import (
     TOMBSTONE_SUFFIX,
+    OutOfRange,
     ShardStore,
     StoreFormatError,
     StoreMemory,
@@ -72,6 +73,7 @@ log = logging.getLogger("shardnode")
 
 Shard = tuple[int, int]
 PARKED_READS_MAX = 10000
+RETAIN_RECORDS_PER_TICK = 20000  # records retention deletes from one shard a tick (~1 s)
 TXN_KINDS = (Kind.TX_START, Kind.DTX_START, Kind.TXN_WRITE, Kind.PREPARE, Kind.COMMIT,
              Kind.ROLLBACK)
 SLOW_APPLY_S = 0.25  # with the seam writer.slow_apply armed: the wait before each log record
@@ -106,6 +108,7 @@ class ShardWriter(Actor):
         self.commit_lsn = 0
         self.catalog_lsn = 0  # every catalog change at or below this LSN is applied
         self.applied_records = 0
+        self.retained = 0  # records retention deleted
         self.caught_up_bytes = 0
         self.recovery_ms = 0.0
         self.last_flush_ms = 0.0
@@ -251,7 +254,7 @@ class ShardWriter(Actor):
                     touched.add(store)
             elif e.kind in TXN_KINDS:
                 self.apply_txn(e, touched)
-            elif e.kind in (Kind.TOPIC_CREATE, Kind.TOPIC_DELETE):
+            elif e.kind in (Kind.TOPIC_CREATE, Kind.TOPIC_DELETE, Kind.TOPIC_ALTER):
                 for store in touched:  # catalog changes apply in LSN order
                     store.finish(store.batch_lsn)
                 touched.clear()
@@ -317,14 +320,23 @@ class ShardWriter(Actor):
     def apply_catalog(self, e: Entry) -> None:
         if e.lsn <= self.catalog_lsn:
             return
-        if e.kind == Kind.TOPIC_CREATE:
+        if e.kind == Kind.TOPIC_ALTER:
+            topic_id, _name, settings = e.body()
+            for shard, store in self.stores.items():
+                if shard[0] == topic_id:
+                    store.set_settings(e.lsn, settings)
+                    store.finish(e.lsn)
+        elif e.kind == Kind.TOPIC_CREATE:
             topic_id, name, partitions, *owners = e.body()
+            settings = owners[1] if len(owners) > 1 else {}
             here = [p for p in range(partitions)  # in a cluster, the partitions placed here
                     if not owners or not owners[0] or owners[0][p] == self.node_id]
             for p in here:
                 if self.owns(topic_id, p) and (topic_id, p) not in self.stores:
                     store = ShardStore(shard_dir(self.shards_dir, topic_id, p), topic_id, p,
                                        self.memory, kv=name.startswith(KV_PREFIX))
+                    if settings:
+                        store.set_settings(e.lsn, settings)
                     store.finish(e.lsn)
                     store.flush()
                     self.stores[(topic_id, p)] = store
@@ -359,6 +371,18 @@ class ShardWriter(Actor):
     def on_tick(self, now: float) -> None:
         self.perform(self.state.tick(now))  # reads behind: read the log for them first
         self.perform(self.state.expire(now))
+        self.retain()
+
+    def retain(self) -> None:
+        """Retention, in the background (a tick at most ``RETAIN_RECORDS_PER_TICK`` records
+        a shard): the oldest records of shards past their topic's ``retention_ms`` or
+        ``retention_bytes`` are deleted, and reads below the new earliest offset answer
+        OFFSET_OUT_OF_RANGE."""
+        now_ms = int(time.time() * 1000)
+        for store in self.stores.values():
+            if store.settings:
+                self.retained += store.retain(now_ms, RETAIN_RECORDS_PER_TICK)
+                self.keep_alive()
 
     def perform(self, instructions: list[WriterInstruction]) -> None:
         for ins in instructions:
@@ -384,6 +408,10 @@ class ShardWriter(Actor):
         """Answer a read from the shard it names; a read that fails is answered INTERNAL."""
         try:
             out = self.read(msg)
+        except OutOfRange as exc:
+            out = error_reply(msg.corr, ErrorCode.OFFSET_OUT_OF_RANGE,
+                              f"partition {msg.partition} keeps offsets from {exc.earliest} on "
+                              f"(retention deleted the older) (earliest: {exc.earliest})")
         except Exception as exc:
             log.exception("%s failed", type(msg).__name__)
             out = error_reply(msg.corr, ErrorCode.INTERNAL, f"the shard writer failed to read: {exc}")
@@ -476,6 +504,7 @@ class ShardWriter(Actor):
             "shards": len(self.stores),
             "processed_lsn": self.processed_lsn,
             "applied_records": self.applied_records,
+            "retention_deleted": self.retained,
             "parked_reads": len(self.state.parked),
             "recovery_ms": round(self.recovery_ms, 1),
             "replayed_bytes": self.caught_up_bytes,

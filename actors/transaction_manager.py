@@ -37,6 +37,7 @@ from wire import codec
 from wire.codec import Message
 from wire.errors import ErrorCode
 from wire.messages import (
+    AlterTopic,
     CheckpointFinished,
     CheckpointRequest,
     CommitOffset,
@@ -115,7 +116,7 @@ class TransactionManager(Actor):
             case Writes():
                 self.incoming.append(msg)
             case (CreateTopic(corr) | DeleteTopic(corr) | CommitOffset(corr)
-                  | DeleteRecord(corr)):
+                  | DeleteRecord(corr) | AlterTopic(corr)):
                 # A write request sent alone: a burst of one, as its encoded message.
                 self.incoming.append(Writes([corr], [], [(0, self.current_frame)]))
             case TxnBegin(corr):

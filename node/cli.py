@@ -8,7 +8,9 @@
     shardnode compact TOPIC            (compact the topic's shards on this node)
     shardnode snapshot export DIR      (a point-in-time copy of this node, taken while it serves)
     shardnode start --data-dir NEW --from-snapshot DIR   (a new node from that copy)
-    shardnode create-topic NAME [--partitions N] [--storage rocksdb|memory]
+    shardnode create-topic NAME [--partitions N] [--storage rocksdb|memory] [--retention-ms N]
+                               [--retention-bytes N]
+    shardnode alter-topic NAME [--retention-ms N] [--retention-bytes N]
     shardnode topics
     shardnode delete-topic NAME
     shardnode produce TOPIC VALUE... [--key K] [--partition P]
@@ -298,9 +300,26 @@ def cmd_snapshot_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def retention_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--retention-ms", type=int, default=None,
+                   help="delete records older than this many ms (0: keep them)")
+    s.add_argument("--retention-bytes", type=int, default=None,
+                   help="delete a partition's oldest records past this many bytes (0: no bound)")
+
+
+def cmd_alter_topic(args: argparse.Namespace) -> int:
+    if args.retention_ms is None and args.retention_bytes is None:
+        raise CommandError("say what to change: --retention-ms and/or --retention-bytes")
+    with _client(args) as c:
+        lsn = c.alter_topic(args.name, args.retention_ms, args.retention_bytes)
+    print(f"topic {args.name} altered (LSN {lsn})")
+    return 0
+
+
 def cmd_create_topic(args: argparse.Namespace) -> int:
     with _client(args) as c:
-        c.create_topic(args.name, args.partitions, args.storage)
+        c.create_topic(args.name, args.partitions, args.storage, args.retention_ms,
+                       args.retention_bytes)
     print(f"created topic {args.name} with {args.partitions} partition(s)")
     return 0
 
@@ -319,8 +338,11 @@ def cmd_topics(args: argparse.Namespace) -> int:
     t.add_column("name")
     t.add_column("partitions", justify="right")
     t.add_column("storage")
+    t.add_column("retention")
     for topic in topics:
-        t.add_row(topic.name, str(topic.partitions), topic.storage)
+        kept = [f"{topic.retention_ms} ms"] if topic.retention_ms else []
+        kept += [f"{topic.retention_bytes} bytes"] if topic.retention_bytes else []
+        t.add_row(topic.name, str(topic.partitions), topic.storage, ", ".join(kept) or "-")
     console.print(t)
     return 0
 
@@ -552,7 +574,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--storage", choices=("rocksdb", "memory"), default=None,
                    help="memory: records kept in memory within storage.memory_bytes_max, "
                    "acknowledged without a log write, gone when the node restarts")
+    retention_args(s)
     s.set_defaults(func=cmd_create_topic)
+
+    s = sub.add_parser("alter-topic", help="change a topic's retention")
+    client_args(s)
+    s.add_argument("name")
+    retention_args(s)
+    s.set_defaults(func=cmd_alter_topic)
 
     s = sub.add_parser("delete-topic", help="delete a topic and its records")
     client_args(s)

@@ -83,6 +83,8 @@ class TopicInfo:
     name: str
     partitions: int
     storage: str = "rocksdb"
+    retention_ms: int = 0  # 0: records are kept whatever their age
+    retention_bytes: int = 0  # 0: whatever a partition's size
 
 
 def _as_bytes(value: bytes | str) -> bytes:
@@ -323,7 +325,7 @@ class NodeClient:
             if topic not in self._owners:
                 return self.sock  # not known (yet): the member asked forwards it
             return self._sock(self.owner_endpoint(topic, 0))
-        if op in ("create_topic", "delete_topic", "kv_create", "kv_drop"):
+        if op in ("create_topic", "delete_topic", "alter_topic", "kv_create", "kv_drop"):
             members = self.members()
             return self._sock(members[min(members)] if members else self.endpoint)
         return self.sock
@@ -375,15 +377,32 @@ class NodeClient:
 
     # ---- topics -------------------------------------------------------------------
 
-    def create_topic(self, name: str, partitions: int = 1, storage: str | None = None) -> None:
+    def create_topic(self, name: str, partitions: int = 1, storage: str | None = None,
+                     retention_ms: int | None = None, retention_bytes: int | None = None
+                     ) -> None:
         """``storage``: "rocksdb" (the default: every acknowledged record durable) or
         "memory" (records kept by the node's front door within ``storage.memory_bytes_max``,
-        acknowledged without a log write, gone when the node restarts; the topic stays)."""
+        acknowledged without a log write, gone when the node restarts; the topic stays).
+        ``retention_ms`` / ``retention_bytes``: the node deletes records older than that, and
+        a partition's oldest past that size, in the background (0 or None: keep them)."""
         fields: dict[str, Any] = {"name": name, "partitions": partitions}
-        if storage is not None:
-            fields["storage"] = storage
+        for field, value in (("storage", storage), ("retention_ms", retention_ms),
+                             ("retention_bytes", retention_bytes)):
+            if value is not None:
+                fields[field] = value
         self.call("create_topic", **fields)
         self._partitions[name] = partitions
+
+    def alter_topic(self, name: str, retention_ms: int | None = None,
+                    retention_bytes: int | None = None) -> int:
+        """Change a topic's retention (0: no bound); returns the LSN that made it durable.
+        The shard writers apply it in the background, within a second or so."""
+        fields: dict[str, Any] = {"name": name}
+        if retention_ms is not None:
+            fields["retention_ms"] = retention_ms
+        if retention_bytes is not None:
+            fields["retention_bytes"] = retention_bytes
+        return int(self.call("alter_topic", **fields)["lsn"])
 
     def delete_topic(self, name: str) -> None:
         self.call("delete_topic", name=name)
@@ -399,8 +418,9 @@ class NodeClient:
         self._partitions = {t.name: t.partitions for t in topics}
         self._owners = {t.name: t.owners for t in topics if t.owners}
         # KV namespaces are topics of the catalog too (kv:<name>): ``kv_namespaces`` lists them.
-        return [TopicInfo(t.name, t.partitions, t.storage) for t in topics
-                if not t.name.startswith(KV_PREFIX)]
+        return [TopicInfo(t.name, t.partitions, t.storage, int(t.settings.get("retention_ms", 0)),
+                          int(t.settings.get("retention_bytes", 0)))
+                for t in topics if not t.name.startswith(KV_PREFIX)]
 
     def partitions(self, topic: str) -> int:
         if topic not in self._partitions:

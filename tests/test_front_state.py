@@ -255,6 +255,7 @@ EXAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
                  "records": msgpack.packb([b"a"])}, lambda c: Ack(c, 5, [(1, 0, 1)])),
     "create_topic": ({"name": "new", "partitions": 2}, lambda c: Done(c, 5)),
     "delete_topic": ({"name": "t"}, lambda c: Done(c, 5)),
+    "alter_topic": ({"name": "t", "retention_ms": 1000}, lambda c: Done(c, 5)),
     "list_topics": ({}, lambda c: TopicsReply(c, [Topic("t", 4, 1)])),
     "cluster_map": ({}, None),  # answered by the front door itself
     "cluster_sync": ({}, None),

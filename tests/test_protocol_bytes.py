@@ -219,10 +219,10 @@ def test_error_replies_keep_their_bytes(front: FrontDoorState) -> None:
         frames.append(out.frame)
     assert frames == [
         # (The list of known ops grew with the transactions' ops: a str 8 became a str 16;
-        # then with stats and compact; then with the KV ops, snapshot_export and the deletes:
-        # 0x01b6 became 0x0246.)
-        b"\x84\xa2id\x13\xa2ok\xc2\xa4code\x02\xa5error\xda\x02\x46unknown op 'fly'; known: "
-        b"['checkpoint', 'cluster_map', 'cluster_sync', 'commit_offset', 'committed_offset', 'compact', 'create_topic', "
+        # then with stats and compact; then with the KV ops, snapshot_export, the deletes and
+        # alter_topic: 0x01b6 became 0x0255.)
+        b"\x84\xa2id\x13\xa2ok\xc2\xa4code\x02\xa5error\xda\x02\x55unknown op 'fly'; known: "
+        b"['alter_topic', 'checkpoint', 'cluster_map', 'cluster_sync', 'commit_offset', 'committed_offset', 'compact', 'create_topic', "
         b"'delete_by_key', 'delete_by_offset', 'delete_topic', "
         b"'end_offsets', 'kv_cas', 'kv_create', 'kv_delete', 'kv_drop', 'kv_get', 'kv_put', "
         b"'kv_scan', 'list_topics', 'offset_for_timestamp', 'produce', 'read', 'read_by_key', "

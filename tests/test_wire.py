@@ -224,6 +224,7 @@ VALID_REQUESTS: dict[str, dict[str, Any]] = {
                 "records": pack([b"a", b"b"])},
     "create_topic": {"name": "orders", "partitions": 4},
     "delete_topic": {"name": "orders"},
+    "alter_topic": {"name": "orders", "retention_ms": 60_000, "retention_bytes": 1 << 30},
     "list_topics": {},
     "cluster_map": {},
     "cluster_sync": {},

@@ -16,6 +16,7 @@ Bodies, by kind (msgpack arrays, fields in this order):
                    (``wire.protocol.TOPIC_SETTINGS``; absent when there are none)
     TOPIC_DELETE   [topic_id, name]
     OFFSET_COMMIT  [group, topic_id, partition, offset]
+    TOPIC_ALTER    [topic_id, name, settings]   the topic's settings from now on, whole
     DELETE         [topic_id, partition, offset, key]   a record deleted: the one at ``offset``,
                    or (offset -1) the latest with ``key`` (the one read_by_key answers)
 
@@ -83,6 +84,7 @@ class Kind(enum.IntEnum):
     COMMIT = 9
     ROLLBACK = 10
     DELETE = 11
+    TOPIC_ALTER = 12
 
 
 def encode(lsn: int, kind: Kind, body: Any) -> bytes:

@@ -102,6 +102,17 @@ class CommitOffset(Message):
     offset: int
 
 
+@message(103)
+class AlterTopic(Message):
+    """Change a topic's settings (those of ``wire.protocol.ALTERABLE_SETTINGS``): ``settings``
+    are the ones asked for, merged into the topic's; ack when durable."""
+
+    corr: int
+    name: str
+    settings: dict[str, Any]
+    topic_id: int = 0  # a member copying the catalog member's topic: its settings whole
+
+
 @message(102)
 class DeleteRecord(Message):
     """Delete one record of a partition: the one at ``offset``, or (``offset`` -1) the latest
@@ -712,6 +723,7 @@ class Exported(Message):
 Answer = (Ack | Done | TopicsReply | ErrorReply | RecordsReply | ValueReply | StatusReply
           | OffsetsReply | TxnId | TxnWritten | TxnCommitted | TxnsReply | ShardsReply
           | Exported)
-LogRequest = (Append | CreateTopic | DeleteTopic | CommitOffset | DeleteRecord | ListTopics
+LogRequest = (Append | CreateTopic | DeleteTopic | AlterTopic | CommitOffset | DeleteRecord
+              | ListTopics
               | EndOffsets
               | TxnStart | TxnAppend | TxnResolve)

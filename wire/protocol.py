@@ -85,7 +85,10 @@ class Topic(NamedTuple):
 # A topic's settings, their defaults and the values they may take (None: any).
 TOPIC_SETTINGS: dict[str, tuple[Any, tuple[Any, ...] | None]] = {
     "storage": ("rocksdb", ("rocksdb", "memory")),
+    "retention_ms": (0, None),  # delete records older than this (0: keep them)
+    "retention_bytes": (0, None),  # ... and the oldest past this many bytes a partition
 }
+ALTERABLE_SETTINGS = ("retention_ms", "retention_bytes")  # alter_topic changes these
 
 
 def topic_settings(given: Mapping[str, Any]) -> dict[str, Any]:
@@ -97,6 +100,8 @@ def topic_settings(given: Mapping[str, Any]) -> dict[str, Any]:
         if known is None:
             raise BadRequest(f"unknown topic setting {name!r}; known: {sorted(TOPIC_SETTINGS)}")
         default, allowed = known
+        if allowed is None and (type(value) is not int or not 0 <= value <= OFFSET_MAX):
+            raise BadRequest(f"topic setting {name!r} must be an integer ≥ 0, got {value!r}")
         if allowed is not None and value not in allowed:
             raise BadRequest(f"topic setting {name!r} must be one of {list(allowed)}, got "
                              f"{value!r}")
@@ -161,6 +166,11 @@ MAX_RECORDS = Field("max_records", _INT, "at most this many records (the node ca
 GROUP = Field("group", _STR, "consumer group name", len_max=NAME_LEN_MAX)
 NAME = Field("name", _STR, "topic name", len_max=NAME_LEN_MAX)
 
+RETENTION_MS = Field("retention_ms", _INT, "delete records older than this many ms, by their "
+                     "timestamps (0: keep them)", required=False, non_negative=True)
+RETENTION_BYTES = Field("retention_bytes", _INT, "delete a partition's oldest records past "
+                        "this many bytes of values and keys (0: no bound)", required=False,
+                        non_negative=True)
 NODE_ID = Field("node_id", _INT, "the answering member's id (0: a single node)")
 LSN = Field("lsn", _INT, "the LSN that made it durable")
 RECORDS_READ = Field("records", _BIN, "packed array of `[offset, timestamp_ms, key, tags, "
@@ -222,7 +232,11 @@ OPS: dict[str, Op] = {op.name: op for op in (
        request=(NAME, Field("partitions", _INT, "1 .. 1024 partitions"),
                 Field("storage", _STR, "`rocksdb` (the default: logged, durable) or `memory` "
                       "(kept by the front door within `storage.memory_bytes_max`, answered "
-                      "without a log write, empty after a restart)", required=False)),
+                      "without a log write, empty after a restart)", required=False),
+                RETENTION_MS, RETENTION_BYTES),
+       reply=(LSN,)),
+    Op("alter_topic", "change a topic's retention; the shard writers apply it in the background",
+       request=(NAME, RETENTION_MS, RETENTION_BYTES),
        reply=(LSN,)),
     Op("delete_topic", "delete a topic and its partitions", retry=False,
        request=(NAME,),
