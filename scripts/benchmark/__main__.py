@@ -11,7 +11,7 @@ workloads against peers in the same run, on the same machine.
     scripts/bench kv --repeat 3
 
 Scenarios: ingest-batched, ingest-single, read-tail, read-key, recovery, checkpoint, txn;
-spark, cluster, large-values and kv, only when named.
+spark, cluster, large-values, kv and storage, only when named.
 Systems: shardnode (the node, started here on a fresh data dir); redis (Redis Streams,
 ``appendfsync always``, started here on a free loopback port); rabbitmq (quorum queues,
 publisher confirms, started here on free loopback ports: ingest-batched, ingest-single and
@@ -28,7 +28,8 @@ and through one member that forwards. ``large-values``: values of 1 MiB and 10 M
 and read back through a node keeping them in chunks and one leaving them to RocksDB's blob
 files. ``kv``: kv_get, kv_put (one at a time and
 --concurrency in flight), CAS increments and read_by_key in flight, against Redis GET, SET,
-WATCH/GET/MULTI/SET/EXEC and HGET (redis).
+WATCH/GET/MULTI/SET/EXEC and HGET (redis). ``storage``: the node's single-record and batched
+ingest and its read-tail on a memory topic against a RocksDB topic.
 
 Every client workload runs in its own process (spawn start method): the parent starts the
 servers, lines the clients up, fires them together, samples the servers' RSS and collects

@@ -68,6 +68,7 @@ LARGE_QUICK_BYTES = 20 << 20           # ... with --quick
 # WATCH/GET/MULTI/SET/EXEC and HGET (``appendfsync always``). Runs only when named: 12 timed
 # runs of --seconds and an untimed prefill (about 2 min with Redis here).
 KV = "kv"
+STORAGE = "storage"  # memory topics against RocksDB topics, the node only (run when named)
 GET = "get"
 PUT = "put"
 CAS = "cas"

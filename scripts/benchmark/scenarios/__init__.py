@@ -13,7 +13,17 @@ from collections.abc import Callable, Sequence
 from ..bench import Bench, Runs
 from ..measure import Row, median_row
 from ..peers.base import Server
-from ..settings import AT_LEAST_ONCE, CLUSTER, DISK, KV, LARGE_VALUES, SHARDNODE, SPARK, TXN
+from ..settings import (
+    AT_LEAST_ONCE,
+    CLUSTER,
+    DISK,
+    KV,
+    LARGE_VALUES,
+    SHARDNODE,
+    SPARK,
+    STORAGE,
+    TXN,
+)
 from .checkpoint import checkpoint
 from .cluster import cluster
 from .ingest_batched import ingest_batched
@@ -24,6 +34,7 @@ from .read_key import read_key
 from .read_tail import read_tail
 from .recovery import recovery
 from .spark import spark
+from .storage import storage
 from .txn import txn
 
 log = logging.getLogger(__name__)
@@ -41,11 +52,12 @@ SCENARIOS: dict[str, Callable[[Bench, Server], Result]] = {
     CLUSTER: cluster,
     LARGE_VALUES: large_values,
     KV: kv,
+    STORAGE: storage,
 }
 # Run only when named: Spark needs Java, a JVM of about 1 GB, 10-30 s; the cluster scenario
 # starts three clusters (six more nodes); large-values writes 200 MiB four times over; kv
 # has twelve timed runs (about 2 min with Redis).
-NAMED_ONLY = (SPARK, CLUSTER, LARGE_VALUES, KV)
+NAMED_ONLY = (SPARK, CLUSTER, LARGE_VALUES, KV, STORAGE)
 INGEST = ("ingest-batched", "ingest-single")  # the scenarios that show the references
 
 
