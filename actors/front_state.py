@@ -128,6 +128,8 @@ KV_CREATING_OPS = frozenset({"kv_put", "kv_cas", "txn_kv"})
 # Commits: a namespace they may change is not answered from the cache meanwhile.
 COMMIT_OPS = frozenset({"txn_commit", "xa_commit"})
 TOPIC_SETTING_FIELDS = ("storage", "retention_ms", "retention_bytes")
+# Changes of the catalog: in a cluster, the catalog member makes them.
+CATALOG_OPS = frozenset({"create_topic", "delete_topic", "alter_topic", "kv_create", "kv_drop"})
 DELETE_OPS = frozenset({"delete_by_key", "delete_by_offset"})
 # Reads a memory topic answers from the front door's memory.
 MEMORY_READ_OPS = frozenset({"read", "read_by_key", "read_by_tag", "offset_for_timestamp",
@@ -402,14 +404,15 @@ class FrontDoorState:
             # Answered once copied (after a copy under way, which may predate the change).
             self.after_pull.append((identity, rid, {"node_id": c.me}, self.pulling))
             return self.pull() or ([] if self.pulling else self.release())
-        if op in ("create_topic", "delete_topic", "alter_topic"):
+        if op in CATALOG_OPS:
             if c.is_catalog:
                 role, make = self.routes[op](req)
                 corr = self.wait(identity, rid, now)
                 self.pending[corr].then = self.catalog_changed
                 return [Request(role, corr, make(corr))]
             if from_peer:
-                raise NotOwner(f"topics are created and deleted on {c.name(c.catalog_id)}")
+                raise NotOwner(f"topics and namespaces are created, changed and deleted on "
+                               f"{c.name(c.catalog_id)}")
             return self.forward(identity, rid, req, now, c.catalog_id, then=self.catalog_written)
         if op in KV_OPS:
             t = self.topic(kv_topic(req["namespace"]), kv=True)
@@ -419,15 +422,6 @@ class FrontDoorState:
             if from_peer:
                 raise NotOwner(f"KV namespace {req['namespace']!r} is owned by {c.name(owner)}")
             return self.forward(identity, rid, req, now, owner)
-        if op in ("kv_create", "kv_drop"):
-            if c.is_catalog:
-                role, make = self.routes[op](req)
-                corr = self.wait(identity, rid, now)
-                self.pending[corr].then = self.catalog_changed
-                return [Request(role, corr, make(corr))]
-            if from_peer:
-                raise NotOwner(f"namespaces are created and deleted on {c.name(c.catalog_id)}")
-            return self.forward(identity, rid, req, now, c.catalog_id, then=self.catalog_written)
         if op == "txn_kv":
             owner = self.topic(kv_topic(req["namespace"]), kv=True).owner(0)
             if owner not in (0, c.me):

@@ -313,13 +313,20 @@ class LogState:
                                   [topic.topic_id, topic.name, settings])
         return Log(record, Done(msg.corr, self.last_lsn), self.last_lsn, catalog_changed=True)
 
-    def _delete_record(self, msg: DeleteRecord) -> Log | Message:
-        topic = self.by_id.get(msg.topic_id)
+    def _partition(self, corr: int, topic_id: int, partition: int) -> Topic | ErrorReply:
+        """The topic of an existing partition, or the error that says it does not exist."""
+        topic = self.by_id.get(topic_id)
         if topic is None:
-            return ErrorReply(msg.corr, ErrorCode.UNKNOWN_TOPIC, f"topic id {msg.topic_id} does not exist")
-        if not 0 <= msg.partition < topic.partitions:
-            return ErrorReply(msg.corr, ErrorCode.UNKNOWN_PARTITION,
-                              f"topic {topic.name!r} has no partition {msg.partition}")
+            return ErrorReply(corr, ErrorCode.UNKNOWN_TOPIC, f"topic id {topic_id} does not exist")
+        if not 0 <= partition < topic.partitions:
+            return ErrorReply(corr, ErrorCode.UNKNOWN_PARTITION,
+                              f"topic {topic.name!r} has no partition {partition}")
+        return topic
+
+    def _delete_record(self, msg: DeleteRecord) -> Log | Message:
+        topic = self._partition(msg.corr, msg.topic_id, msg.partition)
+        if isinstance(topic, ErrorReply):
+            return topic
         end = self.next_offset[(msg.topic_id, msg.partition)]
         if msg.offset >= end:
             return ErrorReply(msg.corr, ErrorCode.BAD_REQUEST,
@@ -331,12 +338,9 @@ class LogState:
         return Log(record, Done(msg.corr, self.last_lsn), self.last_lsn)
 
     def _commit_offset(self, msg: CommitOffset) -> Log | Message:
-        topic = self.by_id.get(msg.topic_id)
-        if topic is None:
-            return ErrorReply(msg.corr, ErrorCode.UNKNOWN_TOPIC, f"topic id {msg.topic_id} does not exist")
-        if not 0 <= msg.partition < topic.partitions:
-            return ErrorReply(msg.corr, ErrorCode.UNKNOWN_PARTITION,
-                              f"topic {topic.name!r} has no partition {msg.partition}")
+        topic = self._partition(msg.corr, msg.topic_id, msg.partition)
+        if isinstance(topic, ErrorReply):
+            return topic
         # (A memory topic's records are not logged: its end is not known here.)
         if (topic.storage != "memory"
                 and not 0 <= msg.offset <= self.next_offset[(msg.topic_id, msg.partition)]):

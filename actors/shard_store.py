@@ -45,6 +45,7 @@ iterator has read the value of the record a read stops before (one value past th
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import struct
@@ -73,6 +74,19 @@ CFS = (*DATA_CFS, "meta")
 KV_CF = "kv"  # the extra column family of a KV namespace's shard
 LEVELS = 7  # RocksDB's default num_levels: the levels ``stats`` counts files at
 COMPACT_PROGRESS_S = 0.5  # how often a compaction tells its caller it is still running
+
+
+def on_thread(work: Callable[[], object], progress: Callable[[], None]) -> None:
+    """Run ``work`` (a long RocksDB call: rocksdict lets go of the GIL meanwhile) on a
+    thread, calling ``progress`` every ``COMPACT_PROGRESS_S`` until it is done."""
+    with ThreadPoolExecutor(1, thread_name_prefix="rocksdb") as pool:
+        done = pool.submit(work)
+        while True:
+            try:
+                done.result(timeout=COMPACT_PROGRESS_S)
+                return
+            except FuturesTimeout:
+                progress()
 
 
 class OutOfRange(Exception):
@@ -553,16 +567,9 @@ class ShardStore:
         before = self.sst_bytes()
         opts = rocksdict.CompactOptions()
         opts.set_exclusive_manual_compaction(True)
-        with ThreadPoolExecutor(1, thread_name_prefix="compact") as pool:
-            for cf in self.cf.values():
-                done = pool.submit(cf.compact_range, None, None, opts)
-                while True:
-                    try:
-                        done.result(timeout=COMPACT_PROGRESS_S)
-                        break
-                    except FuturesTimeout:
-                        progress()
-                progress()
+        for cf in self.cf.values():
+            on_thread(functools.partial(cf.compact_range, None, None, opts), progress)
+            progress()
         return before, self.sst_bytes()
 
     def checkpoint(self, path: Path, progress: Callable[[], None]) -> int:
@@ -573,14 +580,7 @@ class ShardStore:
         calls ``progress``, as ``compact`` does. Returns the checkpoint's bytes."""
         self.finish(self.batch_lsn)
         self.flush()
-        with ThreadPoolExecutor(1, thread_name_prefix="checkpoint") as pool:
-            done = pool.submit(rocksdict.Checkpoint(self.db).create_checkpoint, str(path))
-            while True:
-                try:
-                    done.result(timeout=COMPACT_PROGRESS_S)
-                    break
-                except FuturesTimeout:
-                    progress()
+        on_thread(lambda: rocksdict.Checkpoint(self.db).create_checkpoint(str(path)), progress)
         return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
 
     def close(self) -> None:
