@@ -131,6 +131,28 @@ def test_a_topic_created_through_one_member_is_usable_through_another_at_once(
             time.sleep(0.05)  # ok-sleep: polling the member's copy of the catalog
 
 
+def test_alter_topic_through_any_member_reaches_every_partitions_owner(
+        cluster: LocalCluster) -> None:
+    from wire.errors import OffsetOutOfRange
+
+    with one(cluster, 3) as c3, one(cluster, 2) as c2, routed(cluster) as rc:
+        c3.create_topic("ret", partitions=3)
+        for p in range(3):
+            rc.produce_batch("ret", [b"z" * 100] * 40, partition=p)
+        c2.alter_topic("ret", retention_bytes=600)  # forwarded to the catalog member
+        assert next(t for t in c2.list_topics() if t.name == "ret").retention_bytes == 600
+        for p in range(3):  # each owner's writer applies it
+            deadline = time.monotonic() + WAIT_S
+            while True:
+                try:
+                    rc.read("ret", p, 0, 1)
+                except OffsetOutOfRange as exc:
+                    assert 0 < exc.earliest < 40
+                    break
+                assert time.monotonic() < deadline, f"partition {p} kept everything"
+                time.sleep(0.05)  # ok-sleep: polling for retention, bounded by WAIT_S
+
+
 def test_a_transaction_stays_on_one_member(cluster: LocalCluster) -> None:
     with routed(cluster) as c:
         c.create_topic("txn-one", partitions=6)
