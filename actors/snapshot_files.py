@@ -21,7 +21,6 @@ import dataclasses
 import json
 import os
 import shutil
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +30,7 @@ import zmq
 
 from actors import faults
 from actors.durable import fsync_dir
+from actors.truncator import ThreadJob
 from actors.wal import SNAPSHOT_SLOTS, list_segments, segment_name, write_snapshot
 from wire import formats, logrecord
 
@@ -87,60 +87,27 @@ class CopyResult:
     error: str
 
 
-class ExportCopier:
+class ExportCopier(ThreadJob[CopyResult]):
     """The log manager's part of an export, on a thread of its own (as the checkpoint's
     ``Truncator``): write its state snapshot, copy the segments, fsync everything, write
     the manifest; then wake the actor's loop through an inproc socket. One job at a time."""
 
     def __init__(self, zctx: zmq.Context[zmq.Socket[bytes]]) -> None:
-        address = f"inproc://export-{id(self)}"
-        self.wake = zctx.socket(zmq.PAIR)
-        self.wake.setsockopt(zmq.LINGER, 0)
-        self.wake.bind(address)
-        self._ping = zctx.socket(zmq.PAIR)  # used by the job's thread only
-        self._ping.setsockopt(zmq.LINGER, 0)
-        self._ping.connect(address)
-        self.thread: threading.Thread | None = None
-        self.result: CopyResult | None = None
-
-    @property
-    def busy(self) -> bool:
-        return self.thread is not None
+        super().__init__(zctx, "export")
 
     def start(self, export_id: int, directory: Path, lsn: int, snapshot: dict[str, Any],
               segments: list[Path], node_id: int, deadline: float) -> None:
-        if self.thread is not None:
-            raise RuntimeError("an export copy is already running")
-        self.result = None
-        self.thread = threading.Thread(
-            target=self._run, args=(export_id, directory, lsn, snapshot, segments, node_id,
-                                    deadline), name="export", daemon=True)
-        self.thread.start()
+        self._start(self._run, export_id, directory, lsn, snapshot, segments, node_id,
+                    deadline)
 
     def _run(self, export_id: int, directory: Path, lsn: int, snapshot: dict[str, Any],
-             segments: list[Path], node_id: int, deadline: float) -> None:
+             segments: list[Path], node_id: int, deadline: float) -> CopyResult:
         size, error = 0, ""
         try:
             size = write_export(directory, lsn, snapshot, segments, node_id, deadline)
         except (OSError, TimeoutError) as exc:
             error = f"writing the log and manifest into {directory} failed: {exc}"
-        self.result = CopyResult(export_id, lsn, size, error)
-        self._ping.send(b"")
-
-    def collect(self, timeout_s: float = 0.0) -> CopyResult | None:
-        if self.thread is None:
-            return None
-        self.thread.join(timeout_s)
-        if self.thread.is_alive():
-            return None
-        self.thread = None
-        while self.wake.poll(0, zmq.POLLIN):
-            self.wake.recv()
-        return self.result
-
-    def close(self) -> None:
-        self.wake.close(0)
-        self._ping.close(0)
+        return CopyResult(export_id, lsn, size, error)
 
 
 def write_export(directory: Path, lsn: int, snapshot: dict[str, Any], segments: list[Path],

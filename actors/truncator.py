@@ -5,14 +5,67 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import zmq
 
 from actors import faults
 from actors.wal import delete_segments_upto, write_snapshot
 from wire import logrecord
+
+R = TypeVar("R")
+
+
+class ThreadJob(Generic[R]):
+    """File work of an actor on a thread of its own, one job at a time: the thread leaves
+    its result and wakes the actor's loop through an inproc socket (``wake``, which the
+    loop polls); the loop then calls ``collect``."""
+
+    def __init__(self, zctx: zmq.Context[zmq.Socket[bytes]], name: str) -> None:
+        self.name = name
+        address = f"inproc://{name}-{id(self)}"
+        self.wake = zctx.socket(zmq.PAIR)
+        self.wake.setsockopt(zmq.LINGER, 0)
+        self.wake.bind(address)
+        self._ping = zctx.socket(zmq.PAIR)  # used by the job's thread only
+        self._ping.setsockopt(zmq.LINGER, 0)
+        self._ping.connect(address)
+        self.thread: threading.Thread | None = None
+        self.result: R | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.thread is not None
+
+    def _start(self, run: Callable[..., R], *args: Any) -> None:
+        if self.thread is not None:
+            raise RuntimeError(f"a {self.name} job is already running")
+        self.result = None
+        self.thread = threading.Thread(target=self._main, args=(run, *args), name=self.name,
+                                       daemon=True)
+        self.thread.start()
+
+    def _main(self, run: Callable[..., R], *args: Any) -> None:
+        self.result = run(*args)
+        self._ping.send(b"")
+
+    def collect(self, timeout_s: float = 0.0) -> R | None:
+        """The finished job's result, waiting up to ``timeout_s`` for it; None if none."""
+        if self.thread is None:
+            return None
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            return None
+        self.thread = None
+        while self.wake.poll(0, zmq.POLLIN):
+            self.wake.recv()
+        return self.result
+
+    def close(self) -> None:
+        self.wake.close(0)
+        self._ping.close(0)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -23,7 +76,7 @@ class TruncateResult:
     error: str
 
 
-class Truncator:
+class Truncator(ThreadJob[TruncateResult]):
     """A checkpoint's file work, on a thread of its own.
 
     Done inline, building the snapshot and the file system calls stalled every
@@ -35,26 +88,14 @@ class Truncator:
     starts no checkpoint while one is truncating)."""
 
     def __init__(self, zctx: zmq.Context[zmq.Socket[bytes]], log_dir: Path, data_dir: Path) -> None:
+        super().__init__(zctx, "truncate")
         self.log_dir = log_dir
         self.data_dir = data_dir
-        address = f"inproc://truncator-{id(self)}"
-        self.wake = zctx.socket(zmq.PAIR)
-        self.wake.setsockopt(zmq.LINGER, 0)
-        self.wake.bind(address)
-        self._ping = zctx.socket(zmq.PAIR)  # used by the job's thread only
-        self._ping.setsockopt(zmq.LINGER, 0)
-        self._ping.connect(address)
-        self.thread: threading.Thread | None = None
-        self.result: TruncateResult | None = None
         self.next_slot = 0  # the snapshot slot not holding the newest snapshot
 
     def after_recovery(self, newest_slot: int | None) -> None:
         """Recovery loaded the snapshot of ``newest_slot`` (None: none): write the other."""
         self.next_slot = 0 if newest_slot is None else 1 - newest_slot
-
-    @property
-    def busy(self) -> bool:
-        return self.thread is not None
 
     def start(self, ckpt_id: int, upto: int, snapshot: dict[str, Any]) -> None:
         """Write ``snapshot`` (taken when the state was exactly what is durable), then
@@ -62,12 +103,10 @@ class Truncator:
         if self.thread is not None:
             raise RuntimeError("a truncate job is already running")
         slot, self.next_slot = self.next_slot, 1 - self.next_slot
-        self.result = None
-        self.thread = threading.Thread(target=self._run, args=(ckpt_id, upto, snapshot, slot),
-                                       name="truncate", daemon=True)
-        self.thread.start()
+        self._start(self._run, ckpt_id, upto, snapshot, slot)
 
-    def _run(self, ckpt_id: int, upto: int, snapshot: dict[str, Any], slot: int) -> None:
+    def _run(self, ckpt_id: int, upto: int, snapshot: dict[str, Any], slot: int
+             ) -> TruncateResult:
         deleted, error = 0, ""
         try:
             write_snapshot(self.log_dir, slot, logrecord.encode_snapshot(snapshot))
@@ -84,21 +123,4 @@ class Truncator:
             except OSError as exc:
                 error = f"deleting segments failed: {exc}"  # the next checkpoint retries
             faults.crash_point("checkpoint.after_truncate", self.data_dir)
-        self.result = TruncateResult(ckpt_id, upto, deleted, error)
-        self._ping.send(b"")
-
-    def collect(self, timeout_s: float = 0.0) -> TruncateResult | None:
-        """The finished job's result, waiting up to ``timeout_s`` for it; None if none."""
-        if self.thread is None:
-            return None
-        self.thread.join(timeout_s)
-        if self.thread.is_alive():
-            return None
-        self.thread = None
-        while self.wake.poll(0, zmq.POLLIN):
-            self.wake.recv()
-        return self.result
-
-    def close(self) -> None:
-        self.wake.close(0)
-        self._ping.close(0)
+        return TruncateResult(ckpt_id, upto, deleted, error)
