@@ -167,7 +167,9 @@ def test_sigkill_mid_ingest_of_large_values_keeps_every_acknowledged_one_whole(
     def produce() -> None:
         rnd = random.Random(SEED)
         try:
-            with node.client(timeout_ms=30_000, retries=0) as c:
+            # A shorter timeout: after the kill, the request under way fails sooner (with 30 s
+            # this test waited that long for its thread).
+            with node.client(timeout_ms=10_000, retries=0) as c:
                 i = 0
                 while not stop.is_set():
                     v = sealed(rnd.randrange(MIB, BIG), SEED + i)

@@ -62,7 +62,7 @@ LARGE_VALUES = "large-values"
 LARGE_WAYS = ("chunks", "blob_files")  # [storage] large_values of the scenario's two nodes
 LARGE_SIZES = (1 << 20, 10 << 20)      # value bytes: 1 MiB and 10 MiB
 LARGE_TOTAL_BYTES = 200 << 20          # written by each run of each (way, size): 200 MiB
-LARGE_QUICK_BYTES = 20 << 20           # ... with --quick
+LARGE_QUICK_BYTES = 10 << 20           # ... with --quick (one 10 MiB value; ten of 1 MiB)
 # The kv scenario (issue 14): K keys prefilled (untimed), then gets, puts and CAS one at a
 # time, and gets, puts and read_by_key with --concurrency in flight, beside Redis GET, SET,
 # WATCH/GET/MULTI/SET/EXEC and HGET (``appendfsync always``). Runs only when named: 12 timed
