@@ -110,7 +110,7 @@ def test_a_get_from_another_client_sees_every_acknowledged_put(node: LocalNode) 
         deadline = time.monotonic() + 10
         while front_figures(r).get("kv_gets_cached", 0) < 200:
             assert time.monotonic() < deadline, front_figures(r)
-            time.sleep(0.05)
+            time.sleep(0.05)  # ok-sleep: polling the next figures report, under a deadline
 
 
 def front_figures(c: NodeClient) -> dict[str, Any]:
@@ -294,7 +294,7 @@ def test_no_acknowledged_compare_and_set_is_lost_to_a_sigkill(make_node: MakeNod
         deadline = time.monotonic() + 60
         while int(c.kv_get("inc", b"count") or 0) < 200:  # well under way
             assert time.monotonic() < deadline
-            time.sleep(0.01)
+            time.sleep(0.01)  # ok-sleep: polling the counter, under a deadline
     n.kill()
     results = []
     for p in procs:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
@@ -27,11 +28,11 @@ def earliest(c: NodeClient, topic: str, partition: int = 0) -> int:
     return 0
 
 
-def wait_for(what: str, check: object, timeout_s: float = 20.0) -> None:
+def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
+    while not check():
         assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.05)
+        time.sleep(0.05)  # ok-sleep: polling for the background pass, under a deadline
 
 
 def test_retention_by_size_and_by_age_and_altered(make_node: MakeNode) -> None:

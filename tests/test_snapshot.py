@@ -113,6 +113,9 @@ def test_an_export_taken_under_load_holds_exactly_the_records_durable_at_its_lsn
         c.create_topic("other", partitions=1)
         before = {s: dedup.produce_batch("other", [f"d{s}".encode()]) for s in range(5)}
         c.commit_offset("readers", "other", 0, 3)
+        c.kv_put("settings", b"mode", b"fast")  # a KV namespace: its own shard
+        c.kv_put("settings", b"gone", b"x")
+        c.kv_delete("settings", b"gone")
         branch = c.xa_start(xid)
         branch.produce_batch("other", [b"x1", b"x2"], partition=0)
         c.xa_end(xid)
@@ -130,7 +133,7 @@ def test_an_export_taken_under_load_holds_exactly_the_records_durable_at_its_lsn
             p.join(60)
             assert not p.is_alive() and p.error is None, p.error
         lsn = exported["lsn"]
-        assert exported["shards"] == PARTITIONS + 1 and exported["bytes"] > 0
+        assert exported["shards"] == PARTITIONS + 2 and exported["bytes"] > 0
         acked = {v: a for p in producers for v, a in p.acked.items()}
         inside = {v: (part, off) for v, (a_lsn, part, off) in acked.items() if a_lsn <= lsn}
         outside = {v for v, (a_lsn, _p, _o) in acked.items() if a_lsn > lsn}
@@ -138,7 +141,7 @@ def test_an_export_taken_under_load_holds_exactly_the_records_durable_at_its_lsn
         # The node goes on serving after the export.
         assert c.produce("t", b"later", partition=0)[1] > 0
         manifest = json.loads((snap / MANIFEST).read_text())
-        assert manifest["lsn"] == lsn and len(manifest["shards"]) == PARTITIONS + 1
+        assert manifest["lsn"] == lsn and len(manifest["shards"]) == PARTITIONS + 2
         until("the log manager's figures", lambda: c.status()["log"]["exports"] == 1)
 
     # Started with three shard writers where the exporting node had two: shards change
@@ -162,6 +165,8 @@ def test_an_export_taken_under_load_holds_exactly_the_records_durable_at_its_lsn
             assert [v for _o, v in read_all(c, "other", 1)[0]] == [
                 f"d{s}".encode() for s in range(5)]
             assert c.committed_offset("readers", "other", 0) == 3
+            assert c.kv_namespaces() == ["settings"]
+            assert c.kv_scan("settings") == [(b"mode", b"fast")]
             assert c.xa_recover() == [xid]
             # A retry of a sequence number acknowledged before the export is answered with
             # its first offsets and written once.
