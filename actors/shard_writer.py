@@ -43,7 +43,7 @@ from actors.shard_store import (
 from actors.snapshot_files import HOLD_SHARDS_S, RELEASE_SHARDS_SUFFIX, hold
 from actors.writer_state import REPLY_WAIT_MS, WriterInstruction, WriterState, error_reply
 from wire import logrecord
-from wire.codec import Message
+from wire.codec import Message, encode
 from wire.errors import ErrorCode
 from wire.logrecord import Entry, Kind
 from wire.messages import (
@@ -113,6 +113,10 @@ class ShardWriter(Actor):
         self.recovery_ms = 0.0
         self.last_flush_ms = 0.0
         self.slow_apply_s = SLOW_APPLY_S if faults.armed("writer.slow_apply") else 0.0
+        # Answers to the front door, held until the end of the burst that made them and
+        # sent as one Bundle: a send per answer cost a third of a writer's time under
+        # 64 reads in flight (sampled with py-spy).
+        self.answers: list[tuple[bytes, Message]] = []
 
     def owns(self, topic_id: int, partition: int) -> bool:
         """This writer keeps the shard if it lives on this node (shards of partitions placed
@@ -151,6 +155,7 @@ class ShardWriter(Actor):
                  self.recovery_ms)
 
     def on_stop(self) -> None:
+        self.send_answers()
         if self.crashed:
             # Something failed part-way through applying: what the stores hold in their
             # batches may be half a group. Write nothing; replay from the log redoes it.
@@ -303,7 +308,18 @@ class ShardWriter(Actor):
         # TX_START, DTX_START, PREPARE: nothing in the shards
 
     def on_idle(self) -> None:
+        self.send_answers()
         self.perform(self.state.idle(time.monotonic()))
+
+    def send_answers(self) -> None:
+        """Send the answers held for the front door, in order; those its mailbox had no
+        room for within ``REPLY_WAIT_MS`` go to the state as refused."""
+        if not self.answers:
+            return
+        answers, self.answers = self.answers, []
+        sent = self.send_many(FRONT_DOOR, [frame for frame, _m in answers], REPLY_WAIT_MS)
+        for _frame, msg in answers[sent:]:
+            self.perform(self.state.refused(msg))
 
     def flush(self) -> None:
         """Make every shard durable to the applied LSN (a checkpoint's flush step)."""
@@ -362,8 +378,10 @@ class ShardWriter(Actor):
                   | KvGet() | KvScan()):
                 self.perform(self.state.read(msg, time.monotonic()))
             case ShardStats() | Compact():
+                self.send_answers()  # a compaction takes a while
                 self.perform([self.shards_reply(msg)])
             case CheckpointShards(export_id, directory):
+                self.send_answers()
                 self.perform([self.checkpoint_shards(export_id, directory)])
             case _:
                 self.unexpected(msg)
@@ -388,16 +406,21 @@ class ShardWriter(Actor):
         for ins in instructions:
             match ins:
                 case Apply(first_lsn, data):
+                    self.send_answers()  # before work that may take a while
                     self.apply_group(first_lsn, data)
                 case ReadLog(until_lsn):
+                    self.send_answers()
                     self.catch_up(until_lsn)
                     # Where it got to, records applied or not (the log may start past it).
                     self.perform(self.state.applied(self.processed_lsn))
                 case Serve(request):
                     self.serve(request)
                 case Flush(ckpt_id):
+                    self.send_answers()
                     self.flush()
                     self.perform(self.state.flushed(ckpt_id))
+                case Send(role, msg, wait_ms) if role == FRONT_DOOR:
+                    self.answers.append((encode(msg), msg))
                 case Send(role, msg, wait_ms):
                     if not self.send(role, msg, wait_ms):
                         self.perform(self.state.refused(msg))
