@@ -3,6 +3,10 @@ writes, and compare-and-set decided on the cached value (actors/kv_state.py)."""
 
 from __future__ import annotations
 
+import tracemalloc
+
+import pytest
+
 from actors.kv_state import ENTRY_OVERHEAD_BYTES, KeyOp, KvCache, KvState, Load, Refused, Send
 
 NS = 7  # a namespace's topic id
@@ -27,6 +31,25 @@ def test_the_cache_is_bounded_by_bytes_least_recently_used_out() -> None:
     assert c.bytes == 3 * (ENTRY_OVERHEAD_BYTES + 2) <= c.bytes_max
     c.put((NS, b"big"), b"x" * 10_000, 2, (0, 0, 0))  # larger than the whole cache: not kept
     assert c.get((NS, b"big"), (0, 0, 0)) is None and c.bytes <= c.bytes_max
+
+
+@pytest.mark.parametrize("value_bytes", [10, 100, 1000])
+def test_the_bytes_the_cache_counts_are_what_its_entries_take(value_bytes: int) -> None:
+    """``kv_cache_bytes_max`` bounds memory only if an entry's count is its real cost:
+    20 000 entries filled as the front door fills them, measured with tracemalloc."""
+    kv = KvState(1 << 40)
+    n = 20_000
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(n):
+            key = b"key-%012d" % i  # new bytes objects, as decoded from requests
+            kv.cache.put((NS, key), (b"%016d" % i).ljust(value_bytes, b"v"), 10**9 + i,
+                         kv.gen(NS))
+        taken = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert 0.85 <= taken / kv.cache.bytes <= 1.15, (taken / n, kv.cache.bytes / n)
 
 
 def test_an_entry_never_goes_back_to_an_older_lsn() -> None:
