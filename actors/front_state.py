@@ -90,6 +90,7 @@ from wire.messages import (
     TxnWritten,
     ValueReply,
 )
+from wire.packer import pack
 from wire.placement import place
 from wire.protocol import KV_PREFIX, Topic, kv_topic
 from wire.records import check_batch, key_of, pack_read
@@ -478,7 +479,7 @@ class FrontDoorState:
         self.forwards_open += 1
         fields = {k: v for k, v in req.items() if k != "id"}
         fields["id"] = corr
-        return [ToPeer(member, corr, msgpack.packb(fields, use_bin_type=True))]
+        return [ToPeer(member, corr, pack(fields))]
 
     def produce_spread(self, identity: bytes, rid: int, req: dict[str, Any], now: float,
                        from_peer: bool) -> list[Out] | None:
@@ -526,7 +527,7 @@ class FrontDoorState:
             # In batch order: the member splits them as this one did.
             records = [r for r, p in zip(items, assign, strict=True) if t.owner(p) == member]
             sub = {"topic": t.name, "producer_id": req["producer_id"], "seq": req["seq"],
-                   "records": msgpack.packb(records, use_bin_type=True), "op": "produce"}
+                   "records": pack(records), "op": "produce"}
             out += self.forward(b"", 0, sub, now, member, parent=parent)
         return out
 
@@ -836,7 +837,7 @@ class FrontDoorState:
             split.setdefault(p, []).append(item)
         if len(split) == 1:
             return [(topic_id, assign[0], len(items), blob)], None
-        parts = [(topic_id, p, len(recs), msgpack.packb(recs, use_bin_type=True))
+        parts = [(topic_id, p, len(recs), pack(recs))
                  for p, recs in sorted(split.items())]
         return parts, assign
 
@@ -989,7 +990,7 @@ class FrontDoorState:
             match step:
                 case Send(op):
                     op.sent = True
-                    blob = msgpack.packb(((op.key, op.new),), use_bin_type=True)
+                    blob = pack(((op.key, op.new),))
                     pid, seq = op.producer
                     out.append(Produce(op.corr, (pid, seq, [(op.tid, 0, 1, blob)])))
                 case Refused(corr, found):
@@ -1043,7 +1044,7 @@ class FrontDoorState:
         pairs = msgpack.unpackb(msg.records, raw=False)
         if r.kind == "scan":
             more = len(pairs) > r.limit
-            records = (msgpack.packb(pairs[:r.limit], use_bin_type=True) if more
+            records = (pack(pairs[:r.limit]) if more
                        else msg.records)
             return self.settle(w, {"pairs": records, "more": more}, None)
         value = pairs[0][1] if pairs else None
@@ -1135,7 +1136,7 @@ class FrontDoorState:
                 conds.append((tid, key, req["expected"]))
             # else: not remembered, so its commit goes unchecked and the transaction
             # manager refuses it (TXN_CONFLICT): never committed without its check.
-        blob = msgpack.packb(((key, value),), use_bin_type=True)
+        blob = pack(((key, value),))
         corr = self.wait(identity, rid, now)
         return Request(TRANSACTION_MANAGER, corr,
                        TxnWrite(corr, txn, seq, [(tid, 0, 1, blob)], (), conditional))
@@ -1393,7 +1394,7 @@ class FrontDoorState:
             return self.settle(w, {k: v for k, v in reply.items() if k not in ("id", "ok")},
                                None)
         reply["id"] = w.rid  # relayed as it came, under the client's id
-        return [Reply(w.identity, msgpack.packb(reply, use_bin_type=True))]
+        return [Reply(w.identity, pack(reply))]
 
     def fail(self, corrs: list[int], code: ErrorCode, text: str,
              timed_out: bool = False) -> list[Out]:

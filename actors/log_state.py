@@ -55,6 +55,7 @@ from wire.messages import (
     TxnStart,
     TxnWritten,
 )
+from wire.packer import pack
 from wire.protocol import ALTERABLE_SETTINGS, KV_PREFIX, NAME_RE, Topic, topic_settings
 from wire.xid import Xid
 
@@ -166,7 +167,7 @@ class LogState:
             return  # out of the window already (replayed with a smaller window than logged)
         results = win.results
         before = len(results)
-        results[seq] = msgpack.packb([lsn, parts], use_bin_type=True)
+        results[seq] = pack([lsn, parts])
         if seq > win.max_seq:
             win.max_seq = seq
             # Forget the sequence numbers that fell out of the window, (nearly always) the

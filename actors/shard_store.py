@@ -63,6 +63,7 @@ from actors.durable import rename_durably
 from config import ShardsConfig, StorageConfig
 from wire import formats
 from wire.formats import FormatRefused
+from wire.packer import pack
 
 U64 = struct.Struct(">Q")
 TAG_LEN = struct.Struct(">H")
@@ -286,7 +287,6 @@ class ShardStore:
             self._put_kv(wb, blob)
             return
         h_rec, h_keys, h_tags, h_time = self.h["records"], self.h["keys"], self.h["tags"], self.h["time"]
-        pack = msgpack.packb
         max_ts = self.max_ts
         offset = first
         inline_max = 1 << 62 if self.large.blob_files else self.large.inline_bytes_max
@@ -300,7 +300,7 @@ class ShardStore:
                 if len(item) > inline_max:
                     wb.put(off, self._put_chunked(wb, off, (ts, None, ()), item), h_rec)
                 else:
-                    wb.put(off, pack((ts, None, (), item), use_bin_type=True), h_rec)
+                    wb.put(off, pack((ts, None, (), item)), h_rec)
             else:
                 value, key, tags, ts = item
                 if ts is None:
@@ -308,7 +308,7 @@ class ShardStore:
                 if len(value) > inline_max:
                     wb.put(off, self._put_chunked(wb, off, (ts, key, tags), value), h_rec)
                 else:
-                    wb.put(off, pack((ts, key, tags, value), use_bin_type=True), h_rec)
+                    wb.put(off, pack((ts, key, tags, value)), h_rec)
                 if key is not None:
                     wb.put(key, off, h_keys)
                     nbytes += len(key)
@@ -344,7 +344,7 @@ class ShardStore:
         offset = U64.unpack(off)[0]
         for i, chunk in enumerate(split_value(value, size)):
             wb.put(CHUNK_KEY.pack(offset, i), chunk, h_chunks)
-        return bytes(msgpack.packb((*head, None, (len(value), size)), use_bin_type=True))
+        return pack((*head, None, (len(value), size)))
 
     def _delete_chunks(self, wb: rocksdict.WriteBatch, offset: int) -> None:
         """Delete the chunks of the record at ``offset``, if it has any (for whatever
@@ -359,7 +359,7 @@ class ShardStore:
         if lsn <= self.applied_lsn:
             return
         self._wb().put(STAGED_KEY.pack(txn, lsn, part),
-                       msgpack.packb((batch_ts, count, blob), use_bin_type=True), self.h["staged"])
+                       pack((batch_ts, count, blob)), self.h["staged"])
         self.batch_lsn = lsn
 
     def _staged(self, txn: int, flush_batch: bool = True) -> list[tuple[bytes, bytes]]:
@@ -464,7 +464,7 @@ class ShardStore:
         if lsn <= self.applied_lsn:
             return
         self.settings = dict(settings)
-        self._wb().put(b"settings", msgpack.packb(self.settings, use_bin_type=True),
+        self._wb().put(b"settings", pack(self.settings),
                        self.h["meta"])
         self.batch_lsn = lsn
 

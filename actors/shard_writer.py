@@ -66,6 +66,7 @@ from wire.messages import (
     ShardStats,
     ValueReply,
 )
+from wire.packer import pack
 from wire.protocol import KV_PREFIX
 from wire.records import pack_read
 
@@ -463,10 +464,10 @@ class ShardWriter(Actor):
             case KvGet():
                 value = store.kv_get(msg.key)
                 pairs = [] if value is None else [[msg.key, value]]
-                reply = RecordsReply(msg.corr, msgpack.packb(pairs, use_bin_type=True), lsn, clsn)
+                reply = RecordsReply(msg.corr, pack(pairs), lsn, clsn)
             case KvScan():
                 pairs = store.kv_scan(msg.prefix, msg.start_after, msg.limit, bytes_max)
-                reply = RecordsReply(msg.corr, msgpack.packb(pairs, use_bin_type=True), lsn, clsn)
+                reply = RecordsReply(msg.corr, pack(pairs), lsn, clsn)
             case _:
                 assert_never(msg)
         return Send(FRONT_DOOR, reply, wait_ms=REPLY_WAIT_MS)

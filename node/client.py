@@ -48,6 +48,7 @@ from wire.errors import (
     XARBRollback,
     error_for,
 )
+from wire.packer import pack
 from wire.protocol import (
     DEFAULT_PORT,
     KV_PREFIX,
@@ -223,7 +224,7 @@ class NodeClient:
         for _ in range(attempts):
             rid = next(self._ids)
             try:
-                sock.send(msgpack.packb(request_map(op, rid, fields), use_bin_type=True))
+                sock.send(pack(request_map(op, rid, fields)))
             except zmq.Again:
                 last = Unavailable(f"{self._name(sock)} is not reachable (down?)")
                 time.sleep(backoff_s)  # back off before retrying an unreachable node
@@ -347,7 +348,7 @@ class NodeClient:
             first = next(self._ids)
             rid: int | None = first
             try:
-                sock.send(msgpack.packb(request_map("produce", first, fields), use_bin_type=True))
+                sock.send(pack(request_map("produce", first, fields)))
             except zmq.Again:
                 rid = None  # sent again, with retries, below
             sent.append((member, idx, fields, sock, rid))
@@ -747,10 +748,10 @@ class Pipeline:
         fields: dict[str, Any] = {"op": "produce", "id": rid, "topic": topic,
                                   "producer_id": c.producer_id, "seq": seq,
                                   "records": blob if blob is not None else
-                                  msgpack.packb([to_wire(r) for r in records], use_bin_type=True)}
+                                  pack([to_wire(r) for r in records])}
         if partition is not None:
             fields["partition"] = partition
-        frame = msgpack.packb(fields, use_bin_type=True)
+        frame = pack(fields)
         if c.routed:
             self.queue_routed(rid, frame, self.member_socket(topic, records, partition, blob,
                                                              seq))

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import msgpack
 import zmq
 
 from wire.errors import (
@@ -35,6 +34,7 @@ from wire.errors import (
     XAERNota,
     error_for,
 )
+from wire.packer import pack
 from wire.protocol import request_map, unpack_replies
 from wire.records import Record, pack_batch
 from wire.xid import Xid
@@ -284,7 +284,7 @@ class Transaction:
 
     def _submit(self, op: str, fields: dict[str, Any]) -> int:
         rid = next(self.client._ids)
-        frame = msgpack.packb(request_map(op, rid, fields), use_bin_type=True)
+        frame = pack(request_map(op, rid, fields))
         if self._queue and self._queued_bytes + len(frame) > QUEUED_BYTES_MAX:
             self._send()
         self._queue.append((rid, op, fields, frame))

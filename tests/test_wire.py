@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import threading
 import types
 import typing
 from pathlib import Path
@@ -14,7 +15,7 @@ import msgpack
 import pytest
 
 import wire.messages  # noqa: F401  (registers every message type)
-from wire import codec, errors
+from wire import codec, errors, packer
 from wire.codec import CodecError
 from wire.errors import (
     BadRequest,
@@ -701,3 +702,43 @@ def test_a_reply_frame_cut_short_is_an_error() -> None:
     frame = pack({"id": 1, "ok": True}) + pack({"id": 2, "ok": True})
     with pytest.raises(ValueError, match="inside a message"):
         unpack_replies(frame[:-1])
+
+
+# ---- wire/packer.py: msgpack with a Packer kept per thread ----------------------------------
+
+PACKED_SAMPLES: list[Any] = [
+    None, True, 0, -1, 2**63, 1.5, "", "text", b"", b"\x00" * 300, [], (), {},
+    (123, None, (), b"v" * 100), {"id": 7, "ok": True, "value": b"x"}, [[1, b"k", ("t",), 5]],
+]
+
+
+@pytest.mark.parametrize("obj", PACKED_SAMPLES)
+def test_pack_gives_the_bytes_of_packb(obj: Any) -> None:
+    assert packer.pack(obj) == msgpack.packb(obj, use_bin_type=True)
+
+
+def test_pack_after_a_failure_and_after_a_large_object_packs_correctly() -> None:
+    with pytest.raises(TypeError):
+        packer.pack([1, object()])  # the Packer's half-written buffer must not leak into the next
+    assert msgpack.unpackb(packer.pack([7, b"ab"])) == [7, b"ab"]
+    big = b"z" * (packer.PACKER_KEPT_BYTES_MAX + 1)
+    assert msgpack.unpackb(packer.pack(big)) == big
+    assert packer.pack((1, b"a")) == msgpack.packb((1, b"a"), use_bin_type=True)
+
+
+def test_threads_packing_at_once_each_get_their_own_bytes() -> None:
+    failures: list[int] = []
+
+    def work(n: int) -> None:
+        for i in range(20_000):
+            obj = [n, i, b"%d-%d" % (n, i)]
+            if msgpack.unpackb(packer.pack(obj)) != obj:
+                failures.append(n)
+                return
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not failures and not any(t.is_alive() for t in threads)

@@ -27,6 +27,7 @@ import msgpack
 
 from config.schema import GROUP_BYTES_LIMIT
 from wire.errors import ErrorCode, NodeError
+from wire.packer import pack
 
 FRAME_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # internal hop; client frames are capped in config
 # A log group (and a read's answer) travels as one message: it must fit, with its framing.
@@ -100,7 +101,7 @@ def encode(msg: Message) -> bytes:
     slots: tuple[str, ...] = msg.__slots__  # the dataclass's fields, in declared order
     fields: list[Any] = [msg.TAG]
     fields.extend(getattr(msg, f) for f in slots)
-    return bytes(msgpack.packb(fields, use_bin_type=True))
+    return pack(fields)
 
 
 def decode(frame: bytes, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> Message:

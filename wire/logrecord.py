@@ -59,6 +59,8 @@ from typing import Any
 
 import msgpack
 
+from wire.packer import pack
+
 MAGIC = 0x53484E31  # "SHN1"
 HEADER = struct.Struct("<IIIB3xQ")
 HEADER_BYTES = HEADER.size  # 24
@@ -89,7 +91,7 @@ class Kind(enum.IntEnum):
 
 def encode(lsn: int, kind: Kind, body: Any) -> bytes:
     """One record, header and body. ``body`` is packed with msgpack."""
-    payload = msgpack.packb(body, use_bin_type=True)
+    payload = pack(body)
     return encode_packed(lsn, kind, payload)
 
 

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import msgpack
 
 from wire.errors import BadRequest, ErrorCode, NodeError
+from wire.packer import pack
 from wire.records import KEY_BYTES_MAX, TAG_BYTES_MAX
 
 DEFAULT_PORT = 7400
@@ -572,12 +573,11 @@ def ok(rid: int, **fields: Any) -> bytes:
     """A reply: ``fields`` (in the order the table lists them), then ``id`` and ``ok``."""
     fields["id"] = rid
     fields["ok"] = True
-    return bytes(msgpack.packb(fields, use_bin_type=True))
+    return pack(fields)
 
 
 def error(rid: int, code: int, text: str) -> bytes:
-    return bytes(msgpack.packb({"id": rid, "ok": False, "code": int(code), "error": text},
-                               use_bin_type=True))
+    return pack({"id": rid, "ok": False, "code": int(code), "error": text})
 
 
 def join_frames(frames: list[bytes], bytes_max: int = REPLY_FRAME_BYTES_MAX) -> list[bytes]:

@@ -17,6 +17,7 @@ from typing import Any
 import msgpack
 
 from wire.errors import BadRequest, ErrorCode
+from wire.packer import pack
 
 TIMESTAMP_MAX = 2**63 - 1
 # Keys and tags are index keys in RocksDB (a tag's length is stored in two bytes): bound them
@@ -50,7 +51,7 @@ def to_wire(record: Record | bytes) -> Any:
 
 
 def pack_batch(records: Iterable[Record | bytes]) -> bytes:
-    return bytes(msgpack.packb([to_wire(r) for r in records], use_bin_type=True))
+    return pack([to_wire(r) for r in records])
 
 
 def check_batch(blob: bytes, records_max: int, value_bytes_max: int) -> list[Any]:
@@ -109,4 +110,4 @@ def unpack_read(blob: bytes) -> list[Record]:
 
 def pack_read(rows: Sequence[Any]) -> bytes:
     """Pack ``[offset, ts, key, tags, value]`` rows for a read reply."""
-    return bytes(msgpack.packb(rows, use_bin_type=True))
+    return pack(rows)

@@ -85,6 +85,7 @@ from wire.errors import (
     XAERNota,
     error_for,
 )
+from wire.packer import pack
 from wire.xid import Xid
 from wire.xid import parse as parse_xid
 
@@ -145,7 +146,7 @@ def _task_ids(default_sink: str | None) -> tuple[str, int, int, int]:
 
 
 def _pack(value: Any) -> bytes:
-    return bytes(msgpack.packb(value, use_bin_type=True))
+    return pack(value)
 
 
 def _nodes(opts: SinkOptions) -> Nodes:
