@@ -93,7 +93,7 @@ from wire.messages import (
 from wire.packer import pack
 from wire.placement import place
 from wire.protocol import KV_PREFIX, Topic, kv_topic
-from wire.records import check_batch, key_of, pack_read
+from wire.records import check_batch, key_of, pack_read, values_only
 
 log = logging.getLogger("shardnode")
 
@@ -827,8 +827,10 @@ class FrontDoorState:
         if partition is not None:
             self.partition(name, partition)
             return [(topic_id, partition, len(items), blob)], None
+        if partitions == 1 or values_only(items):
+            return [(topic_id, rr % partitions, len(items), blob)], None
         keys = [key_of(it) for it in items]
-        if partitions == 1 or all(k is None for k in keys):
+        if all(k is None for k in keys):
             return [(topic_id, rr % partitions, len(items), blob)], None
         # By key hash; records without a key go to this batch's round-robin pick.
         assign = [rr % partitions if k is None else key_partition(k, partitions) for k in keys]

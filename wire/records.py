@@ -69,6 +69,8 @@ def check_batch(blob: bytes, records_max: int, value_bytes_max: int) -> list[Any
     if len(items) > records_max:
         raise BadRequest(f"batch has {len(items)} records; the limit is {records_max}",
                          ErrorCode.BATCH_TOO_LARGE)
+    if values_only(items) and max(map(len, items)) <= value_bytes_max:
+        return items  # bare values, checked at C speed (the loop below names a bad one)
     for i, item in enumerate(items):
         t = type(item)
         if t is bytes:
@@ -93,6 +95,12 @@ def check_batch(blob: bytes, records_max: int, value_bytes_max: int) -> list[Any
         if ts is not None and (type(ts) is not int or ts < 0 or ts > TIMESTAMP_MAX):
             raise BadRequest(f"record {i}: timestamp must be a non-negative int (ms) or nil")
     return items
+
+
+def values_only(items: list[Any]) -> bool:
+    """Whether every element of a batch is a bare value (no key, tags or timestamp): the
+    batches of most producers and of the Spark sink, told apart without a Python loop."""
+    return set(map(type, items)) == {bytes}
 
 
 def key_of(item: Any) -> bytes | None:
