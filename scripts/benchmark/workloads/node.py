@@ -12,10 +12,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import msgpack
 import zmq
 
 from node.client import NodeClient, NodeError, Pipeline, Record
+from wire.packer import pack
 from wire.protocol import request_map, unpack_replies
 from wire.records import pack_batch, unpack_read
 
@@ -340,8 +340,7 @@ def _sn_kv_many(c: NodeClient, job: Job, budget: Budget, res: ClientResult) -> N
             i = number(issued)
             rid = next(ids)
             op, fields = _kv_request(c, job, i)
-            frames.append(msgpack.packb(request_map(op, rid, fields, id_first=True),
-                                        use_bin_type=True))
+            frames.append(pack(request_map(op, rid, fields, id_first=True)))
             sent[rid] = (now, i)
             issued += 1
         if frames:

@@ -18,7 +18,6 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import msgpack
 import pyarrow as pa
 import zmq
 from pyspark.sql.datasource import (
@@ -31,6 +30,7 @@ from pyspark.sql.types import StructType
 
 from node.spark.options import REQUEST_BYTES_MAX
 from node.spark.rows import requests_of
+from wire.packer import pack
 
 from ..settings import (
     SPARK_DRAIN_POLL_MS,
@@ -81,7 +81,7 @@ class BareWriter(DataSourceArrowWriter):
             for batch in iterator:
                 for _member, _topic, _partition, chunk in requests_of(
                         batch, "bare", SPARK_FRAME_RECORDS, REQUEST_BYTES_MAX):
-                    blob = msgpack.packb(chunk, use_bin_type=True)
+                    blob = pack(chunk)  # as the sink packs
                     sock.send_multipart([len(chunk).to_bytes(COUNT_BYTES, "little"), blob])
                 rows += batch.num_rows
         finally:
