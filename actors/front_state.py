@@ -93,7 +93,7 @@ from wire.messages import (
 from wire.packer import pack
 from wire.placement import place
 from wire.protocol import KV_PREFIX, Topic, kv_topic
-from wire.records import check_batch, key_of, pack_read, values_only
+from wire.records import check_batch, key_of, pack_read
 
 log = logging.getLogger("shardnode")
 
@@ -820,14 +820,14 @@ class FrontDoorState:
         t = self.topic(name)
         topic_id, partitions = t.topic_id, t.partitions
         blob = req["records"]
-        items = check_batch(blob, self.lim.batch_records_max, self.lim.value_bytes_max)
+        items, bare = check_batch(blob, self.lim.batch_records_max, self.lim.value_bytes_max)
         assign = None
         partition = req.get("partition")
         parts: list[PartRow]
         if partition is not None:
             self.partition(name, partition)
             return [(topic_id, partition, len(items), blob)], None
-        if partitions == 1 or values_only(items):
+        if partitions == 1 or bare:
             return [(topic_id, rr % partitions, len(items), blob)], None
         keys = [key_of(it) for it in items]
         if all(k is None for k in keys):

@@ -260,8 +260,15 @@ class LogState:
         body: list[Any] = [topic.topic_id, topic.name, topic.partitions, list(owners)]
         if msg.settings:
             body.append(dict(msg.settings))
-        record = logrecord.encode(self.last_lsn, Kind.TOPIC_CREATE, body)
-        return Log(record, Done(msg.corr, self.last_lsn), self.last_lsn, catalog_changed=True)
+        return self._done(msg.corr, Kind.TOPIC_CREATE, body, catalog_changed=True)
+
+    def _done(self, corr: int, kind: Kind, body: list[Any], catalog_changed: bool = False
+              ) -> Log:
+        """The record of ``kind`` at ``last_lsn`` (the caller took it), answered ``Done``
+        once it is durable."""
+        record = logrecord.encode(self.last_lsn, kind, body)
+        return Log(record, Done(corr, self.last_lsn), self.last_lsn,
+                   catalog_changed=catalog_changed)
 
     def _over_shards(self, partitions: int, owners: tuple[int, ...]) -> str:
         """Why a new topic would pass ``limits.shards_max`` on a member (this node, or in a
@@ -287,8 +294,8 @@ class LogState:
             return ErrorReply(msg.corr, ErrorCode.UNKNOWN_TOPIC, f"topic {msg.name!r} does not exist")
         self.last_lsn += 1
         self._apply_delete(topic.topic_id, self.last_lsn)
-        record = logrecord.encode(self.last_lsn, Kind.TOPIC_DELETE, [topic.topic_id, topic.name])
-        return Log(record, Done(msg.corr, self.last_lsn), self.last_lsn, catalog_changed=True)
+        return self._done(msg.corr, Kind.TOPIC_DELETE, [topic.topic_id, topic.name],
+                          catalog_changed=True)
 
     def _alter(self, msg: AlterTopic) -> Log | Message:
         topic = self.topics.get(msg.name)
@@ -310,9 +317,8 @@ class LogState:
             return Done(msg.corr, self.catalog_lsn)  # nothing changes: nothing logged
         self.last_lsn += 1
         self._apply_alter(topic.topic_id, settings, self.last_lsn)
-        record = logrecord.encode(self.last_lsn, Kind.TOPIC_ALTER,
-                                  [topic.topic_id, topic.name, settings])
-        return Log(record, Done(msg.corr, self.last_lsn), self.last_lsn, catalog_changed=True)
+        return self._done(msg.corr, Kind.TOPIC_ALTER, [topic.topic_id, topic.name, settings],
+                          catalog_changed=True)
 
     def _partition(self, corr: int, topic_id: int, partition: int) -> Topic | ErrorReply:
         """The topic of an existing partition, or the error that says it does not exist."""
@@ -334,9 +340,7 @@ class LogState:
                               f"offset {msg.offset} of {topic.name}/{msg.partition} was never "
                               f"written (the next is {end})")
         self.last_lsn += 1
-        record = logrecord.encode(self.last_lsn, Kind.DELETE,
-                                  [msg.topic_id, msg.partition, msg.offset, msg.key])
-        return Log(record, Done(msg.corr, self.last_lsn), self.last_lsn)
+        return self._done(msg.corr, Kind.DELETE, [msg.topic_id, msg.partition, msg.offset, msg.key])
 
     def _commit_offset(self, msg: CommitOffset) -> Log | Message:
         topic = self._partition(msg.corr, msg.topic_id, msg.partition)
@@ -348,9 +352,8 @@ class LogState:
             return ErrorReply(msg.corr, ErrorCode.BAD_REQUEST,
                               f"offset {msg.offset} is past the end of {topic.name}/{msg.partition}")
         self.last_lsn += 1
-        record = logrecord.encode(self.last_lsn, Kind.OFFSET_COMMIT,
-                                  [msg.group, msg.topic_id, msg.partition, msg.offset])
-        return Log(record, Done(msg.corr, self.last_lsn), self.last_lsn)
+        return self._done(msg.corr, Kind.OFFSET_COMMIT,
+                          [msg.group, msg.topic_id, msg.partition, msg.offset])
 
     def _end_offsets(self, msg: EndOffsets) -> Log | Message:
         topic = self.by_id.get(msg.topic_id)

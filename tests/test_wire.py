@@ -489,7 +489,8 @@ def test_check_batch_accepts_plain_values_and_full_records() -> None:
         Record(b"v3", timestamp=0),
         Record(b""),
     ]
-    items = check_batch(pack_batch(recs), records_max=10, value_bytes_max=100)
+    items, bare = check_batch(pack_batch(recs), records_max=10, value_bytes_max=100)
+    assert not bare
     assert items == [
         b"plain",
         [b"v1", b"k1", ["a", "b"], 1234],
@@ -501,17 +502,17 @@ def test_check_batch_accepts_plain_values_and_full_records() -> None:
 
 def test_check_batch_accepts_exactly_records_max_records() -> None:
     n = 7
-    items = check_batch(pack([b"x"] * n), records_max=n, value_bytes_max=10)
-    assert len(items) == n
+    items, bare = check_batch(pack([b"x"] * n), records_max=n, value_bytes_max=10)
+    assert len(items) == n and bare
 
 
 def test_check_batch_counts_records_not_the_fields_of_a_record() -> None:
     # A structured record is a 4-element array and its tags an array of any length; neither
     # is a "record" for the records_max limit.
     one = pack_batch([Record(b"v", key=b"k", tags=("t",), timestamp=1)])
-    assert len(check_batch(one, records_max=1, value_bytes_max=10)) == 1
+    assert len(check_batch(one, records_max=1, value_bytes_max=10)[0]) == 1
     many_tags = pack_batch([Record(b"v", tags=tuple(f"t{i}" for i in range(10)))])
-    assert len(check_batch(many_tags, records_max=2, value_bytes_max=10)) == 1
+    assert len(check_batch(many_tags, records_max=2, value_bytes_max=10)[0]) == 1
 
 
 def test_an_empty_batch_is_empty_batch() -> None:
@@ -534,7 +535,7 @@ def test_a_value_over_value_bytes_max_is_rejected(form: str) -> None:
     big: Any = b"v" * (limit + 1)
     if form == "full":
         ok, big = [ok, b"k", [], None], [big, b"k", [], None]
-    assert check_batch(pack([ok]), records_max=4, value_bytes_max=limit)
+    assert check_batch(pack([ok]), records_max=4, value_bytes_max=limit)[0] == [ok]
     with pytest.raises(BadRequest) as info:
         check_batch(pack([b"small", big]), records_max=4, value_bytes_max=limit)
     assert info.value.code == ErrorCode.BAD_REQUEST

@@ -54,8 +54,10 @@ def pack_batch(records: Iterable[Record | bytes]) -> bytes:
     return pack([to_wire(r) for r in records])
 
 
-def check_batch(blob: bytes, records_max: int, value_bytes_max: int) -> list[Any]:
-    """Unpack and check a client's batch; return its elements. Raises ``BadRequest``."""
+def check_batch(blob: bytes, records_max: int, value_bytes_max: int
+                ) -> tuple[list[Any], bool]:
+    """Unpack and check a client's batch; return its elements, and whether they are all
+    bare values (``values_only``: no key, tags or timestamp). Raises ``BadRequest``."""
     # No max_array_len here: msgpack applies it to every array, records' own fields too.
     # The frame limit already bounds what unpacking can allocate; the count is checked below.
     try:
@@ -69,8 +71,9 @@ def check_batch(blob: bytes, records_max: int, value_bytes_max: int) -> list[Any
     if len(items) > records_max:
         raise BadRequest(f"batch has {len(items)} records; the limit is {records_max}",
                          ErrorCode.BATCH_TOO_LARGE)
-    if values_only(items) and max(map(len, items)) <= value_bytes_max:
-        return items  # bare values, checked at C speed (the loop below names a bad one)
+    bare = values_only(items)
+    if bare and max(map(len, items)) <= value_bytes_max:
+        return items, True  # checked at C speed (the loop below names a bad one)
     for i, item in enumerate(items):
         t = type(item)
         if t is bytes:
@@ -94,7 +97,7 @@ def check_batch(blob: bytes, records_max: int, value_bytes_max: int) -> list[Any
                              f"{TAG_BYTES_MAX} bytes each")
         if ts is not None and (type(ts) is not int or ts < 0 or ts > TIMESTAMP_MAX):
             raise BadRequest(f"record {i}: timestamp must be a non-negative int (ms) or nil")
-    return items
+    return items, bare
 
 
 def values_only(items: list[Any]) -> bool:
