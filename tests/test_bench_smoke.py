@@ -9,7 +9,8 @@ and cannot be installed.
 
 The rabbitmq peer runs only when named (its server boots in a few seconds, after
 installing Erlang on first use): a second quick run names it for its three scenarios and
-checks that its server and epmd are gone afterwards.
+checks that its server and epmd are gone afterwards. The kv and storage scenarios also run
+only when named: a third quick run names them.
 
 Both runs take the smallest workload that still yields every row: two producers (more than
 one client lined up and fired together; each client is a process of its own to spawn, so
@@ -123,3 +124,34 @@ def test_bench_quick_runs_rabbitmq_when_named_and_leaves_nothing_running(tmp_pat
         if ours or (p.info["name"] == "epmd" and p.info["create_time"] >= started):
             left.append((p.pid, p.info["name"]))
     assert not left, f"left running after the bench: {left}"
+
+
+KV_KINDS = {("get", 1), ("get", 64), ("put", 1), ("put", 64), ("cas", 1), ("read_by_key", 64)}
+STORAGE_ROWS = {f"{kind}: {what}" for kind in ("rocksdb", "memory")
+                for what in ("ingest-single", "ingest-batched", "read-tail")}
+
+
+@pytest.mark.timeout(90)  # about 12 s here
+def test_bench_quick_runs_kv_and_storage_when_named(tmp_path: Path) -> None:
+    """The kv and storage scenarios run only when named, so the run above leaves them out:
+    each of their rows, for the node and (when it is there) Redis, with every value read
+    checked against its key (a wrong one is an error)."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([str(ROOT / "scripts" / "bench"), "kv", "storage", *SMALLEST,
+                           "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=85)
+    assert proc.returncode == 0, f"bench failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    rows = json.loads(out.read_text())
+    kv = {(row["system"], row["op"], row["in_flight"]): row for row in rows
+          if row["scenario"] == "kv"}
+    systems = {system for system, _op, _n in kv}
+    assert systems in ({"shardnode"}, {"shardnode", "redis"}), systems
+    if systems == {"shardnode"}:
+        assert "redis peer skipped" in proc.stdout
+    assert set(kv) == {(system, op, n) for system in systems for op, n in KV_KINDS}, sorted(kv)
+    for key, row in kv.items():
+        assert row["msgs_per_s"] > 0 and row["p99_ms"] is not None and not row["errors"], key
+    storage = {row["system"]: row for row in rows if row["scenario"] == "storage"}
+    assert set(storage) == STORAGE_ROWS, sorted(storage)
+    assert all(row["msgs_per_s"] > 0 and not row["errors"] for row in storage.values()), storage
+    assert "kv_get 64 in flight >= 1.5x Redis GET" in proc.stdout

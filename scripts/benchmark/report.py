@@ -48,6 +48,18 @@ from .targets import (
 console = Console()
 
 
+def _runs(rows: list[Row]) -> str:
+    """How a table's figures were taken: one run, or the median of several."""
+    n = max((r.runs for r in rows), default=1)
+    return "1 run" if n == 1 else f"median of {n} runs"
+
+
+def _columns(t: Table, columns: Sequence[str], left: Sequence[str]) -> None:
+    """Add ``columns`` to ``t``, right-aligned but for those in ``left``, never wrapped."""
+    for col in columns:
+        t.add_column(col, justify="left" if col in left else "right", no_wrap=True)
+
+
 def _num(x: float | None, digits: int = 0) -> str:
     return "-" if x is None else f"{x:,.{digits}f}"
 
@@ -74,15 +86,12 @@ def goal_text(r: Row) -> str:
 
 
 def print_checkpoint_table(rows: list[Row], s: Settings) -> None:
-    n = max((r.runs for r in rows), default=1)
-    runs = "1 run" if n == 1 else f"median of {n} runs"
+    runs = _runs(rows)
     t = Table(title=f"checkpoint  ({s.size}-byte values in batches of {CKPT_BATCH}, "
                     f"{CKPT_LOAD:.0%} load, {runs}; goal: fuzzy p99 inside <= "
                     f"{CKPT_GOAL:g}x outside)", title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("mode", "phase", "requests", "msgs/s", "p50 ms", "p99 ms", "ckpts", "ckpt ms",
-                "in/out p99", "goal"):
-        left = col in ("mode", "phase", "goal")
-        t.add_column(col, justify="left" if left else "right", no_wrap=True)
+    _columns(t, ("mode", "phase", "requests", "msgs/s", "p50 ms", "p99 ms", "ckpts", "ckpt ms",
+                 "in/out p99", "goal"), left=("mode", "phase", "goal"))
     for r in rows:
         t.add_row(r.mode or "", r.phase or "", _num(r.records / CKPT_BATCH),
                   _num(r.msgs_per_s), _num(r.p50_ms, 2),
@@ -140,14 +149,11 @@ def _x(value: float | None) -> str:
 
 
 def print_txn_table(rows: list[Row], s: Settings) -> None:
-    n = max((r.runs for r in rows), default=1)
-    runs = "1 run" if n == 1 else f"median of {n} runs"
+    runs = _runs(rows)
     t = Table(title=f"txn  ({s.size}-byte values, {s.producers} producers, one transaction or "
                     f"batch at a time each, {runs})", title_justify="left")
-    for col in ("system", "kind", "records", "txn/s", "msgs/s", "p50 ms", "p99 ms", "RSS MB",
-                "ratio"):
-        t.add_column(col, justify="left" if col in ("system", "kind") else "right",
-                     no_wrap=True)
+    _columns(t, ("system", "kind", "records", "txn/s", "msgs/s", "p50 ms", "p99 ms", "RSS MB",
+                 "ratio"), left=("system", "kind"))
     ordered = sorted(rows, key=lambda r: (-(r.per_request or 0), r.system != SHARDNODE,
                                           r.txn is False))
     for r in ordered:
@@ -187,13 +193,11 @@ def _print_verdicts(targets: Sequence[Target], rows: list[Row]) -> None:
 def print_kv_table(rows: list[Row], s: Settings) -> None:
     from .scenarios.kv import kinds
 
-    n = max((r.runs for r in rows), default=1)
-    runs = "1 run" if n == 1 else f"median of {n} runs"
+    runs = _runs(rows)
     t = Table(title=f"kv  ({s.size}-byte values, {s.keys:,} keys, one client process, {runs})",
                     title_justify="left")
-    for col in ("op", "in flight", "system", "ops/s", "p50 ms", "p99 ms", "RSS MB",
-                "shardnode ÷ this"):
-        t.add_column(col, justify="left" if col in ("op", "system") else "right", no_wrap=True)
+    _columns(t, ("op", "in flight", "system", "ops/s", "p50 ms", "p99 ms", "RSS MB",
+                 "shardnode ÷ this"), left=("op", "system"))
     order = {kind: i for i, kind in enumerate(kinds(s))}
     ordered = sorted(rows, key=lambda r: (order.get((r.op or "", r.in_flight or 0), len(order)),
                                           r.system != SHARDNODE))
@@ -219,13 +223,11 @@ def _cpu(r: Row) -> tuple[str, str]:
 
 
 def print_spark_table(rows: list[Row], s: Settings) -> None:
-    n = max((r.runs for r in rows), default=1)
-    runs = "1 run" if n == 1 else f"median of {n} runs"
+    runs = _runs(rows)
     t = Table(title=f"spark  ({s.spark_rows:,} rows of {s.size}-byte values, one SparkSession "
                     f"local[{SPARK_PARTITIONS}], {runs})", title_justify="left")
-    for col in ("", "system", "seconds", "rows/s", "backlog s", "RSS MB",
-                "CPU s " + "/".join(SPARK_CPU), "cores", "ratio"):
-        t.add_column(col, justify="left" if col in ("", "system") else "right", no_wrap=True)
+    _columns(t, ("", "system", "seconds", "rows/s", "backlog s", "RSS MB",
+                 "CPU s " + "/".join(SPARK_CPU), "cores", "ratio"), left=("", "system"))
     ordered = sorted(rows, key=lambda r: (r.direction != SINK, r.system != SHARDNODE,
                                           r.guarantee != EXACTLY_ONCE))
     for r in ordered:
@@ -257,14 +259,12 @@ def print_spark_table(rows: list[Row], s: Settings) -> None:
 
 
 def print_cluster_table(rows: list[Row], s: Settings) -> None:
-    n = max((r.runs for r in rows), default=1)
-    runs = "1 run" if n == 1 else f"median of {n} runs"
+    runs = _runs(rows)
     t = Table(title=f"cluster  ({s.size}-byte values, {s.producers} producers, {runs})",
               title_justify="left")
-    for col in ("members", "kind", "routing", "msgs/s", "p50 ms", "p99 ms", "RSS MB",
-                "CPU s per member", "cores busy", "÷ 1 member", "÷ routed"):
-        t.add_column(col, justify="left" if col in ("kind", "routing") else "right",
-                     no_wrap=True)
+    _columns(t, ("members", "kind", "routing", "msgs/s", "p50 ms", "p99 ms", "RSS MB",
+                 "CPU s per member", "cores busy", "÷ 1 member", "÷ routed"),
+             left=("kind", "routing"))
 
     def same(r: Row, nodes: int, routing: str) -> Row | None:
         return next((x for x in rows if x.per_request == r.per_request and x.nodes == nodes
@@ -294,12 +294,10 @@ def print_cluster_table(rows: list[Row], s: Settings) -> None:
 
 
 def print_large_values_table(rows: list[Row]) -> None:
-    n = max((r.runs for r in rows), default=1)
-    runs = "1 run" if n == 1 else f"median of {n} runs"
+    runs = _runs(rows)
     t = Table(title=f"{LARGE_VALUES}  ({runs})", title_justify="left")
-    for col in ("value", "kept in", "values", "ingest MB/s", "read MB/s", "SST MB", "blob MB",
-                "writers' RSS MB"):
-        t.add_column(col, justify="left" if col == "kept in" else "right", no_wrap=True)
+    _columns(t, ("value", "kept in", "values", "ingest MB/s", "read MB/s", "SST MB", "blob MB",
+                 "writers' RSS MB"), left=("kept in",))
     for r in sorted(rows, key=lambda r: (r.value_bytes or 0, r.way or "")):
         t.add_row(f"{(r.value_bytes or 0) / (1 << 20):g} MiB", r.way or "", str(r.records),
                   _num(r.mb_per_s, 1), _num(r.read_mb_per_s, 1), _num(r.sst_mb),
@@ -334,11 +332,10 @@ def print_table(scenario: str, rows: list[Row], s: Settings) -> None:
     if scenario == KV:
         print_kv_table(rows, s)
         return
-    n = max((r.runs for r in rows), default=1)
-    runs = "1 run" if n == 1 else f"median of {n} runs"
+    runs = _runs(rows)
     t = Table(title=f"{scenario}  ({s.size}-byte values, {runs})", title_justify="left")
-    for col in ("system", "msgs/s", "MB/s", "p50 ms", "p99 ms", "RSS MB", "shardnode ÷ this"):
-        t.add_column(col, justify="left" if col == "system" else "right", no_wrap=True)
+    _columns(t, ("system", "msgs/s", "MB/s", "p50 ms", "p99 ms", "RSS MB", "shardnode ÷ this"),
+             left=("system",))
     for r in rows:
         t.add_row(r.system, _num(r.msgs_per_s), _num(r.mb_per_s, 1), _num(r.p50_ms, 2),
                   _num(r.p99_ms, 2), _num(r.rss_mb), ratio_text(r))
