@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,11 @@ from actors.shard_store import (
     CFS,
     FORMAT_VERSION,
     LEVELS,
+    RUN_BYTES_MAX,
+    RUN_HEAD,
+    RUN_RECORDS_MAX,
     U64,
+    OutOfRange,
     ShardStore,
     StoreFormatError,
     StoreMemory,
@@ -36,7 +40,7 @@ class Model:
     def __init__(self) -> None:
         self.rows: list[list[Any]] = []
 
-    def add(self, records: list[Record | bytes], batch_ts: int) -> None:
+    def add(self, records: Sequence[Record | bytes], batch_ts: int) -> None:
         for r in records:
             off = len(self.rows)
             if isinstance(r, bytes):
@@ -72,7 +76,7 @@ class Shard:
         self.model = Model()
         self.lsn = 0
 
-    def produce(self, records: list[Record | bytes], batch_ts: int = TS,
+    def produce(self, records: Sequence[Record | bytes], batch_ts: int = TS,
                 finish: bool = True) -> int:
         self.lsn += 2  # LSNs of a shard need not be contiguous (other shards take some)
         first = len(self.model.rows)
@@ -315,7 +319,7 @@ def test_a_store_older_than_any_format_read_is_refused_saying_no_upgrade_exists(
     with pytest.raises(StoreFormatError) as info:
         ShardStore(path, 3, 1, memory())
     assert str(info.value).startswith(f"shard {path} has format 0, older than any this "
-                                      f"shardnode reads (1, 2, 3; it writes format {FORMAT_VERSION}): "
+                                      f"shardnode reads (1, 2, 3, 4; it writes format {FORMAT_VERSION}): "
                                       f"no upgrade from format 0 exists yet")
 
 
@@ -396,3 +400,157 @@ def test_stats_sum_every_column_family_and_compact_moves_level_0_down(tmp_path: 
         assert len(st.read(0, 1000)) == 150
     finally:
         st.close()
+
+
+# ---- runs of bare values (format 4) ----------------------------------------------------------
+
+
+def _entries(store: ShardStore) -> list[tuple[int, bool]]:
+    """The ``records`` column family's entries: (offset, whether it is a run)."""
+    it = store.cf["records"].iter()
+    it.seek_to_first()
+    out = []
+    while it.valid():
+        out.append((U64.unpack(it.key())[0], it.value()[:1] == RUN_HEAD))
+        it.next()
+    return out
+
+
+def test_bare_values_are_kept_in_runs_cut_by_records_and_bytes(shard: Shard) -> None:
+    small = [os.urandom(i % 200) for i in range(RUN_RECORDS_MAX * 2 + 10)]
+    big = [os.urandom(40_000) for _ in range(60)]  # 2.4 MB: cut by RUN_BYTES_MAX
+    shard.produce([b"only"])
+    shard.produce(small)
+    shard.produce(big)
+    entries = _entries(shard.store)
+    assert all(run for _off, run in entries)
+    firsts = [off for off, _run in entries]
+    assert firsts[:4] == [0, 1, 1 + RUN_RECORDS_MAX, 1 + 2 * RUN_RECORDS_MAX]
+    per_big_run = RUN_BYTES_MAX // 40_000
+    assert firsts[4:] == list(range(len(small) + 1, shard.store.next_offset, per_big_run))
+    rows = shard.model.rows
+    rng = random.Random(7)
+    for offset in [0, 1, 2, RUN_RECORDS_MAX, RUN_RECORDS_MAX + 1, len(rows) - 1, len(rows),
+                   *rng.sample(range(len(rows)), 30)]:
+        n = rng.choice([1, 3, 1000, 5000])
+        assert _norm(shard.store.read(offset, n)) == rows[offset:offset + n], (offset, n)
+    assert shard.store.record_count == len(rows)
+    shard.reopen()
+    assert _norm(shard.store.read(0, 10_000)) == rows
+    assert shard.store.stats()[4] == len(rows)
+
+
+def test_a_read_of_runs_stops_at_its_byte_limit(shard: Shard) -> None:
+    shard.produce([b"a" * 100] * 50)
+    st = shard.store
+    assert [row[0] for row in st.read(10, 50, bytes_max=1000)] == list(range(10, 20))
+    assert [row[0] for row in st.read(10, 50, bytes_max=50)] == [10]  # at least one
+
+
+def test_batches_with_keys_tags_timestamps_or_large_values_are_not_runs(shard: Shard) -> None:
+    inline = memory().large.inline_bytes_max
+    shard.produce([b"a", Record(b"b", key=b"k")])
+    shard.produce([b"c", Record(b"d", tags=("t",))])
+    shard.produce([b"e", Record(b"f", timestamp=TS - 5)])
+    shard.produce([b"g", b"h" * (inline + 1)])
+    assert not any(run for _off, run in _entries(shard.store))
+    assert _norm(shard.store.read(0, 100)) == shard.model.rows
+
+
+def test_records_deleted_from_runs_are_gone_and_the_others_keep_their_offsets(
+        shard: Shard) -> None:
+    shard.produce([bytes([i]) * 10 for i in range(20)])
+    shard.produce([Record(b"keyed", key=b"k")])
+    st = shard.store
+    for lsn, offset in enumerate((0, 5, 19, 20), start=100):
+        assert st.apply_delete(lsn, offset, None)
+        shard.model.rows[offset] = None  # type: ignore[call-overload]
+        st.finish(lsn)
+    assert not st.apply_delete(200, 5, None)  # already gone
+    assert not st.apply_delete(201, 21, None)  # never written
+    kept = [row for row in shard.model.rows if row is not None]
+    assert _norm(st.read(0, 100)) == kept
+    assert _norm(st.read(5, 2)) == kept[4:6]
+    assert st.read_by_key(b"k") == []
+    assert st.record_count == 17 and st.bytes == 17 * 10
+    for offset in range(1, 20):  # every record of the run: nothing is left of it
+        st.apply_delete(300 + offset, offset, None)
+    st.finish(400)
+    assert _entries(st) == [] and st.read(0, 100) == [] and st.record_count == 0
+
+
+def test_retention_cuts_runs_from_the_front(shard: Shard) -> None:
+    shard.produce([b"x" * 10] * 30, batch_ts=TS)
+    shard.produce([b"y" * 10] * 30, batch_ts=TS + 1000)
+    st = shard.store
+    st.set_settings(shard.lsn + 1, {"retention_bytes": 400})  # 600 bytes held: 20 records go
+    st.finish(shard.lsn + 1)
+    assert st.retain(TS, records_max=12) == 12  # part of the first run, within the budget
+    assert st.first_offset == 12 and _entries(st) == [(12, True), (30, True)]
+    assert st.retain(TS, records_max=1000) == 8
+    assert (st.first_offset, st.bytes, st.record_count) == (20, 400, 40)
+    with pytest.raises(OutOfRange):
+        st.read(19, 10)
+    assert _norm(st.read(20, 100)) == shard.model.rows[20:]
+    shard.reopen()
+    st = shard.store
+    assert (st.first_offset, st.bytes, st.record_count) == (20, 400, 40)
+    st.set_settings(shard.lsn + 10, {"retention_ms": 500})
+    st.finish(shard.lsn + 10)
+    assert st.retain(TS + 1200, records_max=1000) == 10  # the rest of the older run, whole
+    assert st.first_offset == 30 and _entries(st) == [(30, True)]
+    assert _norm(st.read(30, 100)) == shard.model.rows[30:]
+
+
+def test_a_committed_transaction_of_bare_values_is_kept_in_runs(tmp_path: Path) -> None:
+    store = ShardStore(tmp_path / "s", 1, 0, memory())
+    store.apply_staged(2, 5, 0, TS, 3, pack_batch([b"a", b"b", b"c"]))
+    store.finish(2)
+    assert store.apply_commit(3, 5, 0, 5, held=[(TS, 2, pack_batch([b"d", b"e"]))]) == 5
+    store.finish(3)
+    assert _entries(store) == [(0, True), (3, True)]
+    assert [row[4] for row in store.read(1, 10)] == [b"b", b"c", b"d", b"e"]
+    store.close()
+
+
+def test_runs_and_records_against_a_model(tmp_path: Path) -> None:
+    """Random batches (bare, keyed, tagged, large), deletes, reads and reopens; every read
+    checked against what the shard should hold."""
+    seed = int(os.environ.get("SHARDNODE_SEED", random.randrange(1 << 30)))
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    shard = Shard(shard_dir(tmp_path, 1, 0))
+    inline = memory().large.inline_bytes_max
+    try:
+        for step in range(120):
+            kind = rng.random()
+            if kind < 0.45:
+                n = rng.choice([1, 2, 50, 700, RUN_RECORDS_MAX + 3])
+                shard.produce([rng.randbytes(rng.randrange(0, 300)) for _ in range(n)],
+                              batch_ts=TS + step)
+            elif kind < 0.6:
+                kinds: list[Record | bytes] = [b"bare", Record(b"v", key=b"k%d" % rng.randrange(5)),
+                                               Record(b"w", tags=("t",))]
+                mixed = [rng.choice(kinds) for _ in range(5)]
+                shard.produce(mixed, batch_ts=TS + step)
+            elif kind < 0.65:
+                shard.produce([b"s", rng.randbytes(inline + 1)], batch_ts=TS + step)
+            elif kind < 0.85 and shard.model.rows:
+                offset = rng.randrange(len(shard.model.rows) + 1)
+                shard.lsn += 1
+                present = offset < len(shard.model.rows) and shard.model.rows[offset] is not None
+                assert shard.store.apply_delete(shard.lsn, offset, None) == present, offset
+                shard.store.finish(shard.lsn)
+                if present:
+                    shard.model.rows[offset] = None  # type: ignore[call-overload]
+            elif kind < 0.9:
+                shard.reopen()
+            kept = [row for row in shard.model.rows if row is not None]
+            for _ in range(3):
+                offset = rng.randrange(len(shard.model.rows) + 2)
+                n = rng.choice([1, 7, 500, 5000])
+                want = [row for row in kept if row[0] >= offset][:n]
+                assert _norm(shard.store.read(offset, n)) == want, (step, offset, n)
+            assert shard.store.record_count == len(kept)
+    finally:
+        shard.store.close()

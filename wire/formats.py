@@ -66,10 +66,13 @@ LOG_SEGMENT = Format("log segment", 2, (1, 2))
 # 3: with the transactions' ledger. 2 (still read: no transactions): each window a map
 # seq → the packed [lsn, parts]. 1 is no longer read.
 SNAPSHOT = Format("snapshot", 3, (2, 3))
-# 3: KV namespaces' shards (a ``kv`` column family, their records key writes). 2 (still
-# read): large values in chunks (the ``chunks`` column family; records ending with
+# 4: runs of bare values in ``records`` (``[timestamp_ms, [value, ...]]`` at a run's first
+# offset) and the count of records kept in ``meta``. 3 (still read: it has no runs): KV
+# namespaces' shards (a ``kv`` column family, their records key writes). 2 (still read):
+# large values in chunks (the ``chunks`` column family; records ending with
 # ``[length, chunk_bytes]``). 1 (still read: it has no chunked records): the column
-# families of actors/shard_store.py, ``staged`` included.
-SHARD = Format("shard", 3, (1, 2, 3))
+# families of actors/shard_store.py, ``staged`` included. A shard of an older format is
+# written as format 4 from its first change on.
+SHARD = Format("shard", 4, (1, 2, 3, 4))
 # 1: a snapshot export's manifest (``actors/snapshot_files.py``): L, shards, files.
 EXPORT = Format("snapshot export", 1, (1,))
