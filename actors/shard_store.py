@@ -14,8 +14,9 @@ Column families (keys are big-endian so that byte order is numeric order):
     chunks    offset u64 | chunk number u32       → bytes of the value (see below)
     meta      b"applied_lsn", b"next_offset", b"max_ts" (+1; 0 = none), b"format",
               b"first_offset" (the earliest kept: retention), b"bytes" (values and keys
-              kept), b"records" (records kept) → u64; b"settings" → msgpack map (the
-              topic's, for retention)
+              kept), b"records" (records kept), b"held_lsn" (transaction writes from this
+              LSN on are held by the writer, not staged; 0: none) → u64; b"settings" →
+              msgpack map (the topic's, for retention)
 
 **Runs** (format 4). A batch of bare values (no key, tags or timestamp of their own: most
 producers' and the Spark sink's) none over ``inline_bytes_max`` is kept as runs: one entry
@@ -27,10 +28,15 @@ retention look inside runs: a read seeks to the entry at or before its offset; a
 deleted from a run becomes nil in it (the others keep their offsets); retention drops whole
 runs and writes what is left of a run it cuts at the run's new first offset.
 
-``staged`` holds the records of open and prepared transactions: invisible to every read,
-without offsets. A commit moves them into ``records`` (with the indexes) at the offsets its
-log record gives, in one batch with the applied LSN; a rollback deletes them. Kept here,
-they are flushed with the shard at a checkpoint, so the log need not keep them.
+``staged`` holds records of open and prepared transactions: invisible to every read,
+without offsets. The writer holds a transaction's writes in memory until its commit
+(``actors/held_writes.py``) and writes them here only past its budget or before a
+checkpoint or export makes the shard durable (``stage``): kept here, they are flushed with
+the shard, so the log need not keep them. Until then the log has them, and ``held_lsn`` in
+``meta`` (0: none) says from which LSN on: a writer that restarts reads the log from there.
+A commit moves a transaction's staged records, then those held, into ``records`` (with the
+indexes) at the offsets its log record gives, in one batch with the applied LSN; a
+rollback deletes them.
 
 The shard of a KV namespace has one more column family, ``kv``, and its records are key
 writes: each item of a batch is ``[key, value]`` (value nil: delete the key), applied to
@@ -277,6 +283,10 @@ class ShardStore:
         self.record_count = (self._meta(b"records") if meta.get(b"records") is not None
                              else self.cf["records"].property_int_value(
                                  "rocksdb.estimate-num-keys") or 0)
+        self.held_lsn = self._meta(b"held_lsn")
+        # As found at open: the writer holds again the transaction writes it had held from
+        # this LSN on (they are in the log, not in the shard).
+        self.held_from_lsn = self.held_lsn
         raw_settings = self.cf["meta"].get(b"settings")
         self.settings: dict[str, Any] = ({} if raw_settings is None
                                          else msgpack.unpackb(raw_settings, raw=False))
@@ -407,21 +417,35 @@ class ShardStore:
 
     # ---- transactions ---------------------------------------------------------------
 
-    def apply_staged(self, lsn: int, txn: int, part: int, batch_ts: int, count: int,
-                     blob: bytes) -> None:
-        """Stage a transaction's records: kept, invisible, until its commit or rollback."""
+    def hold(self, lsn: int) -> bool:
+        """A transaction write at ``lsn`` that the writer holds in memory: the shard goes
+        past it, and remembers that the log has it (``held_lsn``). False if it was applied
+        here before."""
         if lsn <= self.applied_lsn:
-            return
-        self._wb().put(STAGED_KEY.pack(txn, lsn, part),
-                       pack((batch_ts, count, blob)), self.h["staged"])
+            return False
+        if not self.held_lsn:
+            self.held_lsn = lsn
         self.batch_lsn = lsn
+        return True
 
-    def _staged(self, txn: int, flush_batch: bool = True) -> list[tuple[bytes, bytes]]:
-        """The staged entries of ``txn``, in the order they were logged. What this group
-        staged is written first, so that the iterator sees it (unless the caller knows it
-        staged nothing of ``txn``: ``flush_batch`` False)."""
-        if self.batch is not None and flush_batch:
+    def stage(self, writes: Sequence[tuple[int, int, int, int, int, bytes]]) -> None:
+        """Write every transaction write the writer held for this shard, ``(txn, lsn, part,
+        timestamp_ms, count, blob)`` in LSN order, into ``staged`` (invisible, until their
+        commit or rollback), and forget ``held_lsn``: one batch, after what is applied."""
+        if self.batch is not None:
             self.finish(self.batch_lsn)
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        h_staged = self.h["staged"]
+        for txn, lsn, part, batch_ts, count, blob in writes:
+            assert lsn <= self.applied_lsn, (lsn, self.applied_lsn)
+            wb.put(STAGED_KEY.pack(txn, lsn, part), pack((batch_ts, count, blob)), h_staged)
+        self.held_lsn = 0
+        wb.put(b"held_lsn", U64.pack(0), self.h["meta"])
+        self.db.write(wb, self.write_opts)
+
+    def _staged(self, txn: int) -> list[tuple[bytes, bytes]]:
+        """The staged entries of ``txn``, in the order they were logged (``stage`` writes
+        them straight to the database: the current batch holds none)."""
         prefix = U64.pack(txn)
         it = self.cf["staged"].iter()
         it.seek(prefix)
@@ -434,16 +458,16 @@ class ShardStore:
     def apply_commit(self, lsn: int, txn: int, first: int, count: int,
                      held: list[tuple[int, int, bytes]] | None = None) -> int:
         """Move ``txn``'s staged records into the shard at offsets ``first`` on, then those
-        ``held`` (``(timestamp_ms, count, blob)``: its writes in the stretch of the log
-        being applied, which were not staged), in one batch with the applied LSN; returns
-        how many (0 if already applied)."""
+        ``held`` (``(timestamp_ms, count, blob)``: its later writes, which the writer held
+        in memory), in one batch with the applied LSN; returns how many (0 if already
+        applied)."""
         if lsn <= self.applied_lsn:
             return 0
         if first != self.next_offset:
             raise RuntimeError(f"shard {self.shard}: commit of transaction {txn} at LSN {lsn} "
                                f"starts at offset {first}, but the next offset is "
                                f"{self.next_offset}")
-        staged = self._staged(txn, flush_batch=held is None)
+        staged = self._staged(txn)
         wb = self._wb()
         h_staged = self.h["staged"]
         offset = first
@@ -649,6 +673,7 @@ class ShardStore:
         wb.put(b"max_ts", U64.pack(self.max_ts + 1), meta)
         wb.put(b"bytes", U64.pack(self.bytes), meta)
         wb.put(b"records", U64.pack(self.record_count), meta)
+        wb.put(b"held_lsn", U64.pack(self.held_lsn), meta)
         wb.put(b"format", U64.pack(FORMAT_VERSION), meta)
         self.db.write(wb, self.write_opts)
         self.batch = None

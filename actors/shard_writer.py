@@ -29,6 +29,7 @@ from actors import faults, wal
 from actors.base import Actor, ActorContext, RefuseToStart, waiting_messages
 from actors.durable import fsync_dir, write_atomic
 from actors.flow import PROGRESS_BYTES_DIVISOR
+from actors.held_writes import HeldWrite, HeldWrites
 from actors.instructions import Apply, Flush, ReadLog, Send, Serve
 from actors.roles import FRONT_DOOR, LOG_MANAGER, shard_owner, writer_index
 from actors.shard_store import (
@@ -101,10 +102,8 @@ class ShardWriter(Actor):
         # compares every record with it, so it is a plain attribute); the state hears of
         # every change through ``WriterState.applied``.
         self.processed_lsn = 0
-        # While applying a stretch of the log: the transactions committed in it, and their
-        # writes in it, per shard (see ``apply``).
-        self.committing: set[int] = set()
-        self.held: dict[tuple[int, Shard], list[tuple[int, int, bytes]]] = {}
+        # Transactions' writes, held until their commit (actors/held_writes.py).
+        self.held = HeldWrites(sc.held_bytes_max)
         # The last transaction commit gone through: a read's answer says it reflects it.
         self.commit_lsn = 0
         self.catalog_lsn = 0  # every catalog change at or below this LSN is applied
@@ -144,7 +143,10 @@ class ShardWriter(Actor):
                     self.stores[(topic_id, partition)] = ShardStore(d, topic_id, partition, self.memory)
                 except StoreFormatError as exc:
                     raise RefuseToStart(str(exc)) from None
-        floor = min([self.catalog_lsn] + [s.applied_lsn for s in self.stores.values()])
+        # A shard needs the log from its applied LSN on, or from the transaction writes the
+        # writer held in memory when it stopped, to hold them again.
+        floor = min([self.catalog_lsn] + [s.held_lsn - 1 if s.held_lsn else s.applied_lsn
+                                          for s in self.stores.values()])
         self.processed_lsn = floor
         t0 = time.monotonic()
         self.perform(self.state.recover(floor))
@@ -165,6 +167,7 @@ class ShardWriter(Actor):
             self.stores.clear()
             return
         self.drain_groups()
+        self.stage_held()
         for store in self.stores.values():
             try:
                 store.finish(max(store.applied_lsn, self.processed_lsn))
@@ -225,10 +228,6 @@ class ShardWriter(Actor):
     def apply(self, entries: list[Entry]) -> None:
         touched: set[ShardStore] = set()
         last = self.processed_lsn
-        # Transactions that commit within these entries: their writes here are held in
-        # memory for the commit rather than staged in RocksDB and read back.
-        self.held = {}
-        self.committing = {e.body()[0] for e in entries if e.kind == Kind.COMMIT}
         for e in entries:
             last = e.lsn
             # Far behind on a busy machine, at low CPU priority, this can take a while.
@@ -268,29 +267,32 @@ class ShardWriter(Actor):
         for store in touched:
             store.finish(store.batch_lsn)
         self.processed_lsn = last
+        if self.held.over():
+            self.stage_held()
         self.perform(self.state.applied(last))
 
     def apply_txn(self, e: Entry, touched: set[ShardStore]) -> None:
-        """A transaction's record: stage its records, commit them (offsets, visible), or
-        drop them, in the shards here (``actors/shard_store.py``)."""
+        """A transaction's record: hold its writes (``actors/held_writes.py``), commit them
+        (offsets, visible), or drop them, in the shards here (``actors/shard_store.py``)."""
         kind = e.kind
         if kind == Kind.TXN_WRITE:
             txn, ts, parts, offsets = msgpack.unpackb(e.payload, raw=False)
             for i, (topic_id, partition, count, blob) in enumerate(parts):
                 store = self.stores.get((topic_id, partition))
-                if store is None or e.lsn <= store.applied_lsn:
+                if store is None:
                     continue
-                if txn in self.committing:
-                    self.held.setdefault((txn, store.shard), []).append((ts, count, blob))
-                else:
-                    store.apply_staged(e.lsn, txn, i, ts, count, blob)
+                # Past the shard's applied LSN; or held before this writer restarted, in
+                # memory only: held again.
+                if store.hold(e.lsn) or e.lsn >= store.held_from_lsn > 0:
+                    self.held.hold(txn, store.shard, HeldWrite(e.lsn, i, ts, count, blob))
                     touched.add(store)
         elif kind == Kind.COMMIT:
             txn, placed, offsets = e.body()
             for topic_id, partition, first, count in placed:
                 store = self.stores.get((topic_id, partition))
                 if store is not None:
-                    held = self.held.pop((txn, store.shard), [])
+                    held = [(w.ts, w.count, w.blob) for w in self.held.take(txn, store.shard)]
+                    store.held_lsn = self.held.oldest(store.shard)
                     self.applied_records += store.apply_commit(e.lsn, txn, first, count, held)
                     touched.add(store)
             for group, topic_id, partition, offset in offsets:
@@ -304,6 +306,8 @@ class ShardWriter(Actor):
             for topic_id, partition in shards:
                 store = self.stores.get((topic_id, partition))
                 if store is not None:
+                    self.held.take(txn, store.shard)
+                    store.held_lsn = self.held.oldest(store.shard)
                     store.apply_rollback(e.lsn, txn)
                     touched.add(store)
         # TX_START, DTX_START, PREPARE: nothing in the shards
@@ -322,9 +326,20 @@ class ShardWriter(Actor):
         for _frame, msg in answers[sent:]:
             self.perform(self.state.refused(msg))
 
+    def stage_held(self) -> None:
+        """Write the transaction writes held in memory into their shards' ``staged``
+        (past the budget, and before a checkpoint may delete the log that has them)."""
+        for shard, writes in self.held.take_all().items():
+            store = self.stores.get(shard)
+            if store is not None:
+                store.stage([(txn, w.lsn, w.part, w.ts, w.count, w.blob) for txn, w in writes])
+                self.keep_alive()
+
     def flush(self) -> None:
-        """Make every shard durable to the applied LSN (a checkpoint's flush step)."""
+        """Make every shard durable to the applied LSN (a checkpoint's flush step), the
+        transaction writes held in memory staged first: the log before this may go."""
         t0 = time.monotonic()
+        self.stage_held()
         for store in self.stores.values():
             store.finish(max(store.applied_lsn, self.processed_lsn))
             store.flush()
@@ -361,6 +376,7 @@ class ShardWriter(Actor):
         else:
             topic_id, _name = e.body()
             for shard in [s for s in self.stores if s[0] == topic_id]:
+                self.held.drop_shard(shard)
                 self.stores.pop(shard).destroy()
         fsync_dir(self.shards_dir)
         self._save_catalog_lsn(e.lsn)
@@ -506,6 +522,7 @@ class ShardWriter(Actor):
         size, error = 0, ""
         t0 = time.monotonic()
         try:
+            self.stage_held()  # the export has the log from its LSN on only
             for (topic_id, partition), store in sorted(self.stores.items()):
                 store.finish(max(store.applied_lsn, self.processed_lsn))
                 target = shard_dir(Path(directory) / "shards", topic_id, partition)

@@ -87,6 +87,7 @@ class ShardsConfig:
     block_cache_bytes: int
     write_buffer_bytes: int
     writer_nice: int
+    held_bytes_max: int
 
 
 @dataclass(frozen=True)

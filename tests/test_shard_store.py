@@ -357,26 +357,51 @@ def test_destroy_leaves_nothing_behind(tmp_path: Path) -> None:
 def test_a_transaction_is_staged_invisibly_then_committed_or_dropped(tmp_path: Path) -> None:
     store = ShardStore(tmp_path / "s", 1, 0, memory())
     first = pack_batch([Record(b"a", b"k1", ("red",), None), b"b"])
-    # Staged in one group (finished), more staged in the next, then a plain record.
-    store.apply_staged(2, 77, 0, TS, 2, first)
-    store.apply_staged(3, 88, 0, TS, 1, pack_batch([b"gone"]))
+    # Two writes held by the writer, then staged (its budget, or a checkpoint), one more held.
+    assert store.hold(2) and store.hold(3)
     store.finish(3)
-    store.apply_staged(4, 77, 0, TS + 1, 1, pack_batch([b"c"]))
+    assert store.held_lsn == 2
+    store.stage([(77, 2, 0, TS, 2, first), (88, 3, 0, TS, 1, pack_batch([b"gone"]))])
+    assert store.held_lsn == 0 and store.staged_count() == 2
+    assert store.hold(4)
+    assert store.held_lsn == 4
     assert store.read(0, 10) == [] and store.read_by_key(b"k1") == []
-    assert store.staged_count() == 2  # the third is still in the batch
     store.apply_produce(5, 0, 1, TS, pack_batch([b"plain"]))
     store.finish(5)
-    # Committed with one more write held in memory (its write and commit in one stretch).
-    assert store.apply_commit(6, 77, 1, 4, held=[(TS + 2, 1, pack_batch([b"d"]))]) == 4
+    # Committed: what was staged, then the write held in memory (after it in the log).
+    store.held_lsn = 0
+    assert store.apply_commit(6, 77, 1, 4, held=[(TS + 1, 1, pack_batch([b"c"])),
+                                                 (TS + 2, 1, pack_batch([b"d"]))]) == 4
     store.apply_rollback(7, 88)
     store.finish(7)
     assert [row[4] for row in store.read(0, 10)] == [b"plain", b"a", b"b", b"c", b"d"]
     assert store.read_by_key(b"k1")[0][0] == 1 and store.read_by_tag("red", 0, 5)[0][0] == 1
     assert store.staged_count() == 0 and store.next_offset == 5
     assert store.apply_commit(6, 77, 1, 4) == 0  # replayed: already applied
-    store.apply_staged(8, 99, 0, TS, 1, pack_batch([b"x"]))
+    assert not store.hold(7)  # applied: not held again
+    store.hold(8)
+    store.finish(8)
+    store.stage([(99, 8, 0, TS, 1, pack_batch([b"x"]))])
     with pytest.raises(RuntimeError, match=r"2 records .* but 1 are staged"):
         store.apply_commit(9, 99, 5, 2)
+    store.close()
+
+
+def test_held_lsn_is_kept_with_the_shard_and_read_back_at_open(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    store = ShardStore(path, 1, 0, memory())
+    store.hold(5)
+    store.hold(9)
+    store.finish(9)
+    store.flush()
+    store.close()
+    store = ShardStore(path, 1, 0, memory())
+    assert (store.applied_lsn, store.held_lsn, store.held_from_lsn) == (9, 5, 5)
+    store.stage([(1, 5, 0, TS, 1, pack_batch([b"a"])), (1, 9, 0, TS, 1, pack_batch([b"b"]))])
+    store.flush()
+    store.close()
+    store = ShardStore(path, 1, 0, memory())
+    assert (store.held_lsn, store.held_from_lsn, store.staged_count()) == (0, 0, 2)
     store.close()
 
 
@@ -504,8 +529,9 @@ def test_retention_cuts_runs_from_the_front(shard: Shard) -> None:
 
 def test_a_committed_transaction_of_bare_values_is_kept_in_runs(tmp_path: Path) -> None:
     store = ShardStore(tmp_path / "s", 1, 0, memory())
-    store.apply_staged(2, 5, 0, TS, 3, pack_batch([b"a", b"b", b"c"]))
+    store.hold(2)
     store.finish(2)
+    store.stage([(5, 2, 0, TS, 3, pack_batch([b"a", b"b", b"c"]))])
     assert store.apply_commit(3, 5, 0, 5, held=[(TS, 2, pack_batch([b"d", b"e"]))]) == 5
     store.finish(3)
     assert _entries(store) == [(0, True), (3, True)]

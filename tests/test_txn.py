@@ -358,3 +358,48 @@ def test_operators_list_and_resolve_branches_in_doubt(node: LocalNode) -> None:
         assert c.xa_recover() == [] and c.txn_list() == []
         refused = _cli(node, "txn", "commit", "not-an-xid", code=1)
         assert "XAER_INVAL" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_writes_held_in_memory_come_back_after_kills_and_stay_through_checkpoints(
+        make_node: MakeNode) -> None:
+    """Shard writers hold a transaction's writes in memory until its commit
+    (actors/held_writes.py); a shard made durable meanwhile (here by a compaction) goes past
+    them and records where the log has them, so a writer killed then holds them again, and
+    a checkpoint writes them into the shard before the log after them may go."""
+    node = make_node(SMALL_LOG.format(mode="fuzzy"))
+    xid = Xid(1, b"held", b"")
+    with node.client() as c:
+        c.create_topic("out", partitions=2)
+        branch = c.xa_start(xid)
+        branch.produce_batch("out", [b"h1", b"h2"], partition=0)
+        branch.produce("out", b"h3", partition=1)
+        c.xa_end(xid)
+        c.xa_prepare(xid)
+        c.produce_batch("out", [b"plain"], partition=0)
+        c.produce_batch("out", [b"plain"], partition=1)
+        c.compact("out")  # every shard flushed past the held writes, which stay held
+    for role in ("writer-0", "writer-1"):
+        node.kill_actor(role)
+    with node.client() as c:
+        until("the writers to be back", lambda: all(
+            a["state"] == "running" for a in c.status()["actors"]))
+        assert c.xa_recover() == [xid]
+        c.produce_batch("out", [b"after"], partition=0)
+        assert values(c, "out", 0) == [b"plain", b"after"]
+    node.kill()  # the whole node: the writers hold them again from the log
+    node.start()
+    with node.client() as c:
+        until("the node to serve", lambda: c.xa_recover() == [xid])
+        for i in range(8):  # 8 x 40 KiB: past checkpoint_bytes, and the log rolls
+            c.produce_batch("out", [bytes(40_000)], partition=i % 2)
+        c.checkpoint()
+        c.checkpoint()
+    node.kill()  # the log before the checkpoints is gone: the shards have the writes now
+    node.start()
+    with node.client() as c:
+        until("the node to serve", lambda: c.xa_recover() == [xid])
+        res = c.xa_commit(xid)
+        assert sorted((p.partition, p.record_count) for p in res.parts) == [(0, 2), (1, 1)]
+        assert values(c, "out", 0)[-2:] == [b"h1", b"h2"]
+        assert values(c, "out", 1)[-1:] == [b"h3"]
+        assert wal.segments_bytes(node.data_dir / "log") < 1024 * 1024
