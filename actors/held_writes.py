@@ -66,8 +66,8 @@ class HeldWrites:
         out: dict[Shard, list[tuple[int, HeldWrite]]] = {}
         for (txn, shard), writes in self.writes.items():
             out.setdefault(shard, []).extend((txn, w) for w in writes)
-        for writes in out.values():
-            writes.sort(key=lambda tw: (tw[1].lsn, tw[1].part))
+        for held in out.values():
+            held.sort(key=lambda tw: (tw[1].lsn, tw[1].part))
         self.writes.clear()
         self.bytes = 0
         return out
