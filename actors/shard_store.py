@@ -44,9 +44,15 @@ writes: each item of a batch is ``[key, value]`` (value nil: delete the key), ap
 history). Offsets still count them, one per write, so the log's placement and replay work
 as for topics.
 
-Every applied log record goes into one WriteBatch together with the new ``applied_lsn``,
-so after a crash the shard is exactly as of some LSN and replay from the log continues
-from there; replay is idempotent. The ``time`` index holds the running maximum timestamp,
+Every applied log record goes into a WriteBatch that ends with the new ``applied_lsn``,
+so after a crash the shard is as of some LSN and replay from the log continues from there;
+replay is idempotent. A batch past ``BATCH_BYTES_MAX`` is written before its end (the
+meta only ever with the last part): what such a part holds is keyed by offset, index key
+or KV key and is written again the same way by the replay, in the same order, so a part
+that RocksDB flushed before a crash changes nothing (a commit's deletion of its staged
+entries, which the replay needs, is written with the meta: ``apply_commit``). Parts bound
+the writer's memory and keep memtables near their size: a 50 MB commit written as one
+batch became one 50 MB memtable. The ``time`` index holds the running maximum timestamp,
 so a seek finds the first offset whose timestamp is at or after the one asked for even
 when producers send timestamps out of order.
 
@@ -102,6 +108,7 @@ COMPACT_PROGRESS_S = 0.5  # how often a compaction tells its caller it is still 
 RUN_RECORDS_MAX = 1024
 RUN_BYTES_MAX = 1 << 20
 RUN_HEAD = b"\x92"  # msgpack: an array of two, [timestamp_ms, values]
+BATCH_BYTES_MAX = 4 << 20  # a write batch holding this much is written before its end
 
 
 def on_thread(work: Callable[[], object], progress: Callable[[], None]) -> None:
@@ -283,6 +290,11 @@ class ShardStore:
         self.record_count = (self._meta(b"records") if meta.get(b"records") is not None
                              else self.cf["records"].property_int_value(
                                  "rocksdb.estimate-num-keys") or 0)
+        # Transactions with records in ``staged`` (few, and only while a commit is far
+        # off): a commit of any other need not look there.
+        self.staged_txns: set[int] = {
+            STAGED_KEY.unpack(bytes(k))[0]  # type: ignore[arg-type]  # raw mode: bytes
+            for k in self.cf["staged"].keys()}  # noqa: SIM118 (an iterator of keys)
         self.held_lsn = self._meta(b"held_lsn")
         # As found at open: the writer holds again the transaction writes it had held from
         # this LSN on (they are in the log, not in the shard).
@@ -291,6 +303,7 @@ class ShardStore:
         self.settings: dict[str, Any] = ({} if raw_settings is None
                                          else msgpack.unpackb(raw_settings, raw=False))
         self.batch: rocksdict.WriteBatch | None = None
+        self.batch_bytes = 0  # records' bytes put in ``batch`` (``_filled``)
         self.batch_lsn = 0
 
     def _meta(self, key: bytes) -> int:
@@ -304,6 +317,16 @@ class ShardStore:
             self.batch = rocksdict.WriteBatch(raw_mode=True)
         return self.batch
 
+    def _filled(self, nbytes: int) -> None:
+        """``nbytes`` of records were put in the batch: write it once it holds
+        ``BATCH_BYTES_MAX``, without the meta (the module's docstring says why that is
+        safe); ``finish`` writes the rest with it."""
+        self.batch_bytes += nbytes
+        if self.batch_bytes >= BATCH_BYTES_MAX and self.batch is not None:
+            self.db.write(self.batch, self.write_opts)
+            self.batch = None
+            self.batch_bytes = 0
+
     def apply_produce(self, lsn: int, first: int, count: int, batch_ts: int, blob: bytes) -> int:
         """Add a batch of records; returns how many were applied (0 if already applied)."""
         if lsn <= self.applied_lsn:
@@ -311,14 +334,18 @@ class ShardStore:
         if first != self.next_offset:
             raise RuntimeError(f"shard {self.shard}: record at LSN {lsn} starts at offset "
                                f"{first}, but the shard's next offset is {self.next_offset}")
-        self._put_records(self._wb(), first, batch_ts, blob)
+        self._put_records(first, batch_ts, blob)
         self.batch_lsn = lsn
         return count
 
-    def _put_records(self, wb: rocksdict.WriteBatch, first: int, batch_ts: int,
-                     blob: bytes) -> None:
+    def _put_records(self, first: int, batch_ts: int, blob: bytes) -> None:
         """The records of ``blob`` at offsets from ``first``, with their index entries (a KV
-        namespace's: its key writes)."""
+        namespace's: its key writes), into the batch."""
+        self._put_blob(self._wb(), first, batch_ts, blob)
+        self._filled(len(blob))
+
+    def _put_blob(self, wb: rocksdict.WriteBatch, first: int, batch_ts: int,
+                  blob: bytes) -> None:
         if self.kv:
             self._put_kv(wb, blob)
             return
@@ -439,6 +466,7 @@ class ShardStore:
         for txn, lsn, part, batch_ts, count, blob in writes:
             assert lsn <= self.applied_lsn, (lsn, self.applied_lsn)
             wb.put(STAGED_KEY.pack(txn, lsn, part), pack((batch_ts, count, blob)), h_staged)
+            self.staged_txns.add(txn)
         self.held_lsn = 0
         wb.put(b"held_lsn", U64.pack(0), self.h["meta"])
         self.db.write(wb, self.write_opts)
@@ -446,6 +474,8 @@ class ShardStore:
     def _staged(self, txn: int) -> list[tuple[bytes, bytes]]:
         """The staged entries of ``txn``, in the order they were logged (``stage`` writes
         them straight to the database: the current batch holds none)."""
+        if txn not in self.staged_txns:
+            return []
         prefix = U64.pack(txn)
         it = self.cf["staged"].iter()
         it.seek(prefix)
@@ -468,21 +498,23 @@ class ShardStore:
                                f"starts at offset {first}, but the next offset is "
                                f"{self.next_offset}")
         staged = self._staged(txn)
-        wb = self._wb()
-        h_staged = self.h["staged"]
-        offset = first
-        for key, raw in staged:
-            batch_ts, n, blob = msgpack.unpackb(raw, raw=False)
-            self._put_records(wb, offset, batch_ts, blob)
-            offset += n
-            wb.delete(key, h_staged)
-        for batch_ts, n, blob in held or ():
-            self._put_records(wb, offset, batch_ts, blob)
-            offset += n
-        if offset - first != count:
+        writes = [msgpack.unpackb(raw, raw=False) for _key, raw in staged]
+        writes += held or ()
+        if sum(n for _ts, n, _blob in writes) != count:
             raise RuntimeError(f"shard {self.shard}: transaction {txn} committed {count} records "
-                               f"at LSN {lsn}, but {offset - first} are staged here")
+                               f"at LSN {lsn}, but {sum(n for _ts, n, _b in writes)} are "
+                               f"staged here")
+        offset = first
+        for batch_ts, n, blob in writes:
+            self._put_records(offset, batch_ts, blob)
+            offset += n
         self.batch_lsn = lsn
+        if staged:  # deleted with the meta that passes this commit: a replay needs them
+            self.staged_txns.discard(txn)
+            wb = self._wb()
+            for key, _raw in staged:
+                wb.delete(key, self.h["staged"])
+            self.finish(lsn)
         return count
 
     def apply_rollback(self, lsn: int, txn: int) -> None:
@@ -493,6 +525,7 @@ class ShardStore:
         wb = self._wb()
         for key, _raw in staged:
             wb.delete(key, self.h["staged"])
+        self.staged_txns.discard(txn)
         self.batch_lsn = lsn
 
     def staged_count(self) -> int:
@@ -677,6 +710,7 @@ class ShardStore:
         wb.put(b"format", U64.pack(FORMAT_VERSION), meta)
         self.db.write(wb, self.write_opts)
         self.batch = None
+        self.batch_bytes = 0
         self.applied_lsn = lsn
 
     def flush(self) -> None:

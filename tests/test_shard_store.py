@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from actors.shard_store import (
+    BATCH_BYTES_MAX,
     CFS,
     FORMAT_VERSION,
     LEVELS,
@@ -580,3 +581,34 @@ def test_runs_and_records_against_a_model(tmp_path: Path) -> None:
             assert shard.store.record_count == len(kept)
     finally:
         shard.store.close()
+
+
+def test_a_large_batch_is_written_in_parts_and_a_part_left_by_a_crash_is_redone(
+        tmp_path: Path) -> None:
+    """A batch past BATCH_BYTES_MAX is written in parts before its meta; a part that
+    reached the disk without the meta (a crash) is written again the same way by the
+    replay from the applied LSN."""
+    path = tmp_path / "s"
+    store = ShardStore(path, 1, 0, memory())
+    keyed = [Record(os.urandom(1000), key=b"k%d" % i, tags=("t",)) for i in range(3000)]
+    bare = [os.urandom(1000) for _ in range(3000)]
+    store.apply_produce(1, 0, 1, TS, pack_batch([b"first"]))
+    store.finish(1)
+    store.apply_produce(2, 1, len(keyed), TS, pack_batch(keyed))  # 3 MB
+    store.apply_produce(2, 1 + len(keyed), len(bare), TS, pack_batch(bare))  # 3 MB more
+    assert store.batch_bytes < BATCH_BYTES_MAX  # a part was written: the batch started over
+    assert len(store.read(0, 10_000)) > 1  # the part is in the database, without its meta
+    store.batch = None  # the crash: the rest of the batch and the meta are lost...
+    store.flush()  # ...but RocksDB had flushed the part
+    store.close()
+    store = ShardStore(path, 1, 0, memory())
+    assert (store.applied_lsn, store.next_offset, store.record_count) == (1, 1, 1)
+    assert store.apply_produce(2, 1, len(keyed), TS, pack_batch(keyed)) == len(keyed)
+    store.apply_produce(2, 1 + len(keyed), len(bare), TS, pack_batch(bare))
+    store.finish(2)
+    rows = store.read(0, 10_000)
+    assert [r[4] for r in rows] == [b"first", *(r.value for r in keyed), *bare]
+    assert [r[0] for r in rows] == list(range(6001))
+    assert store.read_by_key(b"k7")[0][0] == 8 and store.record_count == 6001
+    assert [r[0] for r in store.read_by_tag("t", 2990, 20)] == list(range(2990, 3001))
+    store.close()
