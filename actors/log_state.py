@@ -55,11 +55,17 @@ from wire.messages import (
     TxnStart,
     TxnWritten,
 )
-from wire.packer import pack
+from wire.packer import JOIN_BYTES_MIN, pack
 from wire.protocol import ALTERABLE_SETTINGS, KV_PREFIX, NAME_RE, Topic, topic_settings
 from wire.xid import Xid
 
 ANSWER_WAIT_MS = 1000  # an answer waits this long for room in the front door's mailbox
+
+
+def large(parts: Sequence[Sequence[Any]]) -> bool:
+    """Whether a record's parts (each ending with its batch of records) carry enough bytes
+    to be joined into the log record rather than packed (``wire.logrecord.encode``)."""
+    return sum(len(part[-1]) for part in parts) >= JOIN_BYTES_MIN
 
 
 @dataclass(slots=True)
@@ -220,7 +226,8 @@ class LogState:
             self.next_offset[(topic_id, partition)] = first + count
         self.last_lsn += 1
         lsn = self.last_lsn
-        record = logrecord.encode(lsn, Kind.PRODUCE, [producer_id, seq, now_ms, logged])
+        record = logrecord.encode(lsn, Kind.PRODUCE, [producer_id, seq, now_ms, logged],
+                                  large=large(logged))
         if win is not None:
             self._remember(win, seq, lsn, acked)
         return Log(record, Ack(corr, lsn, acked), lsn)
@@ -403,7 +410,7 @@ class LogState:
         self.last_lsn += 1
         self.txns.write(msg.txn, parts, msg.offsets)
         record = logrecord.encode(self.last_lsn, Kind.TXN_WRITE,
-                                  [msg.txn, now_ms, parts, msg.offsets])
+                                  [msg.txn, now_ms, parts, msg.offsets], large=large(parts))
         return Log(record, TxnWritten(msg.corr, self.last_lsn, st.records), self.last_lsn,
                    early=True)
 

@@ -48,7 +48,7 @@ from wire.errors import (
     XARBRollback,
     error_for,
 )
-from wire.packer import pack
+from wire.packer import pack, pack_map
 from wire.protocol import (
     DEFAULT_PORT,
     KV_PREFIX,
@@ -224,7 +224,7 @@ class NodeClient:
         for _ in range(attempts):
             rid = next(self._ids)
             try:
-                sock.send(pack(request_map(op, rid, fields)))
+                sock.send(pack_map(request_map(op, rid, fields)))
             except zmq.Again:
                 last = Unavailable(f"{self._name(sock)} is not reachable (down?)")
                 time.sleep(backoff_s)  # back off before retrying an unreachable node
@@ -348,7 +348,7 @@ class NodeClient:
             first = next(self._ids)
             rid: int | None = first
             try:
-                sock.send(pack(request_map("produce", first, fields)))
+                sock.send(pack_map(request_map("produce", first, fields)))
             except zmq.Again:
                 rid = None  # sent again, with retries, below
             sent.append((member, idx, fields, sock, rid))
@@ -751,7 +751,7 @@ class Pipeline:
                                   pack([to_wire(r) for r in records])}
         if partition is not None:
             fields["partition"] = partition
-        frame = pack(fields)
+        frame = pack_map(fields)
         if c.routed:
             self.queue_routed(rid, frame, self.member_socket(topic, records, partition, blob,
                                                              seq))

@@ -34,7 +34,7 @@ from wire.errors import (
     XAERNota,
     error_for,
 )
-from wire.packer import pack
+from wire.packer import pack_map
 from wire.protocol import request_map, unpack_replies
 from wire.records import Record, pack_batch
 from wire.xid import Xid
@@ -284,7 +284,7 @@ class Transaction:
 
     def _submit(self, op: str, fields: dict[str, Any]) -> int:
         rid = next(self.client._ids)
-        frame = pack(request_map(op, rid, fields))
+        frame = pack_map(request_map(op, rid, fields))
         if self._queue and self._queued_bytes + len(frame) > QUEUED_BYTES_MAX:
             self._send()
         self._queue.append((rid, op, fields, frame))

@@ -43,6 +43,15 @@ def test_header_layout_is_as_documented() -> None:
     assert rec[24:] == payload
 
 
+def test_a_record_with_large_values_joined_in_has_the_same_bytes() -> None:
+    big = bytes(range(256)) * 1024  # 256 KiB: joined in (wire.packer.JOIN_BYTES_MIN)
+    for kind, body in [(Kind.PRODUCE, [7, 1, 1_700_000_000_000, [(3, 0, 10, 4, big)]]),
+                       (Kind.TXN_WRITE, [9, 1_700_000_000_000, [(3, 1, 2, big), (3, 2, 1, b"v")],
+                                         []]),
+                       *sample_bodies()]:
+        assert encode(5, kind, body, large=True) == encode(5, kind, body)
+
+
 def test_encode_then_iter_buffer_round_trips() -> None:
     bodies = sample_bodies()
     buf, starts = build(first_lsn=100, bodies=bodies)

@@ -743,3 +743,36 @@ def test_threads_packing_at_once_each_get_their_own_bytes() -> None:
     for t in threads:
         t.join(timeout=60)
     assert not failures and not any(t.is_alive() for t in threads)
+
+
+BIG = b"B" * packer.JOIN_BYTES_MIN
+
+
+@pytest.mark.parametrize("obj", [
+    *PACKED_SAMPLES,
+    BIG, [BIG], (1, BIG, b"small", [BIG + b"x", (2, BIG)]), [list(range(20)), [BIG] * 17],
+    [7, [(1, 2, [(3, 0, 5, BIG)])] * 3, []], [b"s"] * 70_000,
+])
+def test_pack_joined_gives_the_bytes_of_packb(obj: Any) -> None:
+    assert packer.pack_joined(obj) == msgpack.packb(obj, use_bin_type=True)
+
+
+def test_messages_with_large_values_encode_as_packb_would() -> None:
+    """Large values are joined in (``pack_joined``), small messages packed whole: the same
+    bytes either way, and they decode to the same message."""
+    from wire.messages import Bundle, LogGroup, RecordsReply, TxnWrite, Writes
+    samples: list[Any] = [
+        LogGroup(1, 2, BIG), LogGroup(1, 2, b"small"), RecordsReply(9, BIG, 3, 2),
+        Bundle([BIG, b"x", BIG]), Bundle([b"x"] * 3),
+        TxnWrite(5, 6, 0, ((1, 0, 3, BIG),), ()),
+        Writes((1, 2), ((7, 1, ((3, 0, 10, BIG), (3, 1, 1, b"v"))),), ((1, b"other"),)),
+    ]
+    for msg in samples:
+        fields = [msg.TAG, *(getattr(msg, f) for f in msg.__slots__)]
+        assert codec.encode(msg) == msgpack.packb(fields, use_bin_type=True)
+        assert codec.decode(codec.encode(msg)) == msg
+
+
+def test_pack_map_joins_large_values_and_gives_packb_s_bytes() -> None:
+    for fields in ({"id": 1, "records": BIG, "ok": True}, {"id": 1, "records": b"small"}, {}):
+        assert packer.pack_map(fields) == msgpack.packb(fields, use_bin_type=True)

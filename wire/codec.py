@@ -27,7 +27,7 @@ import msgpack
 
 from config.schema import GROUP_BYTES_LIMIT
 from wire.errors import ErrorCode, NodeError
-from wire.packer import pack
+from wire.packer import JOIN_BYTES_MIN, pack, pack_joined
 
 FRAME_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # internal hop; client frames are capped in config
 # A log group (and a read's answer) travels as one message: it must fit, with its framing.
@@ -55,6 +55,10 @@ _ROWS: dict[int, list[tuple[int, Any]]] = {}  # tag → [(field index, its Named
 # two bytes tell it apart before decoding (msgpack decodes a whole frame one way).
 _TUPLE_TAGS: set[int] = set()
 _FIXARRAY = 0x90
+# Tags of the messages that may carry large binary values (a log group, a burst of writes,
+# a read's records): those with a ``bulk_bytes`` method, the bytes of such values in one.
+# At JOIN_BYTES_MIN or more they are encoded by ``pack_joined``.
+_BULK_TAGS: set[int] = set()
 
 M = TypeVar("M", bound=type[Message])
 
@@ -78,6 +82,8 @@ def message(tag: int, arrays: type = list) -> Callable[[M], M]:
         rows = [(i, row) for i, f in enumerate(fields) if (row := _row_type(hints[f.name]))]
         if rows:
             _ROWS[tag] = rows
+        if hasattr(dc, "bulk_bytes"):
+            _BULK_TAGS.add(tag)
         if arrays is tuple:
             assert 0 <= tag < 128 and len(fields) < 15, "must encode as a fixarray and fixint"
             assert not rows, "rows are for messages decoded with lists"
@@ -101,6 +107,8 @@ def encode(msg: Message) -> bytes:
     slots: tuple[str, ...] = msg.__slots__  # the dataclass's fields, in declared order
     fields: list[Any] = [msg.TAG]
     fields.extend(getattr(msg, f) for f in slots)
+    if msg.TAG in _BULK_TAGS and msg.bulk_bytes() >= JOIN_BYTES_MIN:  # type: ignore[attr-defined]
+        return pack_joined(fields)
     return pack(fields)
 
 

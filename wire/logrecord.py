@@ -59,7 +59,7 @@ from typing import Any
 
 import msgpack
 
-from wire.packer import pack
+from wire.packer import pack, pieces
 
 MAGIC = 0x53484E31  # "SHN1"
 HEADER = struct.Struct("<IIIB3xQ")
@@ -89,10 +89,17 @@ class Kind(enum.IntEnum):
     TOPIC_ALTER = 12
 
 
-def encode(lsn: int, kind: Kind, body: Any) -> bytes:
-    """One record, header and body. ``body`` is packed with msgpack."""
-    payload = pack(body)
-    return encode_packed(lsn, kind, payload)
+def encode(lsn: int, kind: Kind, body: Any, large: bool = False) -> bytes:
+    """One record, header and body. ``body`` is packed with msgpack; ``large``: it holds
+    large binary values (a batch of records), which are joined in with the header rather
+    than copied through msgpack's buffer and then again (``wire.packer.pack_joined``)."""
+    if not large:
+        return encode_packed(lsn, kind, pack(body))
+    parts = pieces(body)
+    crc = zlib.crc32(struct.pack("<B3xQ", kind, lsn))
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    return b"".join([HEADER.pack(MAGIC, sum(map(len, parts)), crc, kind, lsn), *parts])
 
 
 def encode_packed(lsn: int, kind: int, payload: bytes) -> bytes:

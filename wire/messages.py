@@ -210,6 +210,9 @@ class RecordsReply(Message):
     # read after it wait for that commit, so no reader sees part of a transaction.
     commit_lsn: int = 0
 
+    def bulk_bytes(self) -> int:
+        return len(self.records)
+
 
 @message(25)
 class ValueReply(Message):
@@ -255,6 +258,9 @@ class LogGroup(Message):
     first_lsn: int
     last_lsn: int
     data: bytes
+
+    def bulk_bytes(self) -> int:
+        return len(self.data)
 
 
 @message(36)
@@ -407,6 +413,9 @@ class Bundle(Message):
 
     frames: list[bytes]
 
+    def bulk_bytes(self) -> int:
+        return sum(map(len, self.frames))
+
 
 
 @message(60)
@@ -446,6 +455,10 @@ class Writes(Message):
     corrs: Sequence[int]
     produces: Sequence[ProduceRow]
     others: Sequence[OtherWrite]  # in the order of their places
+
+    def bulk_bytes(self) -> int:
+        return (sum(len(blob) for _pid, _seq, parts in self.produces for *_tpn, blob in parts)
+                + sum(len(frame) for _at, frame in self.others))
 
     def sizes(self) -> list[int]:
         """About how many bytes each request takes encoded, in burst order (the sizes only
@@ -550,6 +563,9 @@ class TxnWrite(Message):
     seq: int
     parts: Sequence[PartRow]
     offsets: Sequence[OffsetRow]
+
+    def bulk_bytes(self) -> int:
+        return sum(len(blob) for *_tpn, blob in self.parts)
     # A key write with a compare-and-set: the transaction commits only with ``checked``.
     conditional: bool = False
 

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import msgpack
 
 from wire.errors import BadRequest, ErrorCode, NodeError
-from wire.packer import pack
+from wire.packer import pack, pack_map
 from wire.records import KEY_BYTES_MAX, TAG_BYTES_MAX
 
 DEFAULT_PORT = 7400
@@ -573,7 +573,7 @@ def ok(rid: int, **fields: Any) -> bytes:
     """A reply: ``fields`` (in the order the table lists them), then ``id`` and ``ok``."""
     fields["id"] = rid
     fields["ok"] = True
-    return pack(fields)
+    return pack_map(fields)
 
 
 def error(rid: int, code: int, text: str) -> bytes:
