@@ -62,8 +62,9 @@ def _map_header(n: int) -> bytes:
 def pack_map(fields: dict[str, Any]) -> bytes:
     """A request or reply map: with ``pack_joined`` when one of its values is a large
     binary value (a batch of records, a read's records), else with ``pack``."""
-    if any(type(v) is bytes and len(v) >= JOIN_BYTES_MIN for v in fields.values()):
-        return pack_joined(fields)
+    for v in fields.values():  # a loop: on every reply, where a generator costs more
+        if type(v) is bytes and len(v) >= JOIN_BYTES_MIN:
+            return pack_joined(fields)
     return pack(fields)
 
 
