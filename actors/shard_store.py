@@ -304,6 +304,9 @@ class ShardStore:
                                          else msgpack.unpackb(raw_settings, raw=False))
         self.batch: rocksdict.WriteBatch | None = None
         self.batch_bytes = 0  # records' bytes put in ``batch`` (``_filled``)
+        # The batch holds what must be written with the meta (a commit's deletion of its
+        # staged entries): no part of it is written before ``finish``.
+        self.batch_whole = False
         self.batch_lsn = 0
 
     def _meta(self, key: bytes) -> int:
@@ -322,7 +325,7 @@ class ShardStore:
         ``BATCH_BYTES_MAX``, without the meta (the module's docstring says why that is
         safe); ``finish`` writes the rest with it."""
         self.batch_bytes += nbytes
-        if self.batch_bytes >= BATCH_BYTES_MAX and self.batch is not None:
+        if self.batch_bytes >= BATCH_BYTES_MAX and self.batch is not None and not self.batch_whole:
             self.db.write(self.batch, self.write_opts)
             self.batch = None
             self.batch_bytes = 0
@@ -514,7 +517,7 @@ class ShardStore:
             wb = self._wb()
             for key, _raw in staged:
                 wb.delete(key, self.h["staged"])
-            self.finish(lsn)
+            self.batch_whole = True
         return count
 
     def apply_rollback(self, lsn: int, txn: int) -> None:
@@ -711,6 +714,7 @@ class ShardStore:
         self.db.write(wb, self.write_opts)
         self.batch = None
         self.batch_bytes = 0
+        self.batch_whole = False
         self.applied_lsn = lsn
 
     def flush(self) -> None:

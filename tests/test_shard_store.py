@@ -612,3 +612,20 @@ def test_a_large_batch_is_written_in_parts_and_a_part_left_by_a_crash_is_redone(
     assert store.read_by_key(b"k7")[0][0] == 8 and store.record_count == 6001
     assert [r[0] for r in store.read_by_tag("t", 2990, 20)] == list(range(2990, 3001))
     store.close()
+
+
+def test_a_commit_of_staged_records_with_an_offset_commit_in_the_same_shard(
+        tmp_path: Path) -> None:
+    """A commit record can carry consumer offsets for a shard it also writes records to:
+    both apply, and the staged entries it deletes go with the meta (not in a part before)."""
+    store = ShardStore(tmp_path / "s", 1, 0, memory())
+    store.hold(2)
+    store.finish(2)
+    store.stage([(5, 2, 0, TS, 2, pack_batch([b"a" * 3_000_000, b"b" * 3_000_000]))])
+    assert store.apply_commit(3, 5, 0, 2) == 2
+    store.apply_offset_commit(3, "billing", 7)
+    assert store.staged_count() == 1  # the deletion waits for the meta
+    store.finish(3)
+    assert store.committed_offset("billing") == 7 and store.staged_count() == 0
+    assert [len(r[4]) for r in store.read(0, 10)] == [3_000_000, 3_000_000]
+    store.close()
