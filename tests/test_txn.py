@@ -67,6 +67,17 @@ def until(what: str, cond: Any, timeout_s: float = 30) -> Any:
         time.sleep(0.05)  # ok-sleep: poll interval, under a deadline
 
 
+def prepare_a_branch(c: NodeClient, xid: Xid, first: list[bytes], second: bytes) -> None:
+    """A topic "out" of two partitions, and the XA branch ``xid`` prepared with ``first``
+    in partition 0 and ``second`` in partition 1."""
+    c.create_topic("out", partitions=2)
+    branch = c.xa_start(xid)
+    branch.produce_batch("out", first, partition=0)
+    branch.produce("out", second, partition=1)
+    c.xa_end(xid)
+    c.xa_prepare(xid)
+
+
 def test_records_are_invisible_until_commit_and_aborts_leave_no_gap(node: LocalNode) -> None:
     with node.client() as c:
         c.create_topic("out", partitions=2)
@@ -221,12 +232,7 @@ def test_a_prepared_branch_survives_kills_and_ten_checkpoints(make_node: MakeNod
     node = make_node(SMALL_LOG.format(mode="fuzzy"))
     xid = Xid(1, b"order-17", b"shard-a")
     with node.client() as c:
-        c.create_topic("out", partitions=2)
-        branch = c.xa_start(xid)
-        branch.produce_batch("out", [b"p1", b"p2"], partition=0)
-        branch.produce("out", b"p3", partition=1)
-        c.xa_end(xid)
-        c.xa_prepare(xid)
+        prepare_a_branch(c, xid, [b"p1", b"p2"], b"p3")
         assert values(c, "out", 0) == []
     log_sizes = []
     for round_ in range(10):
@@ -369,12 +375,7 @@ def test_writes_held_in_memory_come_back_after_kills_and_stay_through_checkpoint
     node = make_node(SMALL_LOG.format(mode="fuzzy"))
     xid = Xid(1, b"held", b"")
     with node.client() as c:
-        c.create_topic("out", partitions=2)
-        branch = c.xa_start(xid)
-        branch.produce_batch("out", [b"h1", b"h2"], partition=0)
-        branch.produce("out", b"h3", partition=1)
-        c.xa_end(xid)
-        c.xa_prepare(xid)
+        prepare_a_branch(c, xid, [b"h1", b"h2"], b"h3")
         c.produce_batch("out", [b"plain"], partition=0)
         c.produce_batch("out", [b"plain"], partition=1)
         c.compact("out")  # every shard flushed past the held writes, which stay held
