@@ -189,7 +189,10 @@ class TransactionManager(Actor):
                 case Send(role, msg, wait_ms):
                     if role == LOG_MANAGER:
                         self.flush_to_log()  # in the order they were made
-                    self.send(role, msg, wait_ms)
+                    if not self.send(role, msg, wait_ms) and role == LOG_MANAGER:
+                        # A timeout's rollback: open again, it is timed out (and sent)
+                        # again at the next tick.
+                        self.txns.unsent(msg)
                 case _:
                     assert_never(ins)
 

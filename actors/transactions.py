@@ -341,6 +341,7 @@ class Transactions:
                             self.finished_xids.pop(t.xid, None)
                         self.committed -= t.phase is Phase.COMMITTED
                         self.rolled_back -= t.phase is Phase.ROLLED_BACK
+                        self.timed_out -= t.phase is Phase.TIMED_OUT
                     t.phase = t.before
                     self._add(t)
 

@@ -142,6 +142,21 @@ def test_an_open_transaction_times_out_and_says_so() -> None:
     assert error_code(step(t, "commit", txn)) == ErrorCode.TXN_TIMED_OUT
 
 
+def test_a_timeout_s_rollback_the_log_manager_did_not_take_is_sent_again() -> None:
+    """The rollback of a transaction past its timeout is a message no client waits for: if
+    the log manager's mailbox does not take it, the transaction is open again (as the log
+    still has it), and the next tick times it out and sends the rollback again."""
+    t = machine()
+    txn = begin(t, timeout_ms=1000, now=10.0)
+    (out,) = t.tick(11.5)
+    assert isinstance(out, Send) and t.timed_out == 1
+    t.unsent(out.msg)
+    assert t.live[txn].phase is Phase.ACTIVE and txn not in t.finished and t.timed_out == 0
+    (again,) = t.tick(11.6)
+    assert isinstance(again, Send) and again.msg == TxnResolve(0, txn, "rollback")
+    assert t.timed_out == 1 and error_code(write(t, txn, 0)) == ErrorCode.TXN_TIMED_OUT
+
+
 def test_what_the_log_manager_did_not_take_is_undone() -> None:
     t = machine()
     txn = begin(t)
