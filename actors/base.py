@@ -33,6 +33,34 @@ log = logging.getLogger("shardnode")
 TICK_S = 1.0
 POLL_MS_MAX = 100
 DRAIN_MESSAGES_MAX = 4096  # messages handled per burst before the actor looks up
+# A frame this large goes to a mailbox after an empty marker frame, as a message of two
+# parts, and is received without a copy (a view of ZeroMQ's own buffer). A received frame
+# is otherwise copied into a new bytes object: for a 600 kB frame (a request of the Spark
+# sink, a log group) that copy cost 120 us against 4-7 us without it, measured here, and
+# every hop of the write path received each byte once. A small frame is received by copy:
+# a ``Frame`` object costs more than the copy (1.2 us against 0.5 us for 60 bytes).
+BULK_FRAME_BYTES_MIN = 65536
+
+
+def send_frame(sock: zmq.Socket[bytes], frame: bytes | memoryview, flags: int = 0) -> None:
+    """Send an encoded message to a mailbox; raises ``zmq.Again`` as ``send`` does. A frame
+    of ``BULK_FRAME_BYTES_MIN`` or more is sent without a copy after an empty marker part:
+    ZeroMQ queues a message of several parts whole or not at all, so once the marker is taken
+    the frame is too."""
+    if len(frame) < BULK_FRAME_BYTES_MIN:
+        sock.send(frame, flags)
+        return
+    sock.send(b"", flags | zmq.SNDMORE)
+    sock.send(frame, flags & ~zmq.NOBLOCK, copy=False)
+
+
+def receive_frame(sock: zmq.Socket[bytes], flags: int = 0) -> bytes | memoryview:
+    """The next frame sent by ``send_frame``: a large one as a view of ZeroMQ's buffer (kept
+    alive by the view). Raises ``zmq.Again`` as ``recv`` does."""
+    frame = sock.recv(flags)
+    if frame or not sock.get(zmq.RCVMORE):
+        return frame  # an empty frame alone is not a message: the decoder says so
+    return sock.recv(flags, copy=False).buffer  # the rest of a message is there at once
 
 
 def waiting_messages(sock: zmq.Socket[bytes], limit: int) -> Iterator[codec.Message]:
@@ -40,7 +68,7 @@ def waiting_messages(sock: zmq.Socket[bytes], limit: int) -> Iterator[codec.Mess
     is not a message is logged and skipped."""
     for _ in range(limit):
         try:
-            frame = sock.recv(zmq.NOBLOCK)
+            frame = receive_frame(sock, zmq.NOBLOCK)
         except zmq.Again:
             return
         try:
@@ -92,7 +120,7 @@ class Actor:
         self.sends_refused = 0  # messages not sent: the peer's mailbox stayed full
         self.unexpected_messages = 0  # messages of a type this actor does not handle
         self.last_drain = 0
-        self.current_frame = b""
+        self.current_frame: bytes | memoryview = b""  # the frame being handled
         self._next_tick = time.monotonic() + TICK_S
         self._reported_at = 0.0
         self.started_at = time.time()
@@ -139,17 +167,17 @@ class Actor:
             sent = end
         return list(writes.corrs[sent:])
 
-    def send_bytes(self, role: str, frame: bytes, wait_ms: int = 0) -> bool:
+    def send_bytes(self, role: str, frame: bytes | memoryview, wait_ms: int = 0) -> bool:
         sock = self.peer(role)
         try:
-            sock.send(frame, zmq.NOBLOCK, copy=len(frame) < 65536)
+            send_frame(sock, frame, zmq.NOBLOCK)
             return True
         except zmq.Again:
             if wait_ms <= 0:
                 return False
         if sock.poll(wait_ms, zmq.POLLOUT):
             try:
-                sock.send(frame, zmq.NOBLOCK, copy=len(frame) < 65536)
+                send_frame(sock, frame, zmq.NOBLOCK)
                 return True
             except zmq.Again:
                 pass
@@ -209,7 +237,7 @@ class Actor:
             self.stop_reason = reason
             log.info("stopping: %s", reason)
 
-    def handle_frame(self, frame: bytes) -> None:
+    def handle_frame(self, frame: bytes | memoryview) -> None:
         self.current_frame = frame
         try:
             msg = codec.decode(frame)
@@ -227,10 +255,10 @@ class Actor:
 
     def drain_mailbox(self) -> int:
         n = 0
-        recv = self.mailbox.recv
+        mailbox = self.mailbox
         while n < DRAIN_MESSAGES_MAX:
             try:
-                frame = recv(zmq.NOBLOCK)
+                frame = receive_frame(mailbox, zmq.NOBLOCK)
             except zmq.Again:
                 break
             n += 1

@@ -19,7 +19,6 @@ See ``actors/txn_state.py`` for the logic.
 from __future__ import annotations
 
 import dataclasses
-import io
 import logging
 import secrets
 import time
@@ -62,20 +61,32 @@ GATE_TEXT = ("a blocking checkpoint is waiting for open transactions to end; beg
              "after it (retry)")
 CORRS_READ_BYTES = 8192  # read this much of a burst at a time to find its correlation ids
 WRITES_ARRAY_LEN = 1 + len(dataclasses.fields(Writes))  # its tag, then its fields: corrs first
+WRITES_HEADER = 0x90 | WRITES_ARRAY_LEN  # msgpack's fixarray of that length
+assert WRITES_ARRAY_LEN < 16 and Writes.TAG < 128  # a fixarray, then a positive fixint
 
 
-def writes_corrs(frame: bytes) -> list[int] | None:
+def writes_corrs(frame: bytes | memoryview) -> list[int] | None:
     """The correlation ids of a ``Writes`` frame, read without decoding its requests; None
     for any other message (or a frame that is not one)."""
-    # Read through a file over the frame, a few KiB at a time: feeding the frame to the
-    # unpacker would copy all of it.
-    unpacker = msgpack.Unpacker(io.BytesIO(frame), read_size=CORRS_READ_BYTES, raw=False)
-    try:
-        if unpacker.read_array_header() != WRITES_ARRAY_LEN or unpacker.unpack() != Writes.TAG:
-            return None
-        corrs = unpacker.unpack()
-    except Exception:  # not msgpack, or not an array: the codec says why
+    # Its first two bytes tell a Writes (an array of its fields, then its tag) from the
+    # rest; then it is read a few KiB at a time until the ids are whole: feeding the whole
+    # frame to an unpacker would copy all of it.
+    if len(frame) < 2 or frame[0] != WRITES_HEADER or frame[1] != Writes.TAG:
         return None
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(frame))
+    unpacker.feed(frame[2:CORRS_READ_BYTES])
+    pos = CORRS_READ_BYTES
+    while True:
+        try:
+            corrs = unpacker.unpack()
+            break
+        except msgpack.OutOfData:
+            if pos >= len(frame):
+                return None
+            unpacker.feed(frame[pos:pos + CORRS_READ_BYTES])
+            pos += CORRS_READ_BYTES
+        except Exception:  # not msgpack: the codec says why
+            return None
     return corrs if type(corrs) is list and all(type(c) is int for c in corrs) else None
 
 
@@ -94,7 +105,8 @@ class TransactionManager(Actor):
         self.sync_asked = 0.0
         self.to_log: list[Message] = []  # transactions' requests for the log manager
         self.incoming: list[Writes] = []  # bursts read whole (the gate was closed), in order
-        self.passing: list[tuple[list[int], bytes]] = []  # bursts begun, to pass on as they came
+        # Bursts begun, to pass on as they came.
+        self.passing: list[tuple[list[int], bytes | memoryview]] = []
         self.gate_closed_at = 0.0
 
     def on_start(self) -> None:
@@ -104,7 +116,7 @@ class TransactionManager(Actor):
         self.sync_asked = time.monotonic()
         self.send(LOG_MANAGER, TxnSync(self.role), wait_ms=1000)
 
-    def handle_frame(self, frame: bytes) -> None:
+    def handle_frame(self, frame: bytes | memoryview) -> None:
         corrs = writes_corrs(frame)
         if corrs is not None and not self.incoming and self.state.begin(corrs, time.monotonic()):
             self.passing.append((corrs, frame))
@@ -118,7 +130,7 @@ class TransactionManager(Actor):
             case (CreateTopic(corr) | DeleteTopic(corr) | CommitOffset(corr)
                   | DeleteRecord(corr) | AlterTopic(corr)):
                 # A write request sent alone: a burst of one, as its encoded message.
-                self.incoming.append(Writes([corr], [], [(0, self.current_frame)]))
+                self.incoming.append(Writes([corr], [], [(0, bytes(self.current_frame))]))
             case TxnBegin(corr):
                 if self.state.gate is not None:
                     self.perform([Send(FRONT_DOOR, ErrorReply(corr, ErrorCode.BUSY, GATE_TEXT),

@@ -32,7 +32,7 @@ from typing import Any, assert_never
 import psutil
 import zmq
 
-from actors.base import Actor, ActorContext, mailbox_address, waiting_messages
+from actors.base import Actor, ActorContext, mailbox_address, send_frame, waiting_messages
 from actors.cache_manager import CacheManager
 from actors.curve import server_keys
 from actors.durable import fsync_dir, write_atomic
@@ -324,7 +324,7 @@ class Supervisor:
             sock.connect(mailbox_address(self.run_dir, role))
             self.peers[role] = sock
         try:
-            sock.send(codec.encode(msg), zmq.NOBLOCK)
+            send_frame(sock, codec.encode(msg), zmq.NOBLOCK)
             return True
         except zmq.Again:
             return False

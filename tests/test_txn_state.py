@@ -127,3 +127,10 @@ def test_the_transaction_manager_reads_only_the_correlation_ids_of_a_burst() -> 
     assert writes_corrs(codec.encode(Ended([4, 5]))) is None
     assert writes_corrs(b"\xc1 not msgpack") is None
     assert writes_corrs(frame[:3]) is None
+    # A view of a received frame (actors.base.receive_frame), and ids that take more than
+    # one read of a few KiB: all of them, in order.
+    assert writes_corrs(memoryview(frame)) == [4, 5]
+    many = list(range(1 << 40, (1 << 40) + 5000))  # 9 bytes each: 45 kB of ids
+    big = codec.encode(Writes(many, [(9, 0, [(1, 0, 1, b"\x01" * 100)])] * 5000, []))
+    assert writes_corrs(memoryview(big)) == many
+    assert writes_corrs(big[:20_000]) is None  # the ids cut short

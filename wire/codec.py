@@ -112,7 +112,7 @@ def encode(msg: Message) -> bytes:
     return pack(fields)
 
 
-def decode(frame: bytes, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> Message:
+def decode(frame: bytes | memoryview, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> Message:
     """Unpack one frame into its message; raise ``CodecError`` with the reason if it is not one."""
     if len(frame) > frame_bytes_max:
         raise CodecError(f"frame of {len(frame)} bytes is over the limit of {frame_bytes_max}")

@@ -115,7 +115,7 @@ class Entry:
     position: int
     lsn: int
     kind: int
-    payload: bytes
+    payload: bytes | memoryview  # a view into a group's bytes (``iter_buffer``)
 
     @property
     def end(self) -> int:
@@ -126,10 +126,11 @@ class Entry:
 
 
 def decode_at(buf: bytes | memoryview, pos: int, verify: bool = True,
-              base: int = 0) -> tuple[Entry | None, str]:
+              base: int = 0, view: bool = False) -> tuple[Entry | None, str]:
     """The record at ``pos`` of ``buf``, or None and why it is not one (``INCOMPLETE_HEADER``
     and ``INCOMPLETE_BODY`` when ``buf`` ends inside it). ``base`` is where ``buf`` starts
-    in its file: the entry's position is ``base + pos``."""
+    in its file: the entry's position is ``base + pos``. With ``view`` (``buf`` a view of
+    bytes that never change) the payload is a view into ``buf``, not a copy."""
     if len(buf) - pos < HEADER_BYTES:
         return None, INCOMPLETE_HEADER
     magic, length, crc, kind, lsn = HEADER.unpack_from(buf, pos)
@@ -140,18 +141,20 @@ def decode_at(buf: bytes | memoryview, pos: int, verify: bool = True,
     start = pos + HEADER_BYTES
     if len(buf) - start < length:
         return None, INCOMPLETE_BODY
-    payload = bytes(buf[start:start + length])
+    payload = buf[start:start + length] if view else bytes(buf[start:start + length])
     if verify and zlib.crc32(payload, zlib.crc32(bytes(buf[pos + CRC_FROM:start]))) != crc:
         return None, "checksum mismatch"
     return Entry(base + pos, lsn, kind, payload), ""
 
 
-def iter_buffer(buf: bytes | memoryview, verify: bool = False) -> Iterator[Entry]:
-    """Records of a buffer known to be whole (a group just written); raises on damage."""
+def iter_buffer(buf: bytes, verify: bool = False) -> Iterator[Entry]:
+    """Records of a buffer known to be whole (a group just written); raises on damage. Their
+    payloads are views into ``buf``: a group's records are read without copying them."""
     pos = 0
     end = len(buf)
+    view = memoryview(buf)
     while pos < end:
-        entry, why = decode_at(buf, pos, verify)
+        entry, why = decode_at(view, pos, verify, view=True)
         if entry is None:
             raise ValueError(f"bad record at byte {pos} of a group: {why}")
         yield entry
