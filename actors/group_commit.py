@@ -18,6 +18,8 @@ Asked once per admitted request (``add``), so it keeps to plain attributes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from actors.hand_off import HandOff
 from actors.instructions import Log
 
@@ -79,9 +81,10 @@ class GroupCommit:
 
     # ---- handing off ------------------------------------------------------------------
 
-    def durable(self, first_lsn: int, last_lsn: int, data: bytes, now: float) -> bool:
+    def durable(self, first_lsn: int, last_lsn: int, records: Sequence[bytes], size: int,
+                now: float) -> bool:
         """A group is durable and acknowledged; True: enough waits, hand off now."""
-        self.hand_off.add(first_lsn, last_lsn, data, now)
+        self.hand_off.add(first_lsn, last_lsn, records, size, now)
         return self.hand_off.full()
 
     def hand_off_due(self, now: float) -> bool:
@@ -91,7 +94,7 @@ class GroupCommit:
         """How long the log manager may sleep before handing off (ms); None: no limit."""
         return self.hand_off.due_in_ms(now)
 
-    def take_hand_off(self) -> tuple[int, int, bytes] | None:
+    def take_hand_off(self) -> tuple[int, int, list[bytes]] | None:
         """The durable groups not handed off yet, merged: first LSN, last LSN, records."""
         return self.hand_off.take() if self.hand_off.datas else None
 

@@ -9,6 +9,7 @@ manager passes ``now`` in and sends what ``take`` gives it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 HAND_OFF_S = 0.002  # durable groups wait at most this long to go to the cache manager ...
 HAND_OFF_BYTES = 1 << 20  # ... or until this many bytes of them wait
@@ -21,18 +22,20 @@ class HandOff:
     __slots__ = ("datas", "due", "first_lsn", "last_lsn", "size")
 
     def __init__(self) -> None:
-        self.datas: list[bytes] = []
+        self.datas: list[bytes] = []  # the records of the groups, in order
         self.first_lsn = 0
         self.last_lsn = 0
         self.size = 0
         self.due = 0.0
 
-    def add(self, first_lsn: int, last_lsn: int, data: bytes, now: float) -> None:
+    def add(self, first_lsn: int, last_lsn: int, records: Sequence[bytes], size: int,
+            now: float) -> None:
+        """A durable group: its LSNs, its records (``size`` bytes in all)."""
         if not self.datas:
             self.first_lsn, self.size, self.due = first_lsn, 0, now + HAND_OFF_S
-        self.datas.append(data)
+        self.datas.extend(records)
         self.last_lsn = last_lsn
-        self.size += len(data)
+        self.size += size
 
     def full(self) -> bool:
         return self.size >= HAND_OFF_BYTES
@@ -47,7 +50,8 @@ class HandOff:
             return None
         return max(0, math.ceil((self.due - now) * 1000))
 
-    def take(self) -> tuple[int, int, bytes]:
-        """The merged group: first LSN, last LSN, its records. Only when ``datas``."""
+    def take(self) -> tuple[int, int, list[bytes]]:
+        """The merged group: first LSN, last LSN, its records (not joined: the message that
+        carries them joins them once, ``wire.codec.encode_log_group``). Only when ``datas``."""
         datas, self.datas, self.size = self.datas, [], 0
-        return self.first_lsn, self.last_lsn, datas[0] if len(datas) == 1 else b"".join(datas)
+        return self.first_lsn, self.last_lsn, datas

@@ -87,7 +87,6 @@ from wire.messages import (
     FlushTo,
     Hello,
     ListTopics,
-    LogGroup,
     LogRequest,
     Progress,
     ShardsCheckpointed,
@@ -98,6 +97,7 @@ from wire.messages import (
     TxnSync,
     TxnTable,
     Writes,
+    encode_log_group,
 )
 
 log = logging.getLogger("shardnode")
@@ -339,15 +339,15 @@ class LogManager(Actor):
     def commit(self, group: list[Log]) -> None:
         self.send_early()
         records = [p.record for p in group if p.record]
+        size = sum(map(len, records))
         if records:
-            data = b"".join(records)
             first_lsn = min(p.lsn for p in group if p.record)
             last_lsn = max(p.lsn for p in group if p.record)
             # A crash here loses the group, as a power cut before its write would.
             faults.crash_point("log.before_write", self.cfg.data_path)
             t0 = time.monotonic()
             try:
-                self.writer.append(data, first_lsn)
+                self.writer.append(records, first_lsn)
             except OSError as exc:
                 # Never retry an fsync: the page cache may have dropped the data already.
                 log.critical("log write/fsync failed: %s; exiting so recovery reads the disk", exc)
@@ -356,8 +356,8 @@ class LogManager(Actor):
             self.durable_lsn = last_lsn
             self.fsyncs += 1
             self.window_fsyncs += 1
-            self.log_bytes += len(data)
-            self.bytes_since_checkpoint += len(data)
+            self.log_bytes += size
+            self.bytes_since_checkpoint += size
         if any(p.catalog_changed for p in group):
             # Before the acks, on the same pipe: a client told "created" can use the topic.
             self.broadcast_catalog()
@@ -380,7 +380,7 @@ class LogManager(Actor):
         # After the acknowledgements, so the cache manager and the writers it wakes do
         # not take the CPU the front door needs for them; a read that follows an
         # acknowledgement carries its LSN and waits for the group wherever it goes.
-        if records and self.policy.durable(first_lsn, last_lsn, data, time.monotonic()):
+        if records and self.policy.durable(first_lsn, last_lsn, records, size, time.monotonic()):
             self.hand_off_groups()
 
     def hand_off_groups(self) -> None:
@@ -388,16 +388,18 @@ class LogManager(Actor):
         merged = self.policy.take_hand_off()
         if merged is None:
             return
-        first_lsn, last_lsn, data = merged
+        first_lsn, last_lsn, records = merged
+        size = sum(map(len, records))
         # The cache manager hands the group to the shard writers; if it is gone they
         # catch up from the log files, so a stalled peer never stalls the log for long.
         sent = False
-        if self.to_cache.admits(len(data)):
-            group_msg = LogGroup(first_lsn, last_lsn, data)
-            sent = self.send(CACHE_MANAGER, group_msg, wait_ms=0 if self.cache_stalled else 1000)
+        if self.to_cache.admits(size):
+            frame = encode_log_group(first_lsn, last_lsn, records)
+            sent = self.send_bytes(CACHE_MANAGER, frame,
+                                   wait_ms=0 if self.cache_stalled else 1000)
             self.cache_stalled = not sent
         if sent:
-            self.to_cache.sent(last_lsn, len(data))
+            self.to_cache.sent(last_lsn, size)
         else:
             self.to_cache.skip(last_lsn)
 

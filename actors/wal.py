@@ -22,7 +22,7 @@ import itertools
 import logging
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +55,10 @@ SEGMENT_SUFFIX = ".log"
 SNAPSHOT_SLOTS = ("checkpoint-0.snap", "checkpoint-1.snap")
 SNAPSHOT_GROW_BYTES = 64 * 1024
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
+# A group of records this large is written with writev, its records as they are; a smaller
+# one is joined first (a writev of many small pieces costs more than their copy).
+WRITEV_BYTES_MIN = 256 * 1024
+IOV_PIECES_MAX = min(1024, os.sysconf("SC_IOV_MAX"))  # pieces one writev takes
 _INCOMPLETE = (INCOMPLETE_HEADER, INCOMPLETE_BODY)
 
 
@@ -168,24 +172,46 @@ class SegmentWriter:
         self._write_header()
         fsync_dir(self.log_dir)
 
-    def append(self, data: bytes, first_lsn: int) -> None:
-        """Write ``data`` and fdatasync it. Raises OSError, which the caller treats as fatal."""
+    def append(self, data: bytes | Sequence[bytes], first_lsn: int) -> None:
+        """Write ``data`` (bytes, or records to write one after the other) and fdatasync it.
+        Raises OSError, which the caller treats as fatal."""
+        pieces = [data] if isinstance(data, bytes) else data
+        size = sum(map(len, pieces))
         if self.fd < 0 or (self.size > self.start
-                           and self.size + len(data) > self.segment_bytes_max):
+                           and self.size + size > self.segment_bytes_max):
             self.roll(first_lsn)
-        view = memoryview(data)
-        while view:
-            n = os.write(self.fd, view)
-            view = view[n:]
+        write_pieces(self.fd, pieces, size)
         if faults.fails("log.fsync", self.log_dir.parent):
             raise OSError(errno.EIO, "injected fsync failure")
         os.fdatasync(self.fd)
-        self.size += len(data)
+        self.size += size
 
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def write_pieces(fd: int, pieces: Sequence[bytes], size: int) -> None:
+    """Write ``pieces`` (``size`` bytes in all) one after the other. Many small ones are
+    joined and written at once; larger ones go to ``writev`` as they are, up to
+    ``IOV_PIECES_MAX`` a call, rather than copied into one buffer first (a group of requests
+    of 0.5 MB each under the Spark sink)."""
+    if len(pieces) == 1 or size < WRITEV_BYTES_MIN:
+        view = memoryview(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+        while view:
+            view = view[os.write(fd, view):]
+        return
+    todo: list[bytes | memoryview] = list(pieces)
+    while todo:
+        n = os.writev(fd, todo[:IOV_PIECES_MAX])
+        done = 0
+        while done < len(todo) and n >= len(todo[done]):  # the pieces written whole
+            n -= len(todo[done])
+            done += 1
+        del todo[:done]
+        if n:  # one written in part: its rest first
+            todo[0] = memoryview(todo[0])[n:]
 
 
 # ---- snapshot slots ---------------------------------------------------------------------

@@ -108,19 +108,19 @@ def test_durable_groups_wait_hand_off_s_then_go_merged() -> None:
     g = policy()
     assert not g.hand_off_due(0.0) and g.hand_off_in_ms(0.0) is None
     assert g.take_hand_off() is None
-    assert not g.durable(1, 2, b"ab", now=0.0)
-    assert not g.durable(3, 3, b"c", now=0.001)
+    assert not g.durable(1, 2, [b"a", b"b"], 2, now=0.0)
+    assert not g.durable(3, 3, [b"c"], 1, now=0.001)
     assert g.hand_off_in_ms(0.001) == 1
     assert not g.hand_off_due(0.001)
     assert g.hand_off_due(HAND_OFF_S)
-    assert g.take_hand_off() == (1, 3, b"abc")
+    assert g.take_hand_off() == (1, 3, [b"a", b"b", b"c"])
     assert not g.hand_off_due(5.0) and g.take_hand_off() is None
 
 
 def test_enough_durable_bytes_are_handed_off_at_once() -> None:
     g = policy()
-    assert not g.durable(1, 1, b"x" * (HAND_OFF_BYTES - 1), now=0.0)
-    assert g.durable(2, 2, b"y", now=0.0)
+    assert not g.durable(1, 1, [b"x" * (HAND_OFF_BYTES - 1)], HAND_OFF_BYTES - 1, now=0.0)
+    assert g.durable(2, 2, [b"y"], 1, now=0.0)
 
 
 # ---- when the transaction manager is told which requests ended -------------------------

@@ -588,3 +588,33 @@ def test_recovery_holds_about_a_chunk_whatever_the_segment_size(log_dir: Path) -
     state = fresh_state()
     assert peak_bytes(lambda: recover(log_dir, state, chunk_bytes=64 * 1024)) < 500_000
     assert state.last_lsn == 800
+
+
+@pytest.mark.parametrize("sizes", [
+    [10], [10] * 50,  # small: joined and written at once
+    [300_000], [200_000, 5, 100_000], [300] * 3000,  # writev, over IOV_PIECES_MAX pieces
+])
+@pytest.mark.parametrize("limit", [None, 7_777])
+def test_pieces_are_written_whole_and_in_order(tmp_path: Path, sizes: list[int],
+                                               limit: int | None,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``write_pieces``, also when writev writes less than it was given (``limit`` bytes a
+    call at most, as a real writev may): what was not written is written next."""
+    if limit is not None:
+        real = os.writev
+        calls = []
+
+        def short_writev(fd: int, buffers: Any) -> int:
+            calls.append(len(buffers))
+            return real(fd, [b"".join(bytes(b) for b in buffers)[:limit]])
+        monkeypatch.setattr(os, "writev", short_writev)
+    pieces = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    path = tmp_path / "out"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        wal.write_pieces(fd, pieces, sum(sizes))
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"".join(pieces)
+    if limit is not None and sum(sizes) >= wal.WRITEV_BYTES_MIN and len(pieces) > 1:
+        assert len(calls) > 1 and max(calls) <= wal.IOV_PIECES_MAX

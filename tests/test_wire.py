@@ -773,6 +773,19 @@ def test_messages_with_large_values_encode_as_packb_would() -> None:
         assert codec.decode(codec.encode(msg)) == msg
 
 
+@pytest.mark.parametrize("records", [
+    [b"r" * 10, b"s" * 20],  # under JOIN_BYTES_MIN in all: packed as one small group
+    [BIG], [BIG, b"small", BIG], [b"x" * 1000] * 70, [b"x"] * (packer.JOIN_BYTES_MIN + 1),
+])
+def test_a_log_group_from_its_records_is_the_frame_of_their_join(records: list[bytes]) -> None:
+    """The log manager hands on merged groups as records (``encode_log_group``): the bytes
+    of the ``LogGroup`` of their join, decoding to it."""
+    from wire.messages import LogGroup, encode_log_group
+    group = LogGroup(3, 9, b"".join(records))
+    assert encode_log_group(3, 9, records) == codec.encode(group)
+    assert codec.decode(encode_log_group(3, 9, records)) == group
+
+
 def test_pack_map_joins_large_values_and_gives_packb_s_bytes() -> None:
     for fields in ({"id": 1, "records": BIG, "ok": True}, {"id": 1, "records": b"small"}, {}):
         assert packer.pack_map(fields) == msgpack.packb(fields, use_bin_type=True)

@@ -23,7 +23,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from wire.codec import Message, message
+from wire.codec import Message, encode, message
+from wire.packer import JOIN_BYTES_MIN, pack_with_bin
 from wire.protocol import Topic
 
 # ---- the produce path's rows ------------------------------------------------------------
@@ -261,6 +262,14 @@ class LogGroup(Message):
 
     def bulk_bytes(self) -> int:
         return len(self.data)
+
+
+def encode_log_group(first_lsn: int, last_lsn: int, records: Sequence[bytes]) -> bytes:
+    """The frame of ``LogGroup(first_lsn, last_lsn, b"".join(records))``, with the records
+    joined once, into the frame itself, not first into a group and then again into it."""
+    if sum(map(len, records)) < JOIN_BYTES_MIN:
+        return encode(LogGroup(first_lsn, last_lsn, b"".join(records)))
+    return pack_with_bin([LogGroup.TAG, first_lsn, last_lsn], records)
 
 
 @message(36)

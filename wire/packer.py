@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import struct
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -98,6 +99,18 @@ def pieces(obj: Any) -> list[bytes]:
     out: list[bytes] = []
     _pieces(obj, out)
     return out
+
+
+def pack_with_bin(head: Sequence[Any], pieces: Sequence[bytes]) -> bytes:
+    """``pack_joined([*head, b"".join(pieces)])`` for pieces of ``JOIN_BYTES_MIN`` bytes or
+    more in all, without joining them first: the array's values, then one binary value
+    made of the pieces, all joined once."""
+    out = [_array_header(len(head) + 1)]
+    for x in head:
+        _pieces(x, out)
+    out.append(_BIN32.pack(0xC6, sum(map(len, pieces))))
+    out.extend(pieces)
+    return b"".join(out)
 
 
 def pack_joined(obj: Any) -> bytes:
