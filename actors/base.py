@@ -20,7 +20,7 @@ from typing import Any
 
 import zmq
 
-from actors.flow import BUNDLE_BYTES_MAX, chunks
+from actors.flow import BUNDLE_BYTES_MAX, bundles, chunks
 from actors.roles import FRONT_DOOR, SUPERVISOR
 from config import NodeConfig
 from config.schema import from_dict
@@ -98,6 +98,11 @@ class RefuseToStart(Exception):
 class Actor:
     """Base class. Subclasses set ``role`` handling in ``on_message`` and may add sockets."""
 
+    # Tags of the messages this actor reads with their large binary values as views into
+    # the received frame (``wire.codec.decode``): only those it passes on or reads in part,
+    # and never keeps past the message (a view keeps the whole frame alive).
+    VIEW_TAGS: frozenset[int] = frozenset()
+
     def __init__(self, ctx: ActorContext) -> None:
         self.role = ctx.role
         self.cfg: NodeConfig = from_dict(ctx.config)
@@ -143,9 +148,11 @@ class Actor:
 
     def send_many(self, role: str, frames: list[bytes], wait_ms: int = 0) -> int:
         """Send encoded messages to one actor, as few ``Bundle``s as keep each frame under
-        ``BUNDLE_BYTES_MAX``; returns how many were sent (a prefix of them)."""
+        ``BUNDLE_BYTES_MAX``, a large one (``BULK_FRAME_BYTES_MIN``) alone; returns how many
+        were sent (a prefix of them)."""
         sent = 0
-        for start, end in chunks([len(f) for f in frames], BUNDLE_BYTES_MAX):
+        for start, end in bundles([len(f) for f in frames], BUNDLE_BYTES_MAX,
+                                  BULK_FRAME_BYTES_MIN):
             part = frames[start:end]
             ok = (self.send_bytes(role, part[0], wait_ms) if len(part) == 1
                   else self.send(role, Bundle(part), wait_ms))
@@ -240,7 +247,7 @@ class Actor:
     def handle_frame(self, frame: bytes | memoryview) -> None:
         self.current_frame = frame
         try:
-            msg = codec.decode(frame)
+            msg = codec.decode(frame, views=self.VIEW_TAGS)
         except codec.CodecError as exc:
             log.error("dropped a frame that is not a message: %s", exc)
             return

@@ -36,6 +36,21 @@ def chunks(sizes: list[int], bytes_max: int) -> list[tuple[int, int]]:
     return runs
 
 
+def bundles(sizes: list[int], bytes_max: int, alone_min: int) -> list[tuple[int, int]]:
+    """``chunks``, except that an item of ``alone_min`` bytes or more gets a run of its own:
+    a large message goes alone (and without a copy, ``actors.base.send_frame``) rather
+    than copied into a bundle with its neighbours."""
+    runs: list[tuple[int, int]] = []
+    start = 0
+    for i, size in enumerate([*sizes, alone_min]):  # the last closes the last stretch
+        if size >= alone_min:
+            runs.extend((start + a, start + b) for a, b in chunks(sizes[start:i], bytes_max))
+            if i < len(sizes):
+                runs.append((i, i + 1))
+            start = i + 1
+    return runs
+
+
 
 class GroupsInFlight:
     """The bytes of log groups sent to one receiver on the data path that it has not yet

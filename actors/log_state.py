@@ -205,7 +205,7 @@ class LogState:
                 return ErrorReply(corr, ErrorCode.STALE_SEQUENCE,
                                   f"sequence {seq} of producer {producer_id} is older "
                                   f"than the last {self.window} remembered (latest {known.max_seq})")
-        logged: list[tuple[int, int, int, int, bytes]] = []  # as the log record holds them
+        logged: list[tuple[int, int, int, int, bytes | memoryview]] = []  # as the log record holds them
         acked: list[PlacedRow] = []
         for topic_id, partition, count, blob in parts:
             topic = self.by_id.get(topic_id)

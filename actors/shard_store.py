@@ -330,7 +330,8 @@ class ShardStore:
             self.batch = None
             self.batch_bytes = 0
 
-    def apply_produce(self, lsn: int, first: int, count: int, batch_ts: int, blob: bytes) -> int:
+    def apply_produce(self, lsn: int, first: int, count: int, batch_ts: int,
+                      blob: bytes | memoryview) -> int:
         """Add a batch of records; returns how many were applied (0 if already applied)."""
         if lsn <= self.applied_lsn:
             return 0
@@ -341,14 +342,14 @@ class ShardStore:
         self.batch_lsn = lsn
         return count
 
-    def _put_records(self, first: int, batch_ts: int, blob: bytes) -> None:
+    def _put_records(self, first: int, batch_ts: int, blob: bytes | memoryview) -> None:
         """The records of ``blob`` at offsets from ``first``, with their index entries (a KV
         namespace's: its key writes), into the batch."""
         self._put_blob(self._wb(), first, batch_ts, blob)
         self._filled(len(blob))
 
     def _put_blob(self, wb: rocksdict.WriteBatch, first: int, batch_ts: int,
-                  blob: bytes) -> None:
+                  blob: bytes | memoryview) -> None:
         if self.kv:
             self._put_kv(wb, blob)
             return
@@ -394,7 +395,7 @@ class ShardStore:
         self.bytes += nbytes
 
     def _put_runs(self, wb: rocksdict.WriteBatch, first: int, batch_ts: int,
-                  values: Sequence[bytes], blob: bytes) -> None:
+                  values: Sequence[bytes], blob: bytes | memoryview) -> None:
         """Bare ``values`` (``blob`` packed) at offsets from ``first``, as runs: the blob as
         it came when it fits in one, else cut by ``RUN_RECORDS_MAX`` and ``RUN_BYTES_MAX``."""
         h_rec = self.h["records"]
@@ -417,7 +418,7 @@ class ShardStore:
         self.next_offset = first + n
         self.bytes += nbytes
 
-    def _put_kv(self, wb: rocksdict.WriteBatch, blob: bytes) -> None:
+    def _put_kv(self, wb: rocksdict.WriteBatch, blob: bytes | memoryview) -> None:
         """A KV namespace's writes: ``[key, value]`` each, value nil to delete; one offset
         each."""
         h_kv = self.h[KV_CF]

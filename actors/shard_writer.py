@@ -70,6 +70,7 @@ from wire.messages import (
 from wire.packer import pack
 from wire.protocol import KV_PREFIX
 from wire.records import pack_read
+from wire.views import VIEW_BYTES_MIN, unpack_views
 
 log = logging.getLogger("shardnode")
 
@@ -81,7 +82,21 @@ TXN_KINDS = (Kind.TX_START, Kind.DTX_START, Kind.TXN_WRITE, Kind.PREPARE, Kind.C
 SLOW_APPLY_S = 0.25  # with the seam writer.slow_apply armed: the wait before each log record
 
 
+def body_of(e: Entry) -> Any:
+    """A produce's or a transaction write's body. One from a group just received (a view)
+    that is large is read with its values as views into the group (``wire.views``): most of
+    it may be other writers' shards'."""
+    if type(e.payload) is memoryview and len(e.payload) >= VIEW_BYTES_MIN:
+        return unpack_views(e.payload)
+    return msgpack.unpackb(e.payload, raw=False)
+
+
 class ShardWriter(Actor):
+    # Every writer is handed every group and applies only its own shards' records: their
+    # values are read where they lie in the frame (views, ``wire.views``), and the records
+    # of other writers' shards are never copied.
+    VIEW_TAGS = frozenset({LogGroup.TAG})
+
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
         self.index = writer_index(self.role)
@@ -235,7 +250,7 @@ class ShardWriter(Actor):
             if self.slow_apply_s:
                 time.sleep(self.slow_apply_s)  # the test seam writer.slow_apply
             if e.kind == Kind.PRODUCE:
-                _pid, _seq, ts, parts = msgpack.unpackb(e.payload, raw=False)
+                _pid, _seq, ts, parts = body_of(e)
                 for topic_id, partition, first, count, blob in parts:
                     store = self.stores.get((topic_id, partition))
                     if store is None:
@@ -276,15 +291,15 @@ class ShardWriter(Actor):
         (offsets, visible), or drop them, in the shards here (``actors/shard_store.py``)."""
         kind = e.kind
         if kind == Kind.TXN_WRITE:
-            txn, ts, parts, offsets = msgpack.unpackb(e.payload, raw=False)
+            txn, ts, parts, offsets = body_of(e)
             for i, (topic_id, partition, count, blob) in enumerate(parts):
                 store = self.stores.get((topic_id, partition))
                 if store is None:
                     continue
                 # Past the shard's applied LSN; or held before this writer restarted, in
-                # memory only: held again.
+                # memory only: held again (a copy: a view would keep its whole group).
                 if store.hold(e.lsn) or e.lsn >= store.held_from_lsn > 0:
-                    self.held.hold(txn, store.shard, HeldWrite(e.lsn, i, ts, count, blob))
+                    self.held.hold(txn, store.shard, HeldWrite(e.lsn, i, ts, count, bytes(blob)))
                     touched.add(store)
         elif kind == Kind.COMMIT:
             txn, placed, offsets = e.body()

@@ -91,6 +91,9 @@ def writes_corrs(frame: bytes | memoryview) -> list[int] | None:
 
 
 class TransactionManager(Actor):
+    # A transaction's writes go on to the log manager as they came (``TxnAppend``).
+    VIEW_TAGS = frozenset({TxnWrite.TAG})
+
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
         # Ids of this incarnation start at a random point, or above every id in the log

@@ -41,7 +41,8 @@ def test_large_frames_arrive_as_views_and_small_ones_as_bytes_in_order(
         pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]) -> None:
     push, pull = pair
     large = os.urandom(BULK_FRAME_BYTES_MIN)
-    frames = [b"small", large, memoryview(os.urandom(3 * BULK_FRAME_BYTES_MIN)),
+    frames: list[bytes | memoryview] = [
+        b"small", large, memoryview(os.urandom(3 * BULK_FRAME_BYTES_MIN)),
               b"x" * (BULK_FRAME_BYTES_MIN - 1), large]
     for frame in frames:
         send_frame(push, frame)
@@ -69,7 +70,7 @@ def test_waiting_messages_decodes_large_messages_sent_in_two_parts(
     send_frame(push, codec.encode(group))
     send_frame(push, codec.encode(Stats("test", 1, {})))
     assert pull.poll(WAIT_MS)
-    msgs = []
+    msgs: list[codec.Message] = []
     for _ in range(50):  # the second may still be on its way: a bounded wait for each
         msgs.extend(waiting_messages(pull, 10))
         if len(msgs) == 2 or not pull.poll(WAIT_MS):

@@ -107,6 +107,25 @@ def test_records_are_invisible_until_commit_and_aborts_leave_no_gap(node: LocalN
         assert values(c, "out", 0) == [b"a", b"after", b"k1"]
 
 
+def test_large_writes_in_and_out_of_transactions_land_whole(node: LocalNode) -> None:
+    """Writes past 64 KiB, which the transaction manager passes on and the writers apply as
+    views into the frames they came in (``wire.views``), on every writer's shards."""
+    with node.client() as c:
+        c.create_topic("big", partitions=4)
+        batch = [bytes([i % 251]) * 1000 for i in range(150)]  # 150 kB a request
+        for p in range(4):
+            c.produce_batch("big", batch, partition=p)
+        tx = c.transaction()
+        for p in range(4):
+            tx.produce_batch("big", [v[::-1] + b"t" for v in batch], partition=p)
+        aborted = c.transaction()
+        aborted.produce_batch("big", [b"never" * 200] * 150, partition=1)
+        aborted.abort()
+        tx.commit()
+        for p in range(4):
+            assert values(c, "big", p) == batch + [v[::-1] + b"t" for v in batch], p
+
+
 def test_a_commit_retried_answers_the_same_and_applies_nothing_twice(node: LocalNode) -> None:
     with node.client() as c:
         c.create_topic("out", partitions=1)

@@ -28,6 +28,7 @@ import msgpack
 from config.schema import GROUP_BYTES_LIMIT
 from wire.errors import ErrorCode, NodeError
 from wire.packer import JOIN_BYTES_MIN, pack, pack_joined
+from wire.views import VIEW_BYTES_MIN, unpack_views
 
 FRAME_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # internal hop; client frames are capped in config
 # A log group (and a read's answer) travels as one message: it must fit, with its framing.
@@ -112,13 +113,21 @@ def encode(msg: Message) -> bytes:
     return pack(fields)
 
 
-def decode(frame: bytes | memoryview, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> Message:
-    """Unpack one frame into its message; raise ``CodecError`` with the reason if it is not one."""
+def decode(frame: bytes | memoryview, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT,
+           views: frozenset[int] = frozenset()) -> Message:
+    """Unpack one frame into its message; raise ``CodecError`` with the reason if it is not one.
+    A message whose tag is in ``views``, in a frame of ``VIEW_BYTES_MIN`` or more, has its
+    binary values as views into ``frame`` (``wire.views``), not copies: for an actor that
+    passes them on or reads only some, and keeps none."""
     if len(frame) > frame_bytes_max:
         raise CodecError(f"frame of {len(frame)} bytes is over the limit of {frame_bytes_max}")
-    tuples = len(frame) > 1 and frame[0] & 0xF0 == _FIXARRAY and frame[1] in _TUPLE_TAGS
+    array = len(frame) > 1 and frame[0] & 0xF0 == _FIXARRAY
+    tuples = array and frame[1] in _TUPLE_TAGS
     try:
-        obj = msgpack.unpackb(frame, raw=False, use_list=not tuples, strict_map_key=False)
+        if array and frame[1] in views and len(frame) >= VIEW_BYTES_MIN:
+            obj = unpack_views(frame, use_list=not tuples)
+        else:
+            obj = msgpack.unpackb(frame, raw=False, use_list=not tuples, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
         raise CodecError(f"frame is not msgpack: {exc}") from None
     if not isinstance(obj, (list, tuple)) or not obj or not isinstance(obj[0], int):

@@ -147,9 +147,10 @@ def decode_at(buf: bytes | memoryview, pos: int, verify: bool = True,
     return Entry(base + pos, lsn, kind, payload), ""
 
 
-def iter_buffer(buf: bytes, verify: bool = False) -> Iterator[Entry]:
-    """Records of a buffer known to be whole (a group just written); raises on damage. Their
-    payloads are views into ``buf``: a group's records are read without copying them."""
+def iter_buffer(buf: bytes | memoryview, verify: bool = False) -> Iterator[Entry]:
+    """Records of a buffer known to be whole (a group just written or received; bytes that
+    do not change); raises on damage. Their payloads are views into ``buf``: a group's
+    records are read without copying them."""
     pos = 0
     end = len(buf)
     view = memoryview(buf)

@@ -29,9 +29,10 @@ from wire.protocol import Topic
 
 # ---- the produce path's rows ------------------------------------------------------------
 
-PartRow = tuple[int, int, int, bytes]
+PartRow = tuple[int, int, int, bytes | memoryview]
 """One shard's slice of a produce on its way to the log: (topic_id, partition, count, blob),
-``blob`` the packed records (``wire/records.py``)."""
+``blob`` the packed records (``wire/records.py``); a view into the frame it came in when
+its receiver reads it so (``wire.views``)."""
 
 ProduceRow = tuple[int, int, Sequence[PartRow]]
 """A produce request in a ``Writes`` burst: (producer_id, seq, parts), its ``Append`` after
@@ -254,7 +255,8 @@ class OffsetsReply(Message):
 
 @message(30)
 class LogGroup(Message):
-    """The bytes of one durable group commit, exactly as written to the log."""
+    """The bytes of one durable group commit, exactly as written to the log (a shard writer
+    reads them as a view into the frame they came in: ``ShardWriter.VIEW_TAGS``)."""
 
     first_lsn: int
     last_lsn: int
@@ -628,6 +630,9 @@ class TxnAppend(Message):
     txn: int
     parts: Sequence[PartRow]
     offsets: Sequence[OffsetRow]
+
+    def bulk_bytes(self) -> int:
+        return sum(len(blob) for *_tpn, blob in self.parts)
 
 
 @message(83)

@@ -69,16 +69,16 @@ def pack_map(fields: dict[str, Any]) -> bytes:
     return pack(fields)
 
 
-def _pieces(obj: Any, out: list[bytes]) -> None:
+def _pieces(obj: Any, out: list[Any]) -> None:
     t = type(obj)
-    if t is bytes:
+    if t is bytes or t is memoryview:  # a view: of a received frame (``wire.views``)
         if len(obj) >= JOIN_BYTES_MIN:
             out.append(_BIN32.pack(0xC6, len(obj)))
             out.append(obj)
         else:
             out.append(pack(obj))
     elif t is list or t is tuple:
-        if not any(type(x) is bytes or type(x) is list or type(x) is tuple for x in obj):
+        if not any(type(x) in _HOLDERS for x in obj):
             out.append(pack(obj))  # nothing large can be in it
             return
         out.append(_array_header(len(obj)))
@@ -91,6 +91,9 @@ def _pieces(obj: Any, out: list[bytes]) -> None:
             _pieces(v, out)
     else:
         out.append(pack(obj))
+
+
+_HOLDERS = (bytes, memoryview, list, tuple)  # what may hold a large binary value
 
 
 def pieces(obj: Any) -> list[bytes]:
