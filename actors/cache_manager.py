@@ -42,6 +42,10 @@ log = logging.getLogger("shardnode")
 
 
 class CacheManager(Actor):
+    # A log group is read as a view into its frame, which goes on to the writers as it
+    # came; the cache copies only the batches it keeps (``CacheState.add_group``).
+    VIEW_TAGS = frozenset({LogGroup.TAG})
+
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
         self.state = CacheState(self.cfg.cache.bytes_max)

@@ -88,7 +88,9 @@ class CacheState:
 
     # ---- filling ------------------------------------------------------------------------
 
-    def add_group(self, last_lsn: int, data: bytes) -> None:
+    def add_group(self, last_lsn: int, data: bytes | memoryview) -> None:
+        """The records of a durable group; the batches kept are copies (``data`` may be a
+        view into a received frame, which must not be kept alive by the cache)."""
         for entry in logrecord.iter_buffer(data):
             if entry.kind == Kind.PRODUCE:
                 _pid, _seq, ts, parts = msgpack.unpackb(entry.payload, raw=False)
