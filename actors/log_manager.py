@@ -110,6 +110,11 @@ FSYNC_SAMPLES = 4096  # recent write+fdatasync durations kept for status
 
 
 class LogManager(Actor):
+    # Requests whose records are encoded into log records at once, the views with them:
+    # read without copying their batches first (a burst of many small requests is read by
+    # msgpack, ``wire.views.TooManyItems``).
+    VIEW_TAGS = frozenset({Writes.TAG, TxnAppend.TAG})
+
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
         lcfg = self.cfg.log

@@ -70,7 +70,7 @@ from wire.messages import (
 from wire.packer import pack
 from wire.protocol import KV_PREFIX
 from wire.records import pack_read
-from wire.views import VIEW_BYTES_MIN, unpack_views
+from wire.views import VIEW_BYTES_MIN, TooManyItems, unpack_views
 
 log = logging.getLogger("shardnode")
 
@@ -87,7 +87,10 @@ def body_of(e: Entry) -> Any:
     that is large is read with its values as views into the group (``wire.views``): most of
     it may be other writers' shards'."""
     if type(e.payload) is memoryview and len(e.payload) >= VIEW_BYTES_MIN:
-        return unpack_views(e.payload)
+        try:
+            return unpack_views(e.payload)
+        except TooManyItems:
+            pass  # a produce to many partitions: msgpack reads many objects faster
     return msgpack.unpackb(e.payload, raw=False)
 
 

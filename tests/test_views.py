@@ -39,9 +39,9 @@ SAMPLES: list[Any] = [
 @pytest.mark.parametrize("obj", SAMPLES)
 def test_it_reads_what_unpackb_reads(obj: Any) -> None:
     packed = msgpack.packb(obj, use_bin_type=True)
-    assert as_bytes(unpack_views(packed)) == msgpack.unpackb(packed, raw=False,
-                                                             strict_map_key=False)
-    assert as_bytes(unpack_views(packed, use_list=False)) == msgpack.unpackb(
+    assert as_bytes(unpack_views(packed, items_max=1 << 20)) == msgpack.unpackb(
+        packed, raw=False, strict_map_key=False)
+    assert as_bytes(unpack_views(packed, use_list=False, items_max=1 << 20)) == msgpack.unpackb(
         packed, raw=False, strict_map_key=False, use_list=False)
 
 
@@ -94,3 +94,22 @@ def test_a_message_holding_views_encodes_as_the_same_message_of_bytes() -> None:
 def test_large_messages_go_alone_and_small_ones_in_bundles(
         sizes: list[int], runs: list[tuple[int, int]]) -> None:
     assert bundles(sizes, 10, 100) == runs
+
+
+def test_a_long_array_is_left_to_msgpack() -> None:
+    """A burst of many small requests: ``TooManyItems`` before any is read, and the codec
+    reads such a frame by copy (as it came, the same message)."""
+    from wire.messages import Writes
+    from wire.views import ITEMS_MAX, TooManyItems
+    assert unpack_views(msgpack.packb([1] * ITEMS_MAX)) == [1] * ITEMS_MAX
+    with pytest.raises(TooManyItems):
+        unpack_views(msgpack.packb([BIG, [1] * (ITEMS_MAX + 1)]))
+    with pytest.raises(TooManyItems):
+        unpack_views(msgpack.packb({i: i for i in range(ITEMS_MAX + 1)}))
+    burst = Writes(list(range(1000)), [(7, i, ((3, 0, 1, b"v" * 100),)) for i in range(1000)],
+                   [])
+    frame = codec.encode(burst)
+    assert len(frame) >= VIEW_BYTES_MIN
+    got = codec.decode(frame, views=frozenset({Writes.TAG}))
+    assert got == codec.decode(frame) and isinstance(got, Writes)
+    assert type(got.produces[0][2][0][3]) is bytes

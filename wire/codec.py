@@ -18,6 +18,7 @@ msgpack gives arrays back as lists. Two things make them what the class declares
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import dataclasses
 import typing
 from collections.abc import Callable
@@ -28,7 +29,7 @@ import msgpack
 from config.schema import GROUP_BYTES_LIMIT
 from wire.errors import ErrorCode, NodeError
 from wire.packer import JOIN_BYTES_MIN, pack, pack_joined
-from wire.views import VIEW_BYTES_MIN, unpack_views
+from wire.views import VIEW_BYTES_MIN, TooManyItems, unpack_views
 
 FRAME_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # internal hop; client frames are capped in config
 # A log group (and a read's answer) travels as one message: it must fit, with its framing.
@@ -118,15 +119,18 @@ def decode(frame: bytes | memoryview, frame_bytes_max: int = FRAME_BYTES_MAX_DEF
     """Unpack one frame into its message; raise ``CodecError`` with the reason if it is not one.
     A message whose tag is in ``views``, in a frame of ``VIEW_BYTES_MIN`` or more, has its
     binary values as views into ``frame`` (``wire.views``), not copies: for an actor that
-    passes them on or reads only some, and keeps none."""
+    passes them on or reads only some, and keeps none (unless it holds many small objects,
+    ``TooManyItems``: then it is read as any other)."""
     if len(frame) > frame_bytes_max:
         raise CodecError(f"frame of {len(frame)} bytes is over the limit of {frame_bytes_max}")
     array = len(frame) > 1 and frame[0] & 0xF0 == _FIXARRAY
     tuples = array and frame[1] in _TUPLE_TAGS
     try:
+        obj = None
         if array and frame[1] in views and len(frame) >= VIEW_BYTES_MIN:
-            obj = unpack_views(frame, use_list=not tuples)
-        else:
+            with contextlib.suppress(TooManyItems):  # many small objects: msgpack is faster
+                obj = unpack_views(frame, use_list=not tuples)
+        if obj is None:
             obj = msgpack.unpackb(frame, raw=False, use_list=not tuples, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
         raise CodecError(f"frame is not msgpack: {exc}") from None

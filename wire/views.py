@@ -16,6 +16,11 @@ import struct
 from typing import Any
 
 VIEW_BYTES_MIN = 64 * 1024  # a buffer smaller than this is read faster by msgpack's unpackb
+ITEMS_MAX = 64  # an array or map longer than this: many small objects, for unpackb
+
+
+class TooManyItems(ValueError):
+    """An array or map of more than ``items_max`` items: read it with msgpack's unpackb."""
 
 _B = struct.Struct(">B")
 _H = struct.Struct(">H")
@@ -39,15 +44,18 @@ _ARRAY = (0xDC, 0xDD)
 _DEPTH_MAX = 64
 
 
-def unpack_views(buf: bytes | memoryview, use_list: bool = True) -> Any:
+def unpack_views(buf: bytes | memoryview, use_list: bool = True,
+                 items_max: int = ITEMS_MAX) -> Any:
     """The object packed in ``buf`` (all of it), binary values as views into ``buf``;
     arrays as lists (tuples with ``use_list`` false). Raises ``ValueError`` for bytes that
-    are not one msgpack object, or that use what the node never packs (extension types)."""
+    are not one msgpack object, or that use what the node never packs (extension types),
+    and ``TooManyItems`` at an array or map of more than ``items_max`` items (a burst of a
+    thousand small requests: Python would take ten times msgpack's time over them)."""
     view = memoryview(buf)
     if view.ndim != 1 or view.itemsize != 1:
         view = view.cast("B")
     try:
-        obj, end = _read(view, 0, use_list, 0)
+        obj, end = _Reader(view, use_list, items_max).read(0, 0)
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise ValueError(f"not msgpack: {exc}") from None
     if end != len(view):
@@ -55,61 +63,72 @@ def unpack_views(buf: bytes | memoryview, use_list: bool = True) -> Any:
     return obj
 
 
-def _read(view: memoryview, pos: int, use_list: bool, depth: int) -> tuple[Any, int]:
-    if depth > _DEPTH_MAX:
-        raise ValueError(f"nested more than {_DEPTH_MAX} deep")
-    b = view[pos]
-    pos += 1
-    if b <= 0x7F:
-        return b, pos
-    if b >= 0xE0:
-        return b - 0x100, pos
-    if 0x90 <= b <= 0x9F:
-        return _items(view, pos, b & 0x0F, use_list, depth)
-    if 0xA0 <= b <= 0xBF:
-        n = b & 0x1F
-        return str(view[pos:pos + n], "utf-8"), pos + n
-    if 0x80 <= b <= 0x8F:
-        return _map(view, pos, b & 0x0F, use_list, depth)
-    if b == 0xC0:
-        return None, pos
-    if b == 0xC2:
-        return False, pos
-    if b == 0xC3:
-        return True, pos
-    scalar = _SCALARS.get(b)
-    if scalar is not None:
-        return scalar.unpack_from(view, pos)[0], pos + scalar.size
-    length = _LENGTHS.get(b)
-    if length is None:
-        raise ValueError(f"msgpack type byte 0x{b:02x} is not read here")
-    n = length.unpack_from(view, pos)[0]
-    pos += length.size
-    if b in _BIN:
-        if pos + n > len(view):
-            raise ValueError("a binary value runs past the end")
-        return view[pos:pos + n], pos + n
-    if b in _STR:
-        return str(view[pos:pos + n], "utf-8"), pos + n
-    if b in _ARRAY:
-        return _items(view, pos, n, use_list, depth)
-    return _map(view, pos, n, use_list, depth)
+class _Reader:
+    __slots__ = ("items_max", "use_list", "view")
 
+    def __init__(self, view: memoryview, use_list: bool, items_max: int) -> None:
+        self.view = view
+        self.use_list = use_list
+        self.items_max = items_max
 
-def _items(view: memoryview, pos: int, n: int, use_list: bool,
-           depth: int) -> tuple[Any, int]:
-    items = []
-    for _ in range(n):
-        item, pos = _read(view, pos, use_list, depth + 1)
-        items.append(item)
-    return (items if use_list else tuple(items)), pos
+    def read(self, pos: int, depth: int) -> tuple[Any, int]:
+        """The object at ``pos`` and where it ends."""
+        if depth > _DEPTH_MAX:
+            raise ValueError(f"nested more than {_DEPTH_MAX} deep")
+        view = self.view
+        b = view[pos]
+        pos += 1
+        if b <= 0x7F:
+            return b, pos
+        if b >= 0xE0:
+            return b - 0x100, pos
+        if 0x90 <= b <= 0x9F:
+            return self.items(pos, b & 0x0F, depth)
+        if 0xA0 <= b <= 0xBF:
+            n = b & 0x1F
+            return str(view[pos:pos + n], "utf-8"), pos + n
+        if 0x80 <= b <= 0x8F:
+            return self.map(pos, b & 0x0F, depth)
+        if b == 0xC0:
+            return None, pos
+        if b == 0xC2:
+            return False, pos
+        if b == 0xC3:
+            return True, pos
+        scalar = _SCALARS.get(b)
+        if scalar is not None:
+            return scalar.unpack_from(view, pos)[0], pos + scalar.size
+        length = _LENGTHS.get(b)
+        if length is None:
+            raise ValueError(f"msgpack type byte 0x{b:02x} is not read here")
+        n = length.unpack_from(view, pos)[0]
+        pos += length.size
+        if b in _BIN:
+            if pos + n > len(view):
+                raise ValueError("a binary value runs past the end")
+            return view[pos:pos + n], pos + n
+        if b in _STR:
+            return str(view[pos:pos + n], "utf-8"), pos + n
+        if b in _ARRAY:
+            return self.items(pos, n, depth)
+        return self.map(pos, n, depth)
 
+    def items(self, pos: int, n: int, depth: int) -> tuple[Any, int]:
+        if n > self.items_max:
+            raise TooManyItems(f"an array of {n} items")
+        items = []
+        for _ in range(n):
+            item, pos = self.read(pos, depth + 1)
+            items.append(item)
+        return (items if self.use_list else tuple(items)), pos
 
-def _map(view: memoryview, pos: int, n: int, use_list: bool, depth: int) -> tuple[Any, int]:
-    out = {}
-    for _ in range(n):
-        key, pos = _read(view, pos, use_list, depth + 1)
-        if type(key) is memoryview:
-            key = bytes(key)  # a view is no dictionary key
-        out[key], pos = _read(view, pos, use_list, depth + 1)
-    return out, pos
+    def map(self, pos: int, n: int, depth: int) -> tuple[Any, int]:
+        if n > self.items_max:
+            raise TooManyItems(f"a map of {n} items")
+        out = {}
+        for _ in range(n):
+            key, pos = self.read(pos, depth + 1)
+            if type(key) is memoryview:
+                key = bytes(key)  # a view is no dictionary key
+            out[key], pos = self.read(pos, depth + 1)
+        return out, pos
