@@ -58,7 +58,10 @@ SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 # A group of records this large is written with writev, its records as they are; a smaller
 # one is joined first (a writev of many small pieces costs more than their copy).
 WRITEV_BYTES_MIN = 256 * 1024
-IOV_PIECES_MAX = min(1024, os.sysconf("SC_IOV_MAX"))  # pieces one writev takes
+# Pieces one writev takes: the system's IOV_MAX, at most 1024 (sysconf says -1 where the
+# limit is indeterminate; 1024 is Linux's).
+_IOV_MAX = os.sysconf("SC_IOV_MAX")
+IOV_PIECES_MAX = 1024 if _IOV_MAX < 0 else max(1, min(1024, _IOV_MAX))
 _INCOMPLETE = (INCOMPLETE_HEADER, INCOMPLETE_BODY)
 
 
