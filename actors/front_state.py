@@ -67,6 +67,7 @@ from wire.messages import (
     KvScan,
     ListTopics,
     OffsetForTimestamp,
+    OffsetRow,
     OffsetsReply,
     PartRow,
     PlacedRow,
@@ -84,6 +85,7 @@ from wire.messages import (
     TxnCommitted,
     TxnId,
     TxnList,
+    TxnOnce,
     TxnsReply,
     TxnStep,
     TxnWrite,
@@ -159,6 +161,7 @@ class Waiting:
     deadline: float
     assign: list[int] | None = None  # produce split by key: the partition of each record
     parts: list[list[int]] | None = None  # txn_produce: [partition, count] of each part
+    produced: list[Any] | None = None  # txn_once: [parts, assign] of each txn_produce write
     peer: int = 0  # forwarded to this member, whose answer is relayed
     parent: int = 0  # a part of the gathered request ``parent``; its answer goes there
     member: int = 0  # the member that answers this part
@@ -256,7 +259,7 @@ class FrontDoorState:
             "snapshot_export": self.snapshot_export,
         }
         missing = protocol.OPS.keys() - self.routes.keys() - WRITER_OPS - KV_OPS - {
-            "produce", "txn_produce", "txn_kv", "cluster_map", "cluster_sync"}
+            "produce", "txn_produce", "txn_once", "txn_kv", "cluster_map", "cluster_sync"}
         assert not missing, f"ops of wire.protocol.OPS with no route: {sorted(missing)}"
         # Ops that take longer than a request: a checkpoint flushes every shard.
         self.timeouts_ms = {"checkpoint": 3 * self.checkpoint_timeout_ms,
@@ -360,6 +363,8 @@ class FrontDoorState:
                 return [self.memory_read(identity, rid, op, req, t)]
         if op == "txn_produce":
             return [self.txn_produce(identity, rid, req, now)]
+        if op == "txn_once":
+            return [self.txn_once(identity, rid, req, now)]
         if op in KV_OPS:
             return self.kv_request(identity, rid, op, req, now)
         if op == "read_by_key":
@@ -454,13 +459,7 @@ class FrontDoorState:
             # always names its partition).
             ps = ([req["partition"]] if "partition" in req
                   else sorted({p for _t, p, _n, _b in self.split(req, req["txn"] + req["seq"])[0]}))
-            away = sorted({t.owner(p) for p in ps} - {0, c.me})
-            if away:
-                raise CrossNode(
-                    f"a transaction stays on one node: {t.name!r} partition(s) "
-                    f"{[p for p in ps if t.owner(p) in away]} live on "
-                    f"{', '.join(c.name(m) for m in away)}, not on {c.name(c.me)}; coordinate "
-                    f"several nodes with XA (a branch on each)")
+            self.stays_here(t.name, ps)
         return None
 
     def forward(self, identity: bytes, rid: int, req: dict[str, Any], now: float, member: int,
@@ -856,6 +855,55 @@ class FrontDoorState:
         corr = self.wait(identity, rid, now, assign)
         self.pending[corr].parts = [[p, n] for _t, p, n, _b in parts]
         return Request(TRANSACTION_MANAGER, corr, TxnWrite(corr, txn, seq, parts, ()))
+
+    def txn_once(self, identity: bytes, rid: int, req: dict[str, Any], now: float) -> Request:
+        """A whole transaction: its writes checked and split as ``txn_produce`` and
+        ``txn_commit_offset`` do, and sent on as one message, the way writes go (it is never
+        open between two messages: see ``LogState.once``)."""
+        txn = req["txn"]
+        parts: list[PartRow] = []
+        offsets: list[OffsetRow] = []
+        produced: list[Any] = []
+        tids: set[int] = set()
+        for seq, (op, fields) in enumerate(protocol.check_once_writes(rid, txn, req["writes"])):
+            if op == "txn_produce":
+                split, assign = self.split(fields, txn + seq)
+                tid = split[0][0]
+                if tid in self.memory_tids:
+                    raise NodeError(f"{fields['topic']!r} is a memory topic: its records are not "
+                                    f"logged, so they take no part in transactions",
+                                    ErrorCode.BAD_REQUEST)
+                self.stays_here(fields["topic"], [p for _t, p, _n, _b in split])
+                tids.add(tid)
+                parts += split
+                produced.append([[[p, n] for _t, p, n, _b in split], assign])
+            else:
+                protocol.check_name("group name", fields["group"])
+                tid, p = self.partition(fields["topic"], fields["partition"])
+                self.stays_here(fields["topic"], [p])
+                offsets.append((fields["group"], tid, p, fields["offset"]))
+        corr = self.wait(identity, rid, now)
+        w = self.pending[corr]
+        w.produced = produced
+        if tids:  # its commit makes cached reads of these topics stale (``track_txn``)
+            w.commit = tuple(sorted(tids))
+            self.kv.commit_started(w.commit)
+        return Request(self.writes_to, corr,
+                       TxnOnce(corr, txn, parts, offsets))
+
+    def stays_here(self, topic: str, partitions: list[int]) -> None:
+        """In a cluster, refuse a transaction's write to partitions another member owns."""
+        c = self.cluster
+        if c is None:
+            return
+        t = self.topic(topic)
+        away = sorted({t.owner(p) for p in partitions} - {0, c.me})
+        if away:
+            raise CrossNode(
+                f"a transaction stays on one node: {t.name!r} partition(s) "
+                f"{sorted({p for p in partitions if t.owner(p) in away})} live on "
+                f"{', '.join(c.name(m) for m in away)}, not on {c.name(c.me)}; coordinate "
+                f"several nodes with XA (a branch on each)")
 
     def txn_commit_offset(self, req: dict[str, Any]) -> Target:
         group, offset, txn, seq = req["group"], req["offset"], req["txn"], req["seq"]
@@ -1323,6 +1371,8 @@ class FrontDoorState:
                 self.lsn_seen = max(self.lsn_seen, lsn)
                 self.kv_commit_lsn = max(self.kv_commit_lsn, lsn)
                 fields = {"lsn": lsn, "parts": parts}
+                if w.produced is not None:
+                    fields["produced"] = w.produced
             case TxnsReply(field=name, rows=rows):
                 fields = {name: rows}
             case OffsetsReply(lsn=lsn, offsets=offsets):

@@ -92,6 +92,7 @@ from wire.messages import (
     ShardsCheckpointed,
     SnapshotExport,
     TxnAppend,
+    TxnOnce,
     TxnResolve,
     TxnStart,
     TxnSync,
@@ -113,7 +114,7 @@ class LogManager(Actor):
     # Requests whose records are encoded into log records at once, the views with them:
     # read without copying their batches first (a burst of many small requests is read by
     # msgpack, ``wire.views.TooManyItems``).
-    VIEW_TAGS = frozenset({Writes.TAG, TxnAppend.TAG})
+    VIEW_TAGS = frozenset({Writes.TAG, TxnAppend.TAG, TxnOnce.TAG})
 
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
@@ -226,6 +227,10 @@ class LogManager(Actor):
                   | ListTopics()
                   | EndOffsets() | TxnStart() | TxnAppend() | TxnResolve()):
                 self.admit(msg)
+            case TxnOnce():
+                logged = self.state.once(msg, int(time.time() * 1000))
+                for out in logged if isinstance(logged, list) else [logged]:
+                    self.admitted(out)
             case TxnSync(role):
                 logs, aborted = self.state.abort_open()
                 for out in logs:
@@ -533,6 +538,7 @@ class LogManager(Actor):
             "export_phase": self.export.phase.value,
             "cache_queued_bytes": self.to_cache.bytes,
             "groups_not_sent": self.to_cache.skipped,
+            "txns_once": self.state.txns_once,
             **self.fsync_figures(),
         }
 

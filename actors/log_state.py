@@ -43,6 +43,7 @@ from wire.messages import (
     ErrorReply,
     ListTopics,
     LogRequest,
+    OffsetRow,
     OffsetsReply,
     PartRow,
     PlacedRow,
@@ -50,6 +51,7 @@ from wire.messages import (
     TxnAppend,
     TxnCommitted,
     TxnId,
+    TxnOnce,
     TxnPartRow,
     TxnResolve,
     TxnStart,
@@ -100,6 +102,8 @@ class LogState:
         self.shards_max = cfg.limits.shards_max
         self.partitions_max = cfg.limits.partitions_max
         self.txns = TxnLedger(cfg.txn.outcomes_max)
+        self.txn_limits = cfg.txn
+        self.txns_once = 0  # whole transactions in one request (``once``) logged
 
     # ---- requests -------------------------------------------------------------------
 
@@ -394,25 +398,77 @@ class LogState:
         if st is None or st.prepared:
             return ErrorReply(msg.corr, ErrorCode.TXN_STATE,
                               f"transaction {msg.txn} is not open in the log")
+        refused = self._bad_offsets(msg.corr, msg.offsets)
+        if refused is not None:
+            return refused
         # A topic deleted since the front door checked: its part is dropped, as the topic's
         # records would be at its deletion.
         parts = [row for row in msg.parts if row[0] in self.by_id
                  and 0 <= row[1] < self.by_id[row[0]].partitions]
-        for group, topic_id, partition, offset in msg.offsets:
-            end = self.next_offset.get((topic_id, partition))
-            if end is None:
-                return ErrorReply(msg.corr, ErrorCode.UNKNOWN_TOPIC,
-                                  f"topic id {topic_id} partition {partition} does not exist")
-            if offset > end and self.by_id[topic_id].storage != "memory":
-                return ErrorReply(msg.corr, ErrorCode.BAD_REQUEST,
-                                  f"offset {offset} of group {group!r} is past the end "
-                                  f"({end}) of the partition")
         self.last_lsn += 1
         self.txns.write(msg.txn, parts, msg.offsets)
         record = logrecord.encode(self.last_lsn, Kind.TXN_WRITE,
                                   [msg.txn, now_ms, parts, msg.offsets], large=large(parts))
         return Log(record, TxnWritten(msg.corr, self.last_lsn, st.records), self.last_lsn,
                    early=True)
+
+    def _bad_offsets(self, corr: int, offsets: Sequence[OffsetRow]) -> ErrorReply | None:
+        """Why consumer offsets staged in a transaction are refused, or None."""
+        for group, topic_id, partition, offset in offsets:
+            end = self.next_offset.get((topic_id, partition))
+            if end is None:
+                return ErrorReply(corr, ErrorCode.UNKNOWN_TOPIC,
+                                  f"topic id {topic_id} partition {partition} does not exist")
+            if offset > end and self.by_id[topic_id].storage != "memory":
+                return ErrorReply(corr, ErrorCode.BAD_REQUEST,
+                                  f"offset {offset} of group {group!r} is past the end "
+                                  f"({end}) of the partition")
+        return None
+
+    def once(self, msg: TxnOnce, now_ms: int) -> list[Log] | Send:
+        """A whole transaction (``txn_once``): its start, its writes and its commit, logged
+        as the three records ``txn_begin``, a write and ``txn_commit`` log (recovery, the
+        shard writers and checkpoints see nothing new) and answered once the commit is
+        durable. A crash between them leaves a transaction never committed: rolled back at
+        recovery, and never answered.
+
+        It is checked here, not by the transaction manager: it is never open between two
+        messages, so there is nothing for that one to hold, time out or recover, and the
+        ledger here has what a retry needs (the outcome) and what an id in use needs. It
+        takes the route of writes (``actors.roles.writes_role``): through the transaction
+        manager only when a blocking checkpoint's gate must see it."""
+        txn, corr = msg.txn, msg.corr
+        done = self.txns.outcomes.get(txn)
+        if done is not None and done.committed:  # a retry after a lost answer
+            return [Log(b"", TxnCommitted(corr, done.lsn, done.parts), done.lsn)]
+        refused = (self._once_refusal(msg) if done is None and txn not in self.txns.open
+                   else ErrorReply(corr, ErrorCode.TXN_STATE,
+                                   f"transaction id {txn} is in use; pick another"))
+        if refused is not None:
+            return Send(FRONT_DOOR, refused, ANSWER_WAIT_MS)
+        start = self._txn_start(TxnStart(0, txn, None))
+        write = self._txn_append(TxnAppend(0, txn, msg.parts, msg.offsets), now_ms)
+        commit = self._txn_resolve(TxnResolve(corr, txn, "commit"))
+        assert isinstance(start, Log) and isinstance(write, Log) and isinstance(commit, Log)
+        write.reply, write.early = None, False
+        self.txns_once += 1
+        return [start, write, commit]
+
+    def _once_refusal(self, msg: TxnOnce) -> ErrorReply | None:
+        """Why a whole transaction is refused (the limits ``[txn]`` sets), or None."""
+        records = sum(row[2] for row in msg.parts)
+        nbytes = sum(len(row[3]) for row in msg.parts)
+        lim = self.txn_limits
+        if msg.txn == 0:
+            text = "txn_once needs the transaction's id (a client's pick, not 0)"
+            return ErrorReply(msg.corr, ErrorCode.BAD_REQUEST, text)
+        if records > lim.records_max:
+            text = f"{records} records would pass txn.records_max = {lim.records_max}"
+        elif nbytes > lim.bytes_max:
+            text = f"{nbytes} bytes would pass txn.bytes_max = {lim.bytes_max}"
+        else:
+            return self._bad_offsets(msg.corr, msg.offsets)
+        return ErrorReply(msg.corr, ErrorCode.TXN_LIMIT, f"transaction {msg.txn}: {text}")
 
     def _txn_resolve(self, msg: TxnResolve) -> Log | Message | None:
         txn, corr = msg.txn, msg.corr

@@ -47,6 +47,7 @@ from wire.messages import (
     ErrorReply,
     TxnBegin,
     TxnList,
+    TxnOnce,
     TxnStep,
     TxnSync,
     TxnTable,
@@ -91,8 +92,8 @@ def writes_corrs(frame: bytes | memoryview) -> list[int] | None:
 
 
 class TransactionManager(Actor):
-    # A transaction's writes go on to the log manager as they came (``TxnAppend``).
-    VIEW_TAGS = frozenset({TxnWrite.TAG})
+    # A transaction's writes go on to the log manager as they came (``TxnAppend``, ``TxnOnce``).
+    VIEW_TAGS = frozenset({TxnWrite.TAG, TxnOnce.TAG})
 
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
@@ -142,6 +143,16 @@ class TransactionManager(Actor):
                     self.perform(self.txns.begin(msg, time.monotonic()))
             case TxnWrite():
                 self.perform(self.txns.write(msg, time.monotonic()))
+            case TxnOnce(corr):
+                # A whole transaction in one request takes the write route (the log manager
+                # checks it, ``LogState.once``): it comes here only to pass the gate of a
+                # blocking checkpoint, held back (refused BUSY: the client sends it again)
+                # while the gate is closed, and waited for while it is open.
+                if self.state.begin([corr], time.monotonic()):
+                    self.perform([Request(LOG_MANAGER, corr, msg)])
+                else:
+                    self.perform([Send(FRONT_DOOR, ErrorReply(corr, ErrorCode.BUSY, GATE_TEXT),
+                                       wait_ms=100)])
             case TxnStep():
                 self.perform(self.txns.step(msg, time.monotonic()))
                 self.perform(self.state.recheck())
@@ -222,6 +233,7 @@ class TransactionManager(Actor):
             self.txns.unsent(msg)
             corr = getattr(msg, "corr", 0)
             if corr:
+                self.perform(self.state.end([corr]))  # a TxnOnce a blocking gate waits for
                 self.perform([busy(corr)])
 
     def figures(self) -> dict[str, Any]:

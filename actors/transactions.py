@@ -390,7 +390,8 @@ class Transactions:
         if xid is not None:
             return self._error(corr, ErrorCode.XAER_NOTA, f"no XA branch {xid} is known")
         return self._error(corr, ErrorCode.TXN_UNKNOWN, f"no transaction {txn} is known "
-                           f"(never begun, or finished long ago)")
+                           f"(never begun, finished long ago, or committed whole by one "
+                           f"txn_once request)")
 
     def _limit(self, corr: int, t: Txn, text: str) -> Send:
         code = ErrorCode.TXN_LIMIT if t.xid is None else ErrorCode.XAER_RMERR

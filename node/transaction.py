@@ -35,7 +35,7 @@ from wire.errors import (
     error_for,
 )
 from wire.packer import pack_map
-from wire.protocol import request_map, unpack_replies
+from wire.protocol import TXN_ONCE_OPS, TXN_ONCE_WRITES_MAX, request_map, unpack_replies
 from wire.records import Record, pack_batch
 from wire.xid import Xid
 
@@ -119,6 +119,7 @@ class Transaction:
         self._replies: dict[int, dict[str, Any]] = {}
         self._produces: list[tuple[int, str]] = []  # each produce call: its request id, topic
         self._commit_rid: int | None = None
+        self._once_rids: list[int] = []  # sent as one txn_once: its produce writes' ids
         self._begun = begin is None  # the node has the transaction (or it was begun apart)
         self.in_flight_max = IN_FLIGHT_MAX  # a caller may bound it lower (the Spark sink)
         if begin is not None:
@@ -215,7 +216,9 @@ class Transaction:
             return self.result
         self._check()
         rid = self._commit_rid
-        if rid is None:  # else a commit sent before, whose answer did not come: again
+        if rid is None and self._whole():
+            rid = self._commit_rid = self._once()
+        elif rid is None:  # else a commit sent before, whose answer did not come: again
             if self.xid is None:
                 rid = self._submit("txn_commit", {"txn": self.id, "writes": self.seq})
             else:
@@ -223,8 +226,33 @@ class Transaction:
             self._commit_rid = rid
         self.settle()
         self.finished = True
-        self.result = self._result(self._replies[rid])
+        reply = self._replies[rid]
+        for write_rid, (parts, assign) in zip(self._once_rids, reply.get("produced", ()),
+                                              strict=True):
+            self._replies[write_rid] = {"parts": parts, "assign": assign}
+        self.result = self._result(reply)
         return self.result
+
+    def _whole(self) -> bool:
+        """Whether the whole transaction is still queued here (its begin too) and may go as
+        one ``txn_once`` request: a local one, of produce and offset writes only."""
+        return (self.xid is None and not self._begun and not self._in_flight
+                and not self._failed and 1 < len(self._queue) <= TXN_ONCE_WRITES_MAX + 1
+                and all(op in TXN_ONCE_OPS for _rid, op, _f, _b in self._queue[1:]))
+
+    def _once(self) -> int:
+        """Send the queued begin and writes as one ``txn_once`` request; its answer stands
+        for theirs (each produce's ``parts`` and ``assign``). Returns its request id."""
+        _begin, *writes = self._queue
+        self._queue.clear()
+        self._queued_bytes = 0
+        fields: dict[str, Any] = {
+            "txn": self.id,
+            "writes": [{"op": op, **{k: v for k, v in f.items() if k not in ("txn", "seq")}}
+                       for _rid, op, f, _frame in writes]}
+        rid = self._submit("txn_once", fields)
+        self._once_rids = [r for r, op, _f, _frame in writes if op == "txn_produce"]
+        return rid
 
     def abort(self) -> None:
         """Roll back: nothing staged is ever visible, and no offsets are taken."""

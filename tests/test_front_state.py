@@ -11,6 +11,7 @@ import pytest
 
 from actors.front_state import KV_OPS, WRITER_OPS, FrontDoorState, Out
 from actors.instructions import Produce, Reply, Request
+from actors.roles import LOG_MANAGER, TRANSACTION_MANAGER
 from config import load_config
 from wire.errors import ErrorCode
 from wire.messages import (
@@ -35,11 +36,13 @@ from wire.messages import (
     TopicsReply,
     TxnCommitted,
     TxnId,
+    TxnOnce,
     TxnsReply,
     TxnWritten,
     ValueReply,
 )
 from wire.protocol import COMPACT_TIMEOUT_MS, OPS, Topic
+from wire.records import Record, pack_batch
 
 ID = b"client-1"
 
@@ -282,6 +285,9 @@ EXAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
     "txn_commit_offset": ({"txn": 77, "seq": 1, "group": "g", "topic": "t", "partition": 0,
                            "offset": 0}, lambda c: TxnWritten(c, 5, 1)),
     "txn_commit": ({"txn": 77}, lambda c: TxnCommitted(c, 6, [("t", 1, 0, 1)])),
+    "txn_once": ({"txn": 79, "writes": [{"op": "txn_produce", "topic": "t", "partition": 1,
+                                         "records": msgpack.packb([b"a"])}]},
+                 lambda c: TxnCommitted(c, 6, [("t", 1, 0, 1)])),
     "txn_abort": ({"txn": 77}, lambda c: Done(c, 6)),
     "xa_start": ({"xid": [1, b"g", b"b"]}, lambda c: TxnId(c, 78)),
     "xa_end": ({"xid": [1, b"g", b"b"]}, lambda c: TxnId(c, 78)),
@@ -338,7 +344,7 @@ def test_every_op_of_the_table_is_routed_and_answered_with_its_reply_fields(op: 
 
 def test_the_routes_cover_the_table() -> None:
     assert set(state().routes) | WRITER_OPS | KV_OPS | {
-        "produce", "txn_produce", "txn_kv", "cluster_map", "cluster_sync"} == set(OPS)
+        "produce", "txn_produce", "txn_once", "txn_kv", "cluster_map", "cluster_sync"} == set(OPS)
 
 
 def test_stats_asks_every_writer_and_joins_their_shards_by_topic_name() -> None:
@@ -394,3 +400,58 @@ def test_reads_after_a_read_wait_for_the_commits_it_saw() -> None:
     s.answer(ValueReply(committed.corr, None, commit_lsn=65))  # committed offsets too
     (after,) = s.request(ID, req("read", topic="t", partition=3, offset=0, max_records=5), 0.0)
     assert isinstance(after, Request) and after.msg.lsn_min == 65  # type: ignore[attr-defined]
+
+
+def test_txn_once_sends_its_writes_as_one_message_split_as_txn_produce_splits_them() -> None:
+    s = state()
+    keyed = pack_batch([Record(b"a", b"k1"), Record(b"b", b"k2"), Record(b"c", b"k3"),
+                        Record(b"d")])
+    writes = [{"op": "txn_produce", "topic": "t", "records": keyed},
+              {"op": "txn_commit_offset", "group": "g", "topic": "t", "partition": 2, "offset": 0},
+              {"op": "txn_produce", "topic": "one", "records": msgpack.packb([b"x", b"y"])}]
+    (out,) = s.request(ID, req("txn_once", rid=4, txn=50, writes=writes), now=0.0)
+    assert isinstance(out, Request) and isinstance(out.msg, TxnOnce)
+    once = out.msg
+    assert once.txn == 50 and out.role == LOG_MANAGER  # the way writes go (fuzzy checkpoints)
+    assert once.offsets == [("g", 1, 2, 0)]
+    # As the same writes staged one by one would be: txn_produce with the seq of its place.
+    alone = state()
+    (staged,) = alone.request(ID, req("txn_produce", txn=50, seq=0, topic="t", records=keyed),
+                              now=0.0)
+    assert isinstance(staged, Request)
+    (written,) = alone.answer(TxnWritten(staged.corr, 5, 4))
+    first = reply_of(written)
+    split = [row for row in once.parts if row[0] == 1]
+    assert split == list(staged.msg.parts)
+    assert sum(row[2] for row in split) == 4 and len(split) > 1  # split by key
+    assert [row for row in once.parts if row[0] == 2] == [(2, 0, 2, msgpack.packb([b"x", b"y"]))]
+    (rep,) = s.answer(TxnCommitted(out.corr, 9, [("t", 0, 0, 1), ("one", 0, 0, 2)]))
+    reply = reply_of(rep)
+    assert reply["id"] == 4 and reply["lsn"] == 9
+    assert reply["produced"] == [[first["parts"], first["assign"]], [[[0, 2]], None]]
+    # With blocking checkpoints writes pass the transaction manager's gate: so does it.
+    (out,) = state(mode="blocking").request(ID, req("txn_once", txn=51, writes=writes), now=0.0)
+    assert isinstance(out, Request) and out.role == TRANSACTION_MANAGER
+
+
+@pytest.mark.parametrize(("write", "code", "says"), [
+    ({"op": "txn_produce", "topic": "nope", "records": msgpack.packb([b"a"])},
+     ErrorCode.UNKNOWN_TOPIC, "'nope' does not exist"),
+    ({"op": "txn_produce", "topic": "t", "records": msgpack.packb([b"a"]), "partition": 9},
+     ErrorCode.UNKNOWN_PARTITION, "partitions 0..3"),
+    ({"op": "txn_produce", "topic": "t", "records": b"\x90"}, ErrorCode.EMPTY_BATCH, ""),
+    ({"op": "txn_commit_offset", "group": "", "topic": "t", "partition": 0, "offset": 0},
+     ErrorCode.INVALID_NAME, "group name"),
+    ({"op": "txn_kv", "namespace": "cfg", "key": b"k", "value": b"v"},
+     ErrorCode.BAD_REQUEST, "write 1 must be a map with 'op' one of"),
+])
+def test_a_bad_write_refuses_the_whole_txn_once_and_sends_nothing(write: dict[str, Any],
+                                                                  code: ErrorCode,
+                                                                  says: str) -> None:
+    s = state()
+    good = {"op": "txn_produce", "topic": "t", "records": msgpack.packb([b"a"]), "partition": 0}
+    (rep,) = s.request(ID, req("txn_once", rid=6, txn=51, writes=[good, write]), now=0.0)
+    reply = reply_of(rep)
+    assert reply["ok"] is False and reply["code"] == code, reply
+    assert says in reply["error"]
+    assert not s.pending  # nothing waits: nothing was sent

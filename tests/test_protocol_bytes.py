@@ -220,8 +220,8 @@ def test_error_replies_keep_their_bytes(front: FrontDoorState) -> None:
     assert frames == [
         # (The list of known ops grew with the transactions' ops: a str 8 became a str 16;
         # then with stats and compact; then with the KV ops, snapshot_export, the deletes and
-        # alter_topic: 0x01b6 became 0x0255.)
-        b"\x84\xa2id\x13\xa2ok\xc2\xa4code\x02\xa5error\xda\x02\x55unknown op 'fly'; known: "
+        # alter_topic: 0x01b6 became 0x0255; then with txn_once: 0x0261.)
+        b"\x84\xa2id\x13\xa2ok\xc2\xa4code\x02\xa5error\xda\x02\x61unknown op 'fly'; known: "
         b"['alter_topic', 'checkpoint', 'cluster_map', 'cluster_sync', 'commit_offset', 'committed_offset', 'compact', 'create_topic', "
         b"'delete_by_key', 'delete_by_offset', 'delete_topic', "
         b"'end_offsets', 'kv_cas', 'kv_create', 'kv_delete', 'kv_drop', 'kv_get', 'kv_put', "
@@ -229,7 +229,7 @@ def test_error_replies_keep_their_bytes(front: FrontDoorState) -> None:
         b"'read_by_tag', "
         b"'snapshot_export', "
         b"'stats', 'status', 'txn_abort', 'txn_begin', 'txn_commit', 'txn_commit_offset', "
-        b"'txn_kv', 'txn_list', 'txn_produce', 'xa_commit', 'xa_end', 'xa_prepare', 'xa_recover', "
+        b"'txn_kv', 'txn_list', 'txn_once', 'txn_produce', 'xa_commit', 'xa_end', 'xa_prepare', 'xa_recover', "
         b"'xa_rollback', 'xa_start']",
         b"\x84\xa2id\x14\xa2ok\xc2\xa4code\n\xa5error\xbbtopic 'nope' does not exist",
         b"\x84\xa2id\x1e\xa2ok\xc2\xa4code\x01\xa5error\xd9!read: missing field 'max_records'",

@@ -25,6 +25,7 @@ from wire.messages import (
     TxnCommitted,
     TxnId,
     TxnList,
+    TxnOnce,
     TxnResolve,
     TxnsReply,
     TxnStart,
@@ -381,3 +382,57 @@ def test_an_xa_branch_takes_no_compare_and_set() -> None:
     txn = begin(t, xid=Xid(1, b"g", b"b"))
     out = t.write(TxnWrite(2, txn, 0, ((1, 0, 1, BLOB),), (), conditional=True), 0.0)
     assert error_code(out) == ErrorCode.BAD_REQUEST
+
+
+# ---- a whole transaction in one message (txn_once) ---------------------------------------
+
+
+def test_the_log_writes_a_whole_transaction_as_start_write_and_commit() -> None:
+    s = log_with_topic()
+    tid = s.topics["out"].topic_id
+    s.next_offset[(tid, 1)] = 7
+    out = s.once(TxnOnce(9, 80, ((tid, 0, 2, BLOB), (tid, 1, 2, BLOB)), (("g", tid, 1, 7),)), 0)
+    assert isinstance(out, list)
+    start, write_, commit = out
+    assert start.reply is None and write_.reply is None and not write_.early
+    assert commit.reply == TxnCommitted(9, commit.lsn, [("out", 0, 0, 2), ("out", 1, 7, 2)])
+    assert [start.lsn, write_.lsn] == [commit.lsn - 2, commit.lsn - 1]
+    entries = [e for log in out for e in logrecord.iter_buffer(log.record)]
+    assert [e.kind for e in entries] == [Kind.TX_START, Kind.TXN_WRITE, Kind.COMMIT]
+    assert entries[2].body() == [80, [[tid, 0, 0, 2], [tid, 1, 7, 2]], [["g", tid, 1, 7]]]
+    assert s.next_offset[(tid, 0)] == 2 and 80 not in s.txns.open and s.txns.outcomes[80].committed
+    # Replayed, its records give the same ledger and offsets (recovery sees nothing new).
+    replayed = log_with_topic()
+    replayed.next_offset[(tid, 1)] = 7
+    for entry in entries:
+        replayed.replay(entry)
+    assert replayed.txns.table() == s.txns.table() and replayed.next_offset == s.next_offset
+    # Sent again after a lost answer: the first outcome, nothing logged.
+    (again,) = s.once(TxnOnce(10, 80, ((tid, 0, 2, BLOB),), ()), 0)
+    assert again.record == b"" and again.reply == TxnCommitted(10, commit.lsn, commit.reply.parts)
+
+
+def test_the_log_refuses_a_whole_transaction_before_logging_any_of_it() -> None:
+    s = LogState(dataclasses.replace(CFG, txn=dataclasses.replace(CFG.txn, records_max=3,
+                                                                     bytes_max=10_000)))
+    logged(s.admit(CreateTopic(1, "out", 2), 0))
+    tid = s.topics["out"].topic_id
+    lsn = s.last_lsn
+    for msg, code, says in (
+            (TxnOnce(1, 81, ((tid, 0, 2, BLOB),), (("g", tid, 0, 99),)), ErrorCode.BAD_REQUEST,
+             "past the end"),
+            (TxnOnce(2, 82, (), (("g", 999, 0, 0),)), ErrorCode.UNKNOWN_TOPIC, "999"),
+            (TxnOnce(3, 83, ((tid, 0, 2, BLOB), (tid, 1, 2, BLOB)), ()), ErrorCode.TXN_LIMIT,
+             "4 records would pass txn.records_max = 3"),
+            (TxnOnce(4, 84, ((tid, 0, 1, b"x" * 10_001),), ()), ErrorCode.TXN_LIMIT,
+             "10001 bytes would pass txn.bytes_max = 10000"),
+            (TxnOnce(5, 0, ((tid, 0, 1, BLOB),), ()), ErrorCode.BAD_REQUEST, "not 0")):
+        out = s.once(msg, 0)
+        assert isinstance(out, Send) and isinstance(out.msg, ErrorReply), out
+        assert out.msg.code == code and out.msg.corr == msg.corr and says in out.msg.text
+        assert msg.txn not in s.txns.open and msg.txn not in s.txns.outcomes
+    logged(s.admit(TxnStart(6, 85, None), 0))
+    out = s.once(TxnOnce(7, 85, ((tid, 0, 2, BLOB),), ()), 0)  # an id that is open
+    assert isinstance(out, Send) and isinstance(out.msg, ErrorReply)
+    assert out.msg.code == ErrorCode.TXN_STATE and "in use" in out.msg.text
+    assert s.last_lsn == lsn + 1 and s.next_offset[(tid, 0)] == 0 and s.txns_once == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgpack
 import pytest
 
 from actors import wal
@@ -17,6 +19,8 @@ from actors.roles import shard_owner
 from node.client import NodeClient
 from node.local import LocalNode
 from wire.errors import (
+    ErrorCode,
+    NodeError,
     TransactionAborted,
     TransactionError,
     TransactionTimedOut,
@@ -144,6 +148,50 @@ def test_a_commit_retried_answers_the_same_and_applies_nothing_twice(node: Local
         assert c.call("txn_commit", txn=tx.id, writes=1)["parts"] == [["out", 0, 2, 1]]
 
 
+def test_a_whole_transaction_goes_as_one_request_and_a_retry_answers_the_same(
+        node: LocalNode) -> None:
+    with node.client() as c:
+        c.create_topic("out", partitions=2)
+        c.create_topic("in", partitions=1)
+        c.produce_batch("in", [b"i0", b"i1"])
+        sent: list[str] = []  # the ops of the requests the client sends
+        send = c.sock.send
+        c.sock.send = lambda frame, *a, **kw: (  # type: ignore[method-assign]
+            sent.extend(r["op"] for r in msgpack.Unpacker(io.BytesIO(frame))), send(frame, *a, **kw))[1]
+        tx = c.transaction()
+        tx.produce_batch("out", [b"a", b"b"], partition=1)
+        tx.produce("out", b"k", key=b"user-7")
+        tx.commit_offset("billing", "in", 0, 2)
+        res = tx.commit()
+        assert sent == ["txn_once"]  # not begin, three writes and a commit
+        c.sock.send = send  # type: ignore[method-assign]
+        keyed_p = res.offsets[1][0][0]
+        assert res.offsets[0] == [(1, 0), (1, 1)]
+        assert res.offsets[1] == [(keyed_p, 0 if keyed_p == 0 else 2)]
+        assert c.read_by_key("out", b"user-7", partition=keyed_p) is not None
+        assert c.committed_offset("billing", "in", 0) == 2
+        # The same request sent again (its answer lost): the first outcome, nothing twice.
+        writes = [{"op": "txn_produce", "topic": "out", "records": pack_batch([b"x", b"y"]),
+                   "partition": 0}]
+        first = c.call("txn_once", txn=777, writes=writes)
+        again = c.call("txn_once", txn=777, writes=writes)
+        assert (again["lsn"], again["parts"], again["produced"]) == \
+            (first["lsn"], first["parts"], first["produced"])
+        assert first["produced"] == [[[[0, 2]], None]]
+        assert values(c, "out", 0).count(b"x") == 1
+        # An id an open transaction holds is refused; so is a write no txn_once takes.
+        open_tx = c.transaction()
+        open_tx.produce("out", b"o", partition=0)
+        open_tx.settle()
+        with pytest.raises(TransactionError, match="in use"):
+            c.call("txn_once", txn=open_tx.id, writes=writes)
+        with pytest.raises(NodeError, match="write 0 must be a map with 'op' one of"):
+            c.call("txn_once", txn=778, writes=[{"op": "txn_kv", "namespace": "n", "key": b"k",
+                                                 "value": None}])
+        open_tx.abort()
+        assert values(c, "out", 0).count(b"o") == 0
+
+
 def test_misuse_is_refused_with_clear_errors(make_node: MakeNode) -> None:
     node = make_node("[txn]\nrecords_max = 10000\nopen_max = 3\n")
     with node.client(retries=0) as c:
@@ -152,6 +200,12 @@ def test_misuse_is_refused_with_clear_errors(make_node: MakeNode) -> None:
             c.call("txn_commit", txn=12345)
         tx = c.transaction()
         tx.produce("out", b"a")
+        tx.commit()  # one txn_once: the transaction manager never held it
+        with pytest.raises(UnknownTransaction, match="committed whole by one txn_once"):
+            c.call("txn_produce", txn=tx.id, seq=1, topic="out", records=pack_batch([b"x"]))
+        tx = c.transaction()
+        tx.produce("out", b"a")
+        tx.settle()  # begun on its own
         tx.commit()
         with pytest.raises(TransactionError, match="committed"):
             c.call("txn_produce", txn=tx.id, seq=1, topic="out", records=pack_batch([b"x"]))
@@ -162,7 +216,9 @@ def test_misuse_is_refused_with_clear_errors(make_node: MakeNode) -> None:
         with pytest.raises(TransactionError, match="rolled back"):
             c.call("txn_commit", txn=ab.id)
         big = c.transaction()
-        for _ in range(3):
+        big.produce_batch("out", [b"v"] * 4000)
+        big.settle()  # begun on its own (not one txn_once): it stays open when refused
+        for _ in range(2):
             big.produce_batch("out", [b"v"] * 4000)
         with pytest.raises(TransactionError, match="records_max"):
             big.commit()  # the third write was refused: so is the commit
@@ -177,7 +233,7 @@ def test_misuse_is_refused_with_clear_errors(make_node: MakeNode) -> None:
             c.xa_start(Xid(1, b"g" * 65, b""))  # the client checks, and so does the node:
         with pytest.raises(XAERInval, match="64"):
             c.call("xa_start", xid=[1, b"g" * 65, b""])
-        assert c.produce("out", b"still") == (0, 1)  # and the node keeps serving
+        assert c.produce("out", b"still") == (0, 2)  # and the node keeps serving
 
 
 def test_an_open_transaction_times_out(node: LocalNode) -> None:
@@ -329,6 +385,7 @@ def test_a_blocking_checkpoint_waits_for_open_transactions(make_node: MakeNode) 
         c.create_topic("out", partitions=1)
         tx = c.transaction()
         tx.produce("out", b"v")
+        tx.settle()  # sent: open on the node (queued in the client, the node would not know it)
         done: list[int] = []
         ckpt = threading.Thread(target=lambda: done.append(node.client().checkpoint()),
                                 daemon=True)
@@ -342,10 +399,29 @@ def test_a_blocking_checkpoint_waits_for_open_transactions(make_node: MakeNode) 
 
         until("the gate to close", lambda: txn_figures()["gate"])
         assert ckpt.is_alive() and not done  # waiting for the open transaction
+        # A whole transaction in one request is a write the gate holds back: refused BUSY
+        # while it is closed, and sent again by the client until it opens.
+        with node.client(retries=0) as other:
+            with pytest.raises(NodeError) as info:
+                other.call("txn_once", txn=4321, writes=[
+                    {"op": "txn_produce", "topic": "out", "records": pack_batch([b"w"])}])
+            assert info.value.code == ErrorCode.BUSY and "checkpoint" in info.value.message
+        once: list[Any] = []
+        later = threading.Thread(target=lambda: once.append(_one_commit(node)), daemon=True)
+        later.start()
         tx.commit()
         ckpt.join(30)
+        later.join(30)
         assert done and done[0] >= 1
-        assert values(c, "out", 0) == [b"v"]
+        assert once and once[0].parts[0].record_count == 1
+        assert sorted(values(c, "out", 0)) == [b"v", b"w"]
+        assert txn_figures()["active"] == 0  # what the gate waited for ended
+
+
+def _one_commit(node: LocalNode) -> Any:
+    with node.client(retries=30) as c, c.transaction() as tx:
+        tx.produce("out", b"w")
+    return tx.result
 
 
 def _cli(node: LocalNode, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:

@@ -33,7 +33,9 @@ from wire.errors import (
 from wire.protocol import (
     OFFSET_MAX,
     OPS,
+    TXN_ONCE_WRITES_MAX,
     Field,
+    check_once_writes,
     describe,
     join_frames,
     parse_request,
@@ -246,6 +248,10 @@ VALID_REQUESTS: dict[str, dict[str, Any]] = {
     "txn_commit_offset": {"txn": 5, "seq": 1, "group": "g1", "topic": "orders",
                           "partition": 0, "offset": 3},
     "txn_commit": {"txn": 5},
+    "txn_once": {"txn": 6, "writes": [
+        {"op": "txn_produce", "topic": "orders", "records": pack([b"a"]), "partition": 1},
+        {"op": "txn_commit_offset", "group": "g1", "topic": "orders", "partition": 0,
+         "offset": 3}]},
     "txn_abort": {"txn": 5},
     "xa_start": {"xid": [1, b"order-17", b"a"], "timeout_ms": 1000},
     "xa_end": {"xid": [1, b"order-17", b"a"]},
@@ -292,6 +298,37 @@ def request_id(err: NodeError) -> int:
     rid = err.request_id  # type: ignore[attr-defined]
     assert isinstance(rid, int), rid
     return rid
+
+
+def test_txn_once_writes_are_checked_as_the_requests_they_stand_for() -> None:
+    writes = VALID_REQUESTS["txn_once"]["writes"]
+    got = check_once_writes(7, 6, writes)
+    assert [op for op, _f in got] == ["txn_produce", "txn_commit_offset"]
+    assert [(f["txn"], f["seq"]) for _op, f in got] == [(6, 0), (6, 1)]  # filled in, in order
+    assert got[1][1]["offset"] == 3 and got[0][1]["records"] == writes[0]["records"]
+
+
+@pytest.mark.parametrize(("writes", "says"), [
+    ([], "0 writes"),
+    ([VALID_REQUESTS["txn_once"]["writes"][0]] * (TXN_ONCE_WRITES_MAX + 1), "1 to 64"),
+    (["not a map"], "write 0 must be a map"),
+    ([{"op": "txn_kv", "namespace": "c", "key": b"k", "value": None}], "write 0 must be"),
+    ([{"op": "produce", "topic": "t", "records": b"\x90"}], "write 0 must be"),
+    ([{"op": "txn_produce", "topic": "t", "records": b"\x91\xa1a", "seq": 3}],
+     "must not carry 'id', 'txn' or 'seq'"),
+    ([{"op": "txn_commit_offset", "group": "g", "topic": "t", "partition": 0, "offset": 1},
+      {"op": "txn_produce", "topic": "t"}], "write 1: txn_produce: missing field 'records'"),
+    ([{"op": "txn_commit_offset", "group": "g", "topic": "t", "partition": -1, "offset": 1}],
+     "write 0: txn_commit_offset: field 'partition' is out of range"),
+    ([{"op": "txn_produce", "topic": "t", "records": b"\x90", "colour": 1}],
+     "write 0: txn_produce: unknown fields"),
+])
+def test_bad_txn_once_writes_are_refused_naming_the_write(writes: list[Any], says: str) -> None:
+    with pytest.raises(NodeError) as info:
+        check_once_writes(7, 6, writes)
+    assert info.value.code == ErrorCode.BAD_REQUEST
+    assert says in info.value.message
+    assert request_id(info.value) == 7
 
 
 @pytest.mark.parametrize("op", sorted(VALID_REQUESTS))

@@ -601,6 +601,22 @@ class TxnStep(Message):
 TXN_STEPS = ("end", "prepare", "commit", "commit_one_phase", "rollback")
 
 
+@message(86, arrays=tuple)
+class TxnOnce(Message):
+    """A whole local transaction, id ``txn`` (the client's pick): begin, records (``parts``,
+    as a produce's) and consumer offsets, commit. Front door → log manager, the way writes
+    go (through the transaction manager's gate when checkpoints are blocking); answered
+    ``TxnCommitted`` once the commit is durable, as a ``txn_commit`` is."""
+
+    corr: int
+    txn: int
+    parts: Sequence[PartRow]
+    offsets: Sequence[OffsetRow]
+
+    def bulk_bytes(self) -> int:
+        return sum(len(blob) for *_tpn, blob in self.parts)
+
+
 @message(80)
 class TxnList(Message):
     """The open and prepared transactions (``prepared_only``: the xids in doubt)."""

@@ -200,6 +200,9 @@ WRITES = Field("writes", _INT, "how many writes (`txn_produce`, `txn_commit_offs
                "client sent: if the node staged another number, it refuses, and the "
                "transaction stays open", required=False, non_negative=True)
 
+TXN_ONCE_WRITES_MAX = 64  # writes in one txn_once request
+TXN_ONCE_OPS = frozenset({"txn_produce", "txn_commit_offset"})  # what its writes may be
+
 NAMESPACE = Field("namespace", _STR, "KV namespace name (as topic names are spelled)",
                   len_max=NAME_LEN_MAX)
 KV_KEY = Field("key", _BIN, "the key (≤ 1 KiB)", len_max=KV_KEY_BYTES_MAX)
@@ -394,6 +397,18 @@ OPS: dict[str, Op] = {op.name: op for op in (
        "a retry answers the same",
        request=(TXN, WRITES),
        reply=(LOGGED, TXN_PARTS)),
+    Op("txn_once", "a whole local transaction in one request: begin, its writes and commit, "
+       "logged together and answered once the commit is durable (what a `txn_begin`, its "
+       "writes and a `txn_commit` do, in one message at every hop); a retry answers the same",
+       request=(Field("txn", _INT, "an id the client picked for the transaction: a retry with "
+                      "the same one is answered with the first outcome", non_negative=True),
+                Field("writes", _ARRAY, f"1 to {TXN_ONCE_WRITES_MAX} writes in order, each a "
+                      "map of a `txn_produce` or `txn_commit_offset` request's fields with its "
+                      "`op`, without `id`, `txn` and `seq`")),
+       reply=(LOGGED, TXN_PARTS,
+              Field("produced", _ARRAY, "each `txn_produce` write's `parts` and `assign` (nil "
+                    "unless split by key), as `txn_produce` answers them",
+                    row=("parts", "assign")))),
     Op("txn_abort", "roll a transaction back: nothing of it is ever visible",
        request=(TXN,),
        reply=(LOGGED,)),
@@ -545,6 +560,32 @@ def check_request(req: Any) -> tuple[int, str, dict[str, Any]]:
         if isinstance(value, (str, bytes)) and len(value) > limit:
             raise _error(rid, ErrorCode.BAD_REQUEST, f"{op}: field '{name}' is longer than {limit}")
     return rid, op, req
+
+
+def check_once_writes(rid: int, txn: int, writes: list[Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The writes of a ``txn_once`` request, each checked as the request it stands for (its
+    ``txn`` and ``seq``, its place, filled in): ``[(op, fields), ...]``; or raise the
+    ``NodeError`` naming the first write that is wrong."""
+    if not 1 <= len(writes) <= TXN_ONCE_WRITES_MAX:
+        raise _error(rid, ErrorCode.BAD_REQUEST, f"txn_once: {len(writes)} writes; it takes 1 "
+                     f"to {TXN_ONCE_WRITES_MAX} (a larger transaction: txn_begin, its writes, "
+                     f"txn_commit)")
+    out = []
+    for seq, write in enumerate(writes):
+        op = write.get("op") if type(write) is dict else None
+        if op not in TXN_ONCE_OPS:
+            raise _error(rid, ErrorCode.BAD_REQUEST, f"txn_once: write {seq} must be a map with "
+                         f"'op' one of {sorted(TXN_ONCE_OPS)}")
+        if "id" in write or "txn" in write or "seq" in write:
+            raise _error(rid, ErrorCode.BAD_REQUEST, f"txn_once: write {seq} must not carry "
+                         f"'id', 'txn' or 'seq' (the request's id and txn, and its place, are "
+                         f"theirs)")
+        try:
+            _rid, _op, fields = check_request({**write, "id": rid, "txn": txn, "seq": seq})
+        except NodeError as exc:
+            raise _error(rid, exc.code, f"txn_once: write {seq}: {exc.message}") from None
+        out.append((op, fields))
+    return out
 
 
 def _type_names(types: tuple[type, ...], sep: str) -> str:
