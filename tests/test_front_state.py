@@ -38,6 +38,7 @@ from wire.messages import (
     TxnId,
     TxnOnce,
     TxnsReply,
+    TxnWrite,
     TxnWritten,
     ValueReply,
 )
@@ -418,7 +419,7 @@ def test_txn_once_sends_its_writes_as_one_message_split_as_txn_produce_splits_th
     alone = state()
     (staged,) = alone.request(ID, req("txn_produce", txn=50, seq=0, topic="t", records=keyed),
                               now=0.0)
-    assert isinstance(staged, Request)
+    assert isinstance(staged, Request) and isinstance(staged.msg, TxnWrite)
     (written,) = alone.answer(TxnWritten(staged.corr, 5, 4))
     first = reply_of(written)
     split = [row for row in once.parts if row[0] == 1]

@@ -156,8 +156,12 @@ def test_a_whole_transaction_goes_as_one_request_and_a_retry_answers_the_same(
         c.produce_batch("in", [b"i0", b"i1"])
         sent: list[str] = []  # the ops of the requests the client sends
         send = c.sock.send
-        c.sock.send = lambda frame, *a, **kw: (  # type: ignore[method-assign]
-            sent.extend(r["op"] for r in msgpack.Unpacker(io.BytesIO(frame))), send(frame, *a, **kw))[1]
+
+        def spy(frame: bytes, *a: Any, **kw: Any) -> Any:
+            sent.extend(r["op"] for r in msgpack.Unpacker(io.BytesIO(frame)))
+            return send(frame, *a, **kw)
+
+        c.sock.send = spy  # type: ignore[method-assign,assignment]
         tx = c.transaction()
         tx.produce_batch("out", [b"a", b"b"], partition=1)
         tx.produce("out", b"k", key=b"user-7")
