@@ -176,6 +176,12 @@ class LogManager(Actor):
                  "%d topics", rec.replayed_bytes, self.state.last_lsn, self.recovery_ms,
                  rec.torn_bytes, len(self.state.topics))
         self.broadcast_catalog()
+        unfinished = self.state.unfinished_once()
+        if unfinished:
+            log.info("rolling back %d transactions of one request whose commit was lost",
+                     len(unfinished))
+        for out in unfinished:
+            self.admitted(out)
 
     def on_stop(self) -> None:
         self.send_early()

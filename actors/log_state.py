@@ -61,6 +61,7 @@ from wire.packer import JOIN_BYTES_MIN, pack
 from wire.protocol import ALTERABLE_SETTINGS, KV_PREFIX, NAME_RE, Topic, topic_settings
 from wire.xid import Xid
 
+ONCE = 1  # a TX_START's second field: begun by a txn_once (``LogState.once``)
 ANSWER_WAIT_MS = 1000  # an answer waits this long for room in the front door's mailbox
 
 
@@ -377,17 +378,18 @@ class LogState:
 
     # ---- transactions (the ledger: actors/txn_ledger.py) ----------------------------
 
-    def _txn_start(self, msg: TxnStart) -> Log | Message:
+    def _txn_start(self, msg: TxnStart, once: bool = False) -> Log | Message:
         if msg.txn in self.txns.open or msg.txn in self.txns.outcomes:
             return ErrorReply(msg.corr, ErrorCode.TXN_STATE, f"transaction {msg.txn} exists")
         self.last_lsn += 1
         if msg.xid is None:
-            record = logrecord.encode(self.last_lsn, Kind.TX_START, [msg.txn])
+            record = logrecord.encode(self.last_lsn, Kind.TX_START,
+                                      [msg.txn, ONCE] if once else [msg.txn])
             xid = None
         else:
             xid = Xid(*msg.xid)
             record = logrecord.encode(self.last_lsn, Kind.DTX_START, [msg.txn, *xid])
-        self.txns.start(msg.txn, xid, self.last_lsn)
+        self.txns.start(msg.txn, xid, self.last_lsn, once)
         # Answered once durable, never early: a client must not hold an id the log could
         # lose, as the next transaction manager hands out ids from above the log's
         # (``Transactions.sync``): it would give the same id to another client.
@@ -441,12 +443,19 @@ class LogState:
         done = self.txns.outcomes.get(txn)
         if done is not None and done.committed:  # a retry after a lost answer
             return [Log(b"", TxnCommitted(corr, done.lsn, done.parts), done.lsn)]
-        refused = (self._once_refusal(msg) if done is None and txn not in self.txns.open
-                   else ErrorReply(corr, ErrorCode.TXN_STATE,
-                                   f"transaction id {txn} is in use; pick another"))
+        refused: ErrorReply | None
+        if done is not None:  # sent again after a crash that lost its commit (``unfinished``)
+            refused = ErrorReply(corr, ErrorCode.TXN_ABORTED, (
+                f"transaction {txn} was rolled back: the node restarted before its commit "
+                f"was durable; nothing of it is visible (send it again with a new id)"))
+        elif txn in self.txns.open:
+            refused = ErrorReply(corr, ErrorCode.TXN_STATE,
+                                 f"transaction id {txn} is in use; pick another")
+        else:
+            refused = self._once_refusal(msg)
         if refused is not None:
             return Send(FRONT_DOOR, refused, ANSWER_WAIT_MS)
-        start = self._txn_start(TxnStart(0, txn, None))
+        start = self._txn_start(TxnStart(0, txn, None), once=True)
         write = self._txn_append(TxnAppend(0, txn, msg.parts, msg.offsets), now_ms)
         commit = self._txn_resolve(TxnResolve(corr, txn, "commit"))
         assert isinstance(start, Log) and isinstance(write, Log) and isinstance(commit, Log)
@@ -504,6 +513,18 @@ class LogState:
             reply = Done(corr, lsn)
         return Log(record, reply if corr else None, lsn)
 
+    def unfinished_once(self) -> list[Log]:
+        """Roll back the ``txn_once`` transactions recovery found open: a crash came between
+        their records (they may fall into two group commits), before the commit was durable
+        and so before any answer. Nothing else would end them: the transaction manager never
+        knew them. Called once the log is recovered, before any request."""
+        logs: list[Log] = []
+        for txn in [t for t, st in self.txns.open.items() if st.once]:
+            out = self._txn_resolve(TxnResolve(0, txn, "rollback"))
+            assert isinstance(out, Log)
+            logs.append(out)
+        return logs
+
     def abort_open(self) -> tuple[list[Log], list[int]]:
         """Roll back every open transaction that is not prepared: the transaction manager
         (re)started, and their clients may have lost writes in flight. Done here, in the
@@ -543,7 +564,7 @@ class LogState:
         body = entry.body()
         txn = body[0]
         if kind == Kind.TX_START:
-            self.txns.start(txn, None, lsn)
+            self.txns.start(txn, None, lsn, once=body[1:] == [ONCE])
         elif kind == Kind.DTX_START:
             self.txns.start(txn, Xid(*body[1:]), lsn)
         elif kind == Kind.PREPARE:
