@@ -826,3 +826,12 @@ def test_a_log_group_from_its_records_is_the_frame_of_their_join(records: list[b
 def test_pack_map_joins_large_values_and_gives_packb_s_bytes() -> None:
     for fields in ({"id": 1, "records": BIG, "ok": True}, {"id": 1, "records": b"small"}, {}):
         assert packer.pack_map(fields) == msgpack.packb(fields, use_bin_type=True)
+
+
+def test_a_batch_of_bare_values_packs_as_records_do() -> None:
+    values = [b"a", b"", b"x" * 300]
+    assert pack_batch(values) == pack(values)
+    assert pack_batch(values) == pack_batch([Record(v) for v in values])  # bare either way
+    assert pack_batch(iter(values)) == pack(values)
+    mixed: list[Any] = [b"a", Record(b"b", key=b"k"), bytearray(b"c")]
+    assert msgpack.unpackb(pack_batch(mixed)) == [b"a", [b"b", b"k", [], None], b"c"]
