@@ -888,8 +888,7 @@ class FrontDoorState:
         if tids:  # its commit makes cached reads of these topics stale (``track_txn``)
             w.commit = tuple(sorted(tids))
             self.kv.commit_started(w.commit)
-        return Request(self.writes_to, corr,
-                       TxnOnce(corr, txn, parts, offsets))
+        return Request(self.writes_to, corr, TxnOnce(corr, txn, parts, offsets))
 
     def stays_here(self, topic: str, partitions: list[int]) -> None:
         """In a cluster, refuse a transaction's write to partitions another member owns."""
