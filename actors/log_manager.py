@@ -141,6 +141,7 @@ class LogManager(Actor):
         self.fsyncs_per_s = 0.0
         self.records_per_fsync = 0.0
         self.recovery_ms = 0.0
+        self.once_split = faults.armed("log.once_split")
         self.replayed_bytes = 0
         self.log_bytes = 0
         self.checkpoint_started = 0.0
@@ -176,12 +177,6 @@ class LogManager(Actor):
                  "%d topics", rec.replayed_bytes, self.state.last_lsn, self.recovery_ms,
                  rec.torn_bytes, len(self.state.topics))
         self.broadcast_catalog()
-        unfinished = self.state.unfinished_once()
-        if unfinished:
-            log.info("rolling back %d transactions of one request whose commit was lost",
-                     len(unfinished))
-        for out in unfinished:
-            self.admitted(out)
 
     def on_stop(self) -> None:
         self.send_early()
@@ -235,7 +230,13 @@ class LogManager(Actor):
                 self.admit(msg)
             case TxnOnce():
                 logged = self.state.once(msg, int(time.time() * 1000))
-                for out in logged if isinstance(logged, list) else [logged]:
+                steps: list[Log | Send] = [*logged] if isinstance(logged, list) else [logged]
+                for i, out in enumerate(steps):
+                    if i == 2 and self.once_split:
+                        # Tests: its start and write durable in a group of their own, then a
+                        # crash before its commit (``LogState.once``).
+                        self.flush_queue()
+                        faults.crash_point("log.once_split", self.cfg.data_path)
                     self.admitted(out)
             case TxnSync(role):
                 logs, aborted = self.state.abort_open()

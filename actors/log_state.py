@@ -61,7 +61,6 @@ from wire.packer import JOIN_BYTES_MIN, pack
 from wire.protocol import ALTERABLE_SETTINGS, KV_PREFIX, NAME_RE, Topic, topic_settings
 from wire.xid import Xid
 
-ONCE = 1  # a TX_START's second field: begun by a txn_once (``LogState.once``)
 ANSWER_WAIT_MS = 1000  # an answer waits this long for room in the front door's mailbox
 
 
@@ -378,18 +377,17 @@ class LogState:
 
     # ---- transactions (the ledger: actors/txn_ledger.py) ----------------------------
 
-    def _txn_start(self, msg: TxnStart, once: bool = False) -> Log | Message:
+    def _txn_start(self, msg: TxnStart) -> Log | Message:
         if msg.txn in self.txns.open or msg.txn in self.txns.outcomes:
             return ErrorReply(msg.corr, ErrorCode.TXN_STATE, f"transaction {msg.txn} exists")
         self.last_lsn += 1
         if msg.xid is None:
-            record = logrecord.encode(self.last_lsn, Kind.TX_START,
-                                      [msg.txn, ONCE] if once else [msg.txn])
+            record = logrecord.encode(self.last_lsn, Kind.TX_START, [msg.txn])
             xid = None
         else:
             xid = Xid(*msg.xid)
             record = logrecord.encode(self.last_lsn, Kind.DTX_START, [msg.txn, *xid])
-        self.txns.start(msg.txn, xid, self.last_lsn, once)
+        self.txns.start(msg.txn, xid, self.last_lsn)
         # Answered once durable, never early: a client must not hold an id the log could
         # lose, as the next transaction manager hands out ids from above the log's
         # (``Transactions.sync``): it would give the same id to another client.
@@ -431,8 +429,10 @@ class LogState:
         """A whole transaction (``txn_once``): its start, its writes and its commit, logged
         as the three records ``txn_begin``, a write and ``txn_commit`` log (recovery, the
         shard writers and checkpoints see nothing new) and answered once the commit is
-        durable. A crash between them leaves a transaction never committed: rolled back at
-        recovery, and never answered.
+        durable. A crash between them (they may fall into two group commits) leaves an open
+        transaction that was never answered: the supervisor restarts the transaction manager
+        with the log manager, and its ``TxnSync`` rolls back every open one (``abort_open``);
+        the client's retry is then told so (TXN_ABORTED).
 
         It is checked here, not by the transaction manager: it is never open between two
         messages, so there is nothing for that one to hold, time out or recover, and the
@@ -444,7 +444,7 @@ class LogState:
         if done is not None and done.committed:  # a retry after a lost answer
             return [Log(b"", TxnCommitted(corr, done.lsn, done.parts), done.lsn)]
         refused: ErrorReply | None
-        if done is not None:  # sent again after a crash that lost its commit (``unfinished``)
+        if done is not None:  # sent again after a crash lost its commit: rolled back since
             refused = ErrorReply(corr, ErrorCode.TXN_ABORTED, (
                 f"transaction {txn} was rolled back: the node restarted before its commit "
                 f"was durable; nothing of it is visible (send it again with a new id)"))
@@ -455,7 +455,7 @@ class LogState:
             refused = self._once_refusal(msg)
         if refused is not None:
             return Send(FRONT_DOOR, refused, ANSWER_WAIT_MS)
-        start = self._txn_start(TxnStart(0, txn, None), once=True)
+        start = self._txn_start(TxnStart(0, txn, None))
         write = self._txn_append(TxnAppend(0, txn, msg.parts, msg.offsets), now_ms)
         commit = self._txn_resolve(TxnResolve(corr, txn, "commit"))
         assert isinstance(start, Log) and isinstance(write, Log) and isinstance(commit, Log)
@@ -513,18 +513,6 @@ class LogState:
             reply = Done(corr, lsn)
         return Log(record, reply if corr else None, lsn)
 
-    def unfinished_once(self) -> list[Log]:
-        """Roll back the ``txn_once`` transactions recovery found open: a crash came between
-        their records (they may fall into two group commits), before the commit was durable
-        and so before any answer. Nothing else would end them: the transaction manager never
-        knew them. Called once the log is recovered, before any request."""
-        logs: list[Log] = []
-        for txn in [t for t, st in self.txns.open.items() if st.once]:
-            out = self._txn_resolve(TxnResolve(0, txn, "rollback"))
-            assert isinstance(out, Log)
-            logs.append(out)
-        return logs
-
     def abort_open(self) -> tuple[list[Log], list[int]]:
         """Roll back every open transaction that is not prepared: the transaction manager
         (re)started, and their clients may have lost writes in flight. Done here, in the
@@ -564,7 +552,7 @@ class LogState:
         body = entry.body()
         txn = body[0]
         if kind == Kind.TX_START:
-            self.txns.start(txn, None, lsn, once=body[1:] == [ONCE])
+            self.txns.start(txn, None, lsn)
         elif kind == Kind.DTX_START:
             self.txns.start(txn, Xid(*body[1:]), lsn)
         elif kind == Kind.PREPARE:

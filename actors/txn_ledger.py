@@ -41,10 +41,6 @@ class Staged:
     records: int = 0
     bytes: int = 0
     writes: int = 0  # write requests staged (a client's writes are numbered from 0)
-    # Begun by a ``txn_once`` (its TX_START says so): open only between its records, so one
-    # found open after recovery lost its commit, and is rolled back at once. Never in a
-    # snapshot: a snapshot is taken between messages, when a txn_once is whole or absent.
-    once: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +63,8 @@ class TxnLedger:
 
     # ---- the steps (called at admit and at replay alike) --------------------------------
 
-    def start(self, txn: int, xid: Xid | None, lsn: int, once: bool = False) -> None:
-        self.open[txn] = Staged(xid, lsn, once=once)
+    def start(self, txn: int, xid: Xid | None, lsn: int) -> None:
+        self.open[txn] = Staged(xid, lsn)
         self.next_txn = max(self.next_txn, txn + 1)
 
     def write(self, txn: int, parts: Sequence[Sequence[Any]],

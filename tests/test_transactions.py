@@ -438,30 +438,3 @@ def test_the_log_refuses_a_whole_transaction_before_logging_any_of_it() -> None:
     assert isinstance(out, Send) and isinstance(out.msg, ErrorReply)
     assert out.msg.code == ErrorCode.TXN_STATE and "in use" in out.msg.text
     assert s.last_lsn == lsn + 1 and s.next_offset[(tid, 0)] == 0 and s.txns_once == 0
-
-
-def test_a_whole_transaction_whose_commit_was_lost_is_rolled_back_at_recovery() -> None:
-    s = log_with_topic()
-    tid = s.topics["out"].topic_id
-    plain = [logged(s.admit(TxnStart(1, 90, None), 0)),
-             logged(s.admit(TxnAppend(2, 90, ((tid, 0, 2, BLOB),), ()), 0))]
-    out = s.once(TxnOnce(3, 91, ((tid, 1, 2, BLOB),), ()), 0)
-    assert isinstance(out, list)
-    start, write_, _commit = out  # the commit record never reached the disk
-    recovered = log_with_topic()
-    for log in [*plain, start, write_]:
-        for entry in logrecord.iter_buffer(log.record):
-            recovered.replay(entry)
-    assert recovered.txns.open[91].once and not recovered.txns.open[90].once
-    (rollback,) = recovered.unfinished_once()
-    (entry,) = logrecord.iter_buffer(rollback.record)
-    assert entry.kind == Kind.ROLLBACK and entry.body() == [91, [[tid, 1]]]
-    assert rollback.reply is None
-    assert 91 not in recovered.txns.open and 90 in recovered.txns.open  # a begun one goes on
-    # Its client sends the request again: told it was rolled back, nothing logged.
-    lsn = recovered.last_lsn
-    again = recovered.once(TxnOnce(4, 91, ((tid, 1, 2, BLOB),), ()), 0)
-    assert isinstance(again, Send) and isinstance(again.msg, ErrorReply)
-    assert again.msg.code == ErrorCode.TXN_ABORTED and "restarted" in again.msg.text
-    assert recovered.last_lsn == lsn and recovered.next_offset[(tid, 1)] == 0
-    assert s.unfinished_once() == []  # none open where nothing crashed

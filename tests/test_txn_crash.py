@@ -22,7 +22,7 @@ from node.crashcheck import CheckFailed, Ledger
 from node.local import LocalNode
 from node.transaction import TxnPart
 from node.txncheck import Fate, TxnLog, TxnProducer, Views, check_txns, tag_of
-from wire.errors import NodeError
+from wire.errors import NodeError, TransactionAborted
 from wire.records import Record
 
 if TYPE_CHECKING:
@@ -97,6 +97,36 @@ def test_no_client_holds_a_transaction_id_a_crash_can_lose(make_node: MakeNode,
             other = b.call("txn_begin")["txn"]
             assert other != told, f"transaction id {told} was handed out twice"
             b.call("txn_abort", txn=other)
+
+
+def test_a_transaction_of_one_request_whose_commit_a_crash_lost_is_rolled_back(
+        make_node: MakeNode, tmp_path: Path) -> None:
+    """The log manager makes a ``txn_once``'s start and write durable in a group of their
+    own and dies before its commit (the seam ``log.once_split``). The transaction manager,
+    restarted with it, rolls back the open transaction as it syncs (as it does every open
+    one), the writers drop what they held of it, the client's retry is told it was rolled
+    back, and a transaction after it takes the offsets it would have taken."""
+    node = make_node("[limits]\nrequest_timeout_ms = 2000\n[supervisor]\nrestarts_max = 100\n",
+                     env={"SHARDNODE_FAULTS": "log.once_split"})
+    with node.client() as c:
+        c.create_topic("t", partitions=2)
+        old_pid = node.actor_pid("log")
+        with (pytest.raises(TransactionAborted, match="restarted before its commit"),
+              c.transaction() as tx):
+            tx.produce_batch("t", [b"lost-0", b"lost-1"], partition=0)
+            tx.produce("t", b"lost-2", partition=1)
+        assert (fired_dir(tmp_path / "data") / "log.once_split").exists()
+        serving_with_a_new_log_manager(node, old_pid)
+        with c.transaction() as after:
+            after.produce("t", b"kept", partition=0)
+        assert after.result is not None and after.result.offsets == [[(0, 0)]]
+        assert [r.value for r in c.read("t", 0, 0, 10)] == [b"kept"]
+        assert c.read("t", 1, 0, 10) == []
+        deadline = time.monotonic() + 30  # the figures are reported about once a second
+        while next(a for a in c.status()["actors"]
+                   if a["role"] == "log")["figures"]["txns_once"] != 1:  # "kept" (this one's)
+            assert time.monotonic() < deadline, "the log manager never counted 'kept'"
+            time.sleep(0.05)  # ok-sleep: poll interval, under a deadline
 
 
 # ---- the check itself, on a node made of lists -------------------------------------------

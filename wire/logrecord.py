@@ -22,8 +22,7 @@ Bodies, by kind (msgpack arrays, fields in this order):
 
 Transactions (Qpid CLFS's transaction records; ``actors/txn_ledger.py`` writes and reads them):
 
-    TX_START       [txn] or [txn, 1]                          a local transaction began (1: as
-                                                              a txn_once, whose commit follows)
+    TX_START       [txn]                                      a local transaction began
     DTX_START      [txn, format_id, global_id, branch_id]     an XA branch began (its xid)
     TXN_WRITE      [txn, timestamp_ms, [[topic_id, partition, count, blob], ...],
                     [[group, topic_id, partition, offset], ...]]
