@@ -33,6 +33,10 @@ answers the new transaction manager's ``TxnSync``, in its mailbox's order, so a 
 sent just before the restart either came first and stands, or is refused after. Its next call gets TXN_ABORTED
 (XA_RBROLLBACK for a branch).
 
+A whole local transaction sent as one ``txn_once`` request (begin, writes and commit) does
+not come here: it is never open between two messages, so it takes the route of writes and
+the log manager checks and logs it (``LogState.once``).
+
 The log manager keeps what the log holds of each transaction (``actors/txn_ledger.py``):
 this module decides, the ledger records. ``actors/transaction_manager.py`` is the shell.
 """
