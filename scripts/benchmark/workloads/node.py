@@ -81,8 +81,9 @@ def sn_produce(job: Job, gate: Gate) -> ClientResult:
 def sn_transact(job: Job, gate: Gate) -> ClientResult:
     """Transactions of ``job.batch`` records to ``job.partition``, one at a time: begin, one
     produce_batch and commit, through the client's ``Transaction``, which queues the first
-    two and sends all three in one frame at the commit (answered once durable). Latency:
-    per transaction, and per call in ``ops_s`` (TXN_OPS: begin, produce, commit)."""
+    two and sends the whole transaction as one ``txn_once`` request at the commit
+    (answered once durable). Latency: per transaction, and per call in ``ops_s``
+    (TXN_OPS: begin, produce, commit)."""
     assert not job.keyed
     payload = Payload(job)
     res = ClientResult()
