@@ -94,8 +94,9 @@ class GroupCommit:
         """How long the log manager may sleep before handing off (ms); None: no limit."""
         return self.hand_off.due_in_ms(now)
 
-    def take_hand_off(self) -> tuple[int, int, list[bytes]] | None:
-        """The durable groups not handed off yet, merged: first LSN, last LSN, records."""
+    def take_hand_off(self) -> tuple[int, int, list[bytes], int] | None:
+        """The durable groups not handed off yet, merged: first LSN, last LSN, records, and
+        their bytes."""
         return self.hand_off.take() if self.hand_off.datas else None
 
     # ---- telling the transaction manager ----------------------------------------------

@@ -50,8 +50,9 @@ class HandOff:
             return None
         return max(0, math.ceil((self.due - now) * 1000))
 
-    def take(self) -> tuple[int, int, list[bytes]]:
+    def take(self) -> tuple[int, int, list[bytes], int]:
         """The merged group: first LSN, last LSN, its records (not joined: the message that
-        carries them joins them once, ``wire.codec.encode_log_group``). Only when ``datas``."""
-        datas, self.datas, self.size = self.datas, [], 0
-        return self.first_lsn, self.last_lsn, datas
+        carries them joins them once, ``wire.messages.encode_log_group``) and their bytes.
+        Only when ``datas``."""
+        datas, size, self.datas, self.size = self.datas, self.size, [], 0
+        return self.first_lsn, self.last_lsn, datas, size

@@ -405,8 +405,7 @@ class LogManager(Actor):
         merged = self.policy.take_hand_off()
         if merged is None:
             return
-        first_lsn, last_lsn, records = merged
-        size = sum(map(len, records))
+        first_lsn, last_lsn, records, size = merged
         # The cache manager hands the group to the shard writers; if it is gone they
         # catch up from the log files, so a stalled peer never stalls the log for long.
         sent = False

@@ -43,7 +43,7 @@ from actors.shard_store import (
 )
 from actors.snapshot_files import HOLD_SHARDS_S, RELEASE_SHARDS_SUFFIX, hold
 from actors.writer_state import REPLY_WAIT_MS, WriterInstruction, WriterState, error_reply
-from wire import logrecord
+from wire import logrecord, views
 from wire.codec import Message, encode
 from wire.errors import ErrorCode
 from wire.logrecord import Entry, Kind
@@ -70,7 +70,6 @@ from wire.messages import (
 from wire.packer import pack
 from wire.protocol import KV_PREFIX
 from wire.records import pack_read
-from wire.views import VIEW_BYTES_MIN, TooManyItems, unpack_views
 
 log = logging.getLogger("shardnode")
 
@@ -86,11 +85,8 @@ def body_of(e: Entry) -> Any:
     """A produce's or a transaction write's body. One from a group just received (a view)
     that is large is read with its values as views into the group (``wire.views``): most of
     it may be other writers' shards'."""
-    if type(e.payload) is memoryview and len(e.payload) >= VIEW_BYTES_MIN:
-        try:
-            return unpack_views(e.payload)
-        except TooManyItems:
-            pass  # a produce to many partitions: msgpack reads many objects faster
+    if type(e.payload) is memoryview:
+        return views.unpackb(e.payload)
     return msgpack.unpackb(e.payload, raw=False)
 
 

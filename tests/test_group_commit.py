@@ -113,7 +113,7 @@ def test_durable_groups_wait_hand_off_s_then_go_merged() -> None:
     assert g.hand_off_in_ms(0.001) == 1
     assert not g.hand_off_due(0.001)
     assert g.hand_off_due(HAND_OFF_S)
-    assert g.take_hand_off() == (1, 3, [b"a", b"b", b"c"])
+    assert g.take_hand_off() == (1, 3, [b"a", b"b", b"c"], 3)
     assert not g.hand_off_due(5.0) and g.take_hand_off() is None
 
 

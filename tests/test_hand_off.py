@@ -25,8 +25,8 @@ def test_groups_merge_into_one_with_the_first_lsn_of_the_first_and_the_last_of_t
     add(h, 5, 9, now=10.0015)
     assert h.due == 10.0 + HAND_OFF_S  # the first group waits no longer than HAND_OFF_S
     assert not h.full()
-    first, last, records = h.take()
-    assert (first, last) == (1, 9)
+    first, last, records, size = h.take()
+    assert (first, last) == (1, 9) and size == sum(map(len, records))
     assert [e.lsn for e in logrecord.iter_buffer(b"".join(records))] == list(range(1, 10))
     assert not h.datas and h.size == 0
 

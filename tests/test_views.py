@@ -113,3 +113,18 @@ def test_a_long_array_is_left_to_msgpack() -> None:
     got = codec.decode(frame, views=frozenset({Writes.TAG}))
     assert got == codec.decode(frame) and isinstance(got, Writes)
     assert type(got.produces[0][2][0][3]) is bytes
+
+
+def test_unpackb_reads_views_only_where_they_pay() -> None:
+    """``wire.views.unpackb``, the one choice the codec and the shard writers make: views
+    for a large buffer of few objects, msgpack's copies for a small one or for many."""
+    from wire.views import ITEMS_MAX, unpackb
+    large = msgpack.packb([7, BIG])
+    got = unpackb(large)
+    assert type(got[1]) is memoryview and bytes(got[1]) == BIG
+    assert unpackb(large, use_list=False) == (7, got[1])
+    small = msgpack.packb([7, b"v" * 100])
+    assert unpackb(small) == [7, b"v" * 100] and type(unpackb(small)[1]) is bytes
+    many = msgpack.packb([BIG, [b"v"] * (ITEMS_MAX + 1)])
+    assert type(unpackb(many)[0]) is bytes  # left to msgpack
+    assert unpackb(msgpack.packb({1: BIG[:10]})) == {1: BIG[:10]}  # int keys, as messages use

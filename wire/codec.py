@@ -18,7 +18,6 @@ msgpack gives arrays back as lists. Two things make them what the class declares
 from __future__ import annotations
 
 import collections.abc
-import contextlib
 import dataclasses
 import typing
 from collections.abc import Callable
@@ -27,9 +26,9 @@ from typing import Any, ClassVar, TypeVar, dataclass_transform
 import msgpack
 
 from config.schema import GROUP_BYTES_LIMIT
+from wire import views as views_reader
 from wire.errors import ErrorCode, NodeError
 from wire.packer import JOIN_BYTES_MIN, pack, pack_joined
-from wire.views import VIEW_BYTES_MIN, TooManyItems, unpack_views
 
 FRAME_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # internal hop; client frames are capped in config
 # A log group (and a read's answer) travels as one message: it must fit, with its framing.
@@ -126,11 +125,9 @@ def decode(frame: bytes | memoryview, frame_bytes_max: int = FRAME_BYTES_MAX_DEF
     array = len(frame) > 1 and frame[0] & 0xF0 == _FIXARRAY
     tuples = array and frame[1] in _TUPLE_TAGS
     try:
-        obj = None
-        if array and frame[1] in views and len(frame) >= VIEW_BYTES_MIN:
-            with contextlib.suppress(TooManyItems):  # many small objects: msgpack is faster
-                obj = unpack_views(frame, use_list=not tuples)
-        if obj is None:
+        if array and frame[1] in views:
+            obj = views_reader.unpackb(frame, use_list=not tuples)
+        else:
             obj = msgpack.unpackb(frame, raw=False, use_list=not tuples, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
         raise CodecError(f"frame is not msgpack: {exc}") from None

@@ -56,6 +56,18 @@ OtherWrite = tuple[int, bytes]
 """A request of a ``Writes`` burst that is not a produce: (its place in the burst, the
 request as its encoded message)."""
 
+
+class CarriesParts(Message):
+    """Base of the transaction messages that carry records as ``parts`` rows: their bulk
+    (``wire.codec``: joined without a copy when large) is the rows' packed batches."""
+
+    __slots__ = ()
+    parts: Sequence[PartRow]  # declared by each subclass, in its place among its fields
+
+    def bulk_bytes(self) -> int:
+        return sum(len(blob) for *_tpn, blob in self.parts)
+
+
 # ---- to the log manager --------------------------------------------------------------
 
 
@@ -565,7 +577,7 @@ class TxnBegin(Message):
 
 
 @message(78, arrays=tuple)
-class TxnWrite(Message):
+class TxnWrite(CarriesParts):
     """Records (``parts``, as a produce's) and consumer offsets to stage in a transaction.
     ``seq`` numbers the transaction's writes from 0: a retry is recognised."""
 
@@ -574,9 +586,6 @@ class TxnWrite(Message):
     seq: int
     parts: Sequence[PartRow]
     offsets: Sequence[OffsetRow]
-
-    def bulk_bytes(self) -> int:
-        return sum(len(blob) for *_tpn, blob in self.parts)
     # A key write with a compare-and-set: the transaction commits only with ``checked``.
     conditional: bool = False
 
@@ -602,7 +611,7 @@ TXN_STEPS = ("end", "prepare", "commit", "commit_one_phase", "rollback")
 
 
 @message(86, arrays=tuple)
-class TxnOnce(Message):
+class TxnOnce(CarriesParts):
     """A whole local transaction, id ``txn`` (the client's pick): begin, records (``parts``,
     as a produce's) and consumer offsets, commit. Front door → log manager, the way writes
     go (through the transaction manager's gate when checkpoints are blocking); answered
@@ -612,9 +621,6 @@ class TxnOnce(Message):
     txn: int
     parts: Sequence[PartRow]
     offsets: Sequence[OffsetRow]
-
-    def bulk_bytes(self) -> int:
-        return sum(len(blob) for *_tpn, blob in self.parts)
 
 
 @message(80)
@@ -639,16 +645,13 @@ class TxnStart(Message):
 
 
 @message(82, arrays=tuple)
-class TxnAppend(Message):
+class TxnAppend(CarriesParts):
     """Log records and offsets staged in ``txn``; answer ``TxnWritten`` once queued."""
 
     corr: int
     txn: int
     parts: Sequence[PartRow]
     offsets: Sequence[OffsetRow]
-
-    def bulk_bytes(self) -> int:
-        return sum(len(blob) for *_tpn, blob in self.parts)
 
 
 @message(83)
