@@ -47,6 +47,12 @@ def shard_dirs(cl: LocalCluster, member: int) -> set[str]:
     return {d.name for d in (cl.nodes[member].data_dir / "shards").iterdir()}
 
 
+def shards_of(cl: LocalCluster, member: int, topic_id: int) -> set[tuple[int, int]]:
+    """The shards of a topic whose directories are on ``member``."""
+    shards = {parse_shard_dir(d) for d in shard_dirs(cl, member)}
+    return {s for s in shards if s and s[0] == topic_id}
+
+
 def test_partitions_are_placed_evenly_and_only_their_owner_keeps_them(
         cluster: LocalCluster) -> None:
     with routed(cluster) as c:
@@ -61,9 +67,15 @@ def test_partitions_are_placed_evenly_and_only_their_owner_keeps_them(
             (row,) = [r for r in m.call("list_topics")["topics"] if r[0] == "placed"]
         topic_id = row[2]
         assert tuple(row[3]) == owners
-        shards = {parse_shard_dir(d) for d in shard_dirs(cluster, member)}
         mine = {(topic_id, p) for p, o in enumerate(owners) if o == member}
-        assert {s for s in shards if s and s[0] == topic_id} == mine  # on the owner only
+
+        # The writers make a shard's directory as they apply the topic's creation, which
+        # reaches them after the acknowledgement: wait for it, then the owner only has them.
+        deadline = time.monotonic() + WAIT_S
+        while (here := shards_of(cluster, member, topic_id)) != mine \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)  # ok-sleep: polling the writers' shard directories
+        assert here == mine  # on the owner only
 
 
 def test_a_routed_client_sends_each_record_to_its_partitions_owner(cluster: LocalCluster) -> None:
