@@ -91,7 +91,7 @@ from config import ShardsConfig, StorageConfig
 from wire import formats
 from wire.formats import FormatRefused
 from wire.packer import pack
-from wire.records import values_only
+from wire.records import unpack_values
 
 U64 = struct.Struct(">Q")
 TAG_LEN = struct.Struct(">H")
@@ -353,8 +353,8 @@ class ShardStore:
         if self.kv:
             self._put_kv(wb, blob)
             return
-        items = msgpack.unpackb(blob, raw=False, use_list=False)
-        if values_only(items) and max(map(len, items)) <= self.large.inline_bytes_max:
+        items, bare = unpack_values(blob, self.large.inline_bytes_max, use_list=False)
+        if bare:
             self._put_runs(wb, first, batch_ts, items, blob)
             return
         h_rec, h_keys, h_tags, h_time = self.h["records"], self.h["keys"], self.h["tags"], self.h["time"]

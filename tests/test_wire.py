@@ -43,7 +43,7 @@ from wire.protocol import (
     request_map,
     unpack_replies,
 )
-from wire.records import Record, check_batch, pack_batch
+from wire.records import Record, check_batch, pack_batch, unpack_values
 
 FRAME_MAX = 1 << 20
 
@@ -577,6 +577,27 @@ def test_a_value_over_value_bytes_max_is_rejected(form: str) -> None:
         check_batch(pack([b"small", big]), records_max=4, value_bytes_max=limit)
     assert info.value.code == ErrorCode.BAD_REQUEST
     assert "record 1" in info.value.message
+
+
+@pytest.mark.parametrize(("items", "bare"), [
+    ([b"a", b"bc", b"x" * 16], True),  # at the bound
+    ([b"a", b"x" * 17], False),  # one longer: unpacked again, whole
+    ([b"a", "a str"], False),
+    ([b"a", [b"v", None, [], None]], False),
+    ([b"a", None], False),
+    ([], False),
+])
+def test_unpack_values_tells_bare_values_within_the_bound(items: list[Any], bare: bool) -> None:
+    for use_list in (True, False):
+        got, is_bare = unpack_values(pack(items), 16, use_list=use_list)
+        assert is_bare is bare
+        assert got == msgpack.unpackb(pack(items), raw=False, use_list=use_list)
+
+
+def test_unpack_values_raises_what_msgpack_raises_for_what_is_not_msgpack() -> None:
+    with pytest.raises(msgpack.FormatError):
+        unpack_values(b"\xc1", 16)
+    assert unpack_values(pack(5), 16) == (5, False)
 
 
 @pytest.mark.parametrize(

