@@ -30,6 +30,7 @@ from actors.shard_store import (
     shard_dir,
 )
 from config import load_config
+from wire.packer import pack
 from wire.records import Record, pack_batch
 
 TS = 1_700_000_000_000
@@ -464,6 +465,29 @@ def test_bare_values_are_kept_in_runs_cut_by_records_and_bytes(shard: Shard) -> 
     shard.reopen()
     assert _norm(shard.store.read(0, 10_000)) == rows
     assert shard.store.stats()[4] == len(rows)
+
+
+@pytest.mark.parametrize("longest", [255, 256], ids=["cut-from-the-batch", "packed-again"])
+def test_runs_cut_from_a_batch_are_the_bytes_packing_them_gives(shard: Shard,
+                                                                longest: int) -> None:
+    """Values under 256 bytes are cut out of the batch as it came; one longer makes the
+    runs packed again. Either way each run is ``[timestamp, [values]]`` as msgpack packs it."""
+    rng = random.Random(longest)
+    values = [rng.randbytes(rng.randrange(0, 256)) for _ in range(RUN_RECORDS_MAX * 3 + 5)]
+    values[RUN_RECORDS_MAX + 7] = rng.randbytes(longest)
+    shard.produce(values, batch_ts=TS + 5)
+    it = shard.store.cf["records"].iter()
+    it.seek_to_first()
+    runs = []
+    while it.valid():
+        runs.append((U64.unpack(it.key())[0], it.value()))
+        it.next()
+    starts = list(range(0, len(values), RUN_RECORDS_MAX))
+    assert [off for off, _raw in runs] == starts
+    for off, raw in runs:
+        assert raw == pack((TS + 5, values[off:off + RUN_RECORDS_MAX])), off
+    assert shard.store.bytes == sum(map(len, values))
+    assert _norm(shard.store.read(0, 10_000)) == shard.model.rows
 
 
 def test_a_read_of_runs_stops_at_its_byte_limit(shard: Shard) -> None:

@@ -48,7 +48,8 @@ _ARRAY16 = struct.Struct(">BH")
 _ARRAY32 = struct.Struct(">BI")
 
 
-def _array_header(n: int) -> bytes:
+def array_header(n: int) -> bytes:
+    """The msgpack header of an array of ``n`` items (the smallest, as msgpack packs it)."""
     if n < 16:
         return bytes((0x90 | n,))
     return _ARRAY16.pack(0xDC, n) if n < 1 << 16 else _ARRAY32.pack(0xDD, n)
@@ -81,7 +82,7 @@ def _pieces(obj: Any, out: list[Any]) -> None:
         if not any(type(x) in _HOLDERS for x in obj):
             out.append(pack(obj))  # nothing large can be in it
             return
-        out.append(_array_header(len(obj)))
+        out.append(array_header(len(obj)))
         for x in obj:
             _pieces(x, out)
     elif t is dict:
@@ -108,7 +109,7 @@ def pack_with_bin(head: Sequence[Any], pieces: Sequence[bytes]) -> bytes:
     """``pack_joined([*head, b"".join(pieces)])`` for pieces of ``JOIN_BYTES_MIN`` bytes or
     more in all, without joining them first: the array's values, then one binary value
     made of the pieces, all joined once."""
-    out = [_array_header(len(head) + 1)]
+    out = [array_header(len(head) + 1)]
     for x in head:
         _pieces(x, out)
     out.append(_BIN32.pack(0xC6, sum(map(len, pieces))))
