@@ -20,7 +20,7 @@ from typing import Any, assert_never
 
 import zmq
 
-from actors.base import Actor, ActorContext
+from actors.base import EVENTS, NOBLOCK, POLLIN, SNDMORE, Actor, ActorContext
 from actors.curve import curve_client, curve_server, server_keys
 from actors.front_state import FrontDoorState, Out
 from actors.instructions import Produce, Reply, Request, ToPeer
@@ -172,7 +172,7 @@ class FrontDoor(Actor):
 
     def to_peer(self, member: int, corr: int, frame: bytes) -> None:
         try:
-            self.member_socket(member).send(frame, zmq.NOBLOCK)
+            self.member_socket(member).send(frame, NOBLOCK)
         except zmq.Again:
             self.unsent.append((member, corr, frame, time.monotonic() + PEER_CONNECT_WAIT_S))
 
@@ -187,7 +187,7 @@ class FrontDoor(Actor):
             if corr not in self.state.pending:
                 continue  # answered meanwhile (timed out)
             try:
-                self.peers[member].send(frame, zmq.NOBLOCK)
+                self.peers[member].send(frame, NOBLOCK)
             except zmq.Again:
                 if now < give_up_at:
                     self.unsent.append((member, corr, frame, give_up_at))
@@ -226,8 +226,8 @@ class FrontDoor(Actor):
         for identity, frames in replies.items():
             for frame in protocol.join_frames(frames):
                 try:
-                    send(identity, zmq.NOBLOCK | zmq.SNDMORE)
-                    send(frame, zmq.NOBLOCK, copy=len(frame) < 65536)
+                    send(identity, NOBLOCK | SNDMORE)
+                    send(frame, NOBLOCK, copy=len(frame) < 65536)
                 except zmq.Again:
                     self.replies_dropped += 1
                     log.warning("the send queue of a client is full: a reply was dropped")
@@ -244,10 +244,10 @@ class FrontDoor(Actor):
             while state.requests - first < CLIENT_BURST_MAX:
                 # Asking first costs less than the exception of a receive that finds nothing
                 # (the end of every burst: 15 us of a one-request burst's 100, measured here).
-                if not int(router.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                if not int(router.getsockopt(EVENTS)) & POLLIN:
                     return
                 try:
-                    frames = router.recv_multipart(zmq.NOBLOCK)
+                    frames = router.recv_multipart(NOBLOCK)
                 except zmq.Again:
                     return
                 self.perform(state.request(frames[0], frames[1:], now))
@@ -260,7 +260,7 @@ class FrontDoor(Actor):
         try:
             for _ in range(CLIENT_BURST_MAX):
                 try:
-                    frame = sock.recv(zmq.NOBLOCK)
+                    frame = sock.recv(NOBLOCK)
                 except zmq.Again:
                     return
                 try:
