@@ -17,6 +17,7 @@ the same; and the commit names how many writes were sent, so none can go missing
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -363,9 +364,15 @@ class Transaction:
         for rid, topic in self._produces:
             placed = self._replies[rid]
             assign = placed.get("assign")
-            if assign is None:
+            if assign is None:  # one partition: its offsets in a row, built at C speed
                 ((p, n),) = placed["parts"]
-                assign = [p] * n
+                off = nxt.get((topic, p), -1)
+                if off < 0:
+                    offsets.append([(p, -1)] * n)
+                else:
+                    offsets.append(list(zip(itertools.repeat(p, n), range(off, off + n), strict=True)))
+                    nxt[(topic, p)] = off + n
+                continue
             mine = []
             for p in assign:
                 off = nxt.get((topic, p), -1)  # -1: the topic was deleted before the commit

@@ -503,3 +503,19 @@ def test_writes_held_in_memory_come_back_after_kills_and_stay_through_checkpoint
         assert values(c, "out", 0)[-2:] == [b"h1", b"h2"]
         assert values(c, "out", 1)[-1:] == [b"h3"]
         assert wal.segments_bytes(node.data_dir / "log") < 1024 * 1024
+
+
+def test_a_commits_offsets_follow_each_produce_call_in_order() -> None:
+    """The offsets a commit reports, from its parts and each produce call's split: a call to
+    one partition gets them in a row, a split one record by record, and a topic deleted
+    before the commit -1 for each record."""
+    from node.transaction import Transaction
+
+    tx = Transaction(None, 1)  # type: ignore[arg-type]  # no client: nothing is sent
+    tx._produces = [(1, "a"), (2, "b"), (3, "a"), (4, "gone")]
+    tx._replies = {1: {"parts": [[0, 3]]}, 2: {"parts": [[0, 1], [1, 2]], "assign": [1, 0, 1]},
+                   3: {"parts": [[0, 2]]}, 4: {"parts": [[0, 2]]}}
+    res = tx._result({"lsn": 9, "parts": [["a", 0, 10, 5], ["b", 0, 4, 1], ["b", 1, 7, 2]]})
+    assert res.lsn == 9
+    assert res.offsets == [[(0, 10), (0, 11), (0, 12)], [(1, 7), (0, 4), (1, 8)],
+                           [(0, 13), (0, 14)], [(0, -1), (0, -1)]]

@@ -52,7 +52,7 @@ def to_wire(record: Record | bytes) -> Any:
 
 def pack_batch(records: Iterable[Record | bytes]) -> bytes:
     recs = records if type(records) is list else list(records)
-    if all(type(r) is bytes for r in recs):  # bare values: packed as they are, at C speed
+    if values_only(recs):  # bare values: packed as they are, at C speed
         return pack(recs)
     return pack([to_wire(r) for r in recs])
 
