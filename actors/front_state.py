@@ -269,7 +269,8 @@ class FrontDoorState:
 
     # ---- requests ---------------------------------------------------------------------
 
-    def request(self, identity: bytes, frames: list[bytes], now: float) -> list[Out]:
+    def request(self, identity: bytes, frames: list[bytes | memoryview], now: float
+                ) -> list[Out]:
         """One client message (its frames after the identity): one request or several."""
         if len(frames) != 1:
             self.requests += 1

@@ -479,7 +479,7 @@ def parse_request(frame: bytes, frame_bytes_max: int) -> tuple[int, str, dict[st
     return first
 
 
-def parse_requests(frame: bytes, frame_bytes_max: int,
+def parse_requests(frame: bytes | memoryview, frame_bytes_max: int,
                    requests_max: int = REQUESTS_PER_FRAME_MAX,
                    ) -> list[tuple[int, str, dict[str, Any]] | NodeError]:
     """Decode and check every request of a frame, in order: each one parsed, or the error
