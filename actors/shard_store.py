@@ -404,8 +404,7 @@ class ShardStore:
         h_rec = self.h["records"]
         n = len(values)
         head = RUN_HEAD + pack(batch_ts)
-        nbytes = sum(map(len, values)) if n <= RUN_RECORDS_MAX else -1
-        if 0 <= nbytes <= RUN_BYTES_MAX:
+        if n <= RUN_RECORDS_MAX and (nbytes := sum(map(len, values))) <= RUN_BYTES_MAX:
             wb.put(U64.pack(first), head + blob, h_rec)
         else:
             ends = list(itertools.accumulate(map(len, values), initial=0))
