@@ -50,7 +50,8 @@ replay is idempotent. A batch past ``BATCH_BYTES_MAX`` is written before its end
 meta only ever with the last part): what such a part holds is keyed by offset, index key
 or KV key and is written again the same way by the replay, in the same order, so a part
 that RocksDB flushed before a crash changes nothing (a commit's deletion of its staged
-entries, which the replay needs, is written with the meta: ``apply_commit``). Parts bound
+entries, which the replay needs, waits until a flush has made the commit's meta durable:
+``flush``). Parts bound
 the writer's memory and keep memtables near their size: a 50 MB commit written as one
 batch became one 50 MB memtable. The ``time`` index holds the running maximum timestamp,
 so a seek finds the first offset whose timestamp is at or after the one asked for even
@@ -86,6 +87,7 @@ from typing import Any
 import msgpack
 import rocksdict
 
+from actors import faults
 from actors.durable import rename_durably
 from config import ShardsConfig, StorageConfig
 from wire import formats
@@ -99,6 +101,7 @@ FORMAT_VERSION = formats.SHARD.current
 DATA_CFS = ("records", "keys", "tags", "time", "groups", "staged", "chunks")
 CHUNK_KEY = struct.Struct(">QI")  # offset, chunk number
 STAGED_KEY = struct.Struct(">QQH")  # txn, lsn, part
+HeldRow = tuple[int, int, int, int, bytes]  # a write held in memory: lsn, part, ts, count, blob
 CFS = (*DATA_CFS, "meta")
 KV_CF = "kv"  # the extra column family of a KV namespace's shard
 LEVELS = 7  # RocksDB's default num_levels: the levels ``stats`` counts files at
@@ -304,10 +307,11 @@ class ShardStore:
                                          else msgpack.unpackb(raw_settings, raw=False))
         self.batch: rocksdict.WriteBatch | None = None
         self.batch_bytes = 0  # records' bytes put in ``batch`` (``_filled``)
-        # The batch holds what must be written with the meta (a commit's deletion of its
-        # staged entries): no part of it is written before ``finish``.
-        self.batch_whole = False
         self.batch_lsn = 0
+        # Keys of staged entries of committed transactions: deleted after the next flush
+        # (``flush`` says why). At most what was staged between two flushes: the
+        # checkpoints, which bound the log, flush every shard.
+        self.staged_done: list[bytes] = []
 
     def _meta(self, key: bytes) -> int:
         raw = self.cf["meta"].get(key)
@@ -325,7 +329,7 @@ class ShardStore:
         ``BATCH_BYTES_MAX``, without the meta (the module's docstring says why that is
         safe); ``finish`` writes the rest with it."""
         self.batch_bytes += nbytes
-        if self.batch_bytes >= BATCH_BYTES_MAX and self.batch is not None and not self.batch_whole:
+        if self.batch_bytes >= BATCH_BYTES_MAX and self.batch is not None:
             self.db.write(self.batch, self.write_opts)
             self.batch = None
             self.batch_bytes = 0
@@ -501,11 +505,14 @@ class ShardStore:
         return found
 
     def apply_commit(self, lsn: int, txn: int, first: int, count: int,
-                     held: list[tuple[int, int, bytes]] | None = None) -> int:
-        """Move ``txn``'s staged records into the shard at offsets ``first`` on, then those
-        ``held`` (``(timestamp_ms, count, blob)``: its later writes, which the writer held
-        in memory), in one batch with the applied LSN; returns how many (0 if already
-        applied)."""
+                     held: Sequence[HeldRow] = ()) -> int:
+        """Move ``txn``'s writes into the shard at offsets ``first`` on, in one batch with
+        the applied LSN: those in ``staged`` and those ``held`` (``(lsn, part, timestamp_ms,
+        count, blob)``: the writes the writer held in memory), in the order they were
+        logged, each once (a write staged by a flush that a crash cut short before its meta
+        is held again after the restart, and is in both); returns how many (0 if already
+        applied). Its staged entries are deleted only after the next ``flush`` has made this
+        commit's meta durable (``staged_done``)."""
         if lsn <= self.applied_lsn:
             return 0
         if first != self.next_offset:
@@ -513,23 +520,25 @@ class ShardStore:
                                f"starts at offset {first}, but the next offset is "
                                f"{self.next_offset}")
         staged = self._staged(txn)
-        writes = [msgpack.unpackb(raw, raw=False) for _key, raw in staged]
-        writes += held or ()
-        if sum(n for _ts, n, _blob in writes) != count:
+        writes: dict[tuple[int, int], tuple[int, int, bytes]] = {}
+        for key, raw in staged:
+            _txn, w_lsn, part = STAGED_KEY.unpack(bytes(key))
+            batch_ts, n, blob = msgpack.unpackb(raw, raw=False)
+            writes[(w_lsn, part)] = (batch_ts, n, blob)
+        for w_lsn, part, batch_ts, n, blob in held:
+            writes.setdefault((w_lsn, part), (batch_ts, n, blob))
+        found = sum(n for _ts, n, _blob in writes.values())
+        if found != count:
             raise RuntimeError(f"shard {self.shard}: transaction {txn} committed {count} records "
-                               f"at LSN {lsn}, but {sum(n for _ts, n, _b in writes)} are "
-                               f"staged here")
+                               f"at LSN {lsn}, but {found} are staged here")
         offset = first
-        for batch_ts, n, blob in writes:
+        for _place, (batch_ts, n, blob) in sorted(writes.items()):
             self._put_records(offset, batch_ts, blob)
             offset += n
         self.batch_lsn = lsn
-        if staged:  # deleted with the meta that passes this commit: a replay needs them
+        if staged:
             self.staged_txns.discard(txn)
-            wb = self._wb()
-            for key, _raw in staged:
-                wb.delete(key, self.h["staged"])
-            self.batch_whole = True
+            self.staged_done += [key for key, _raw in staged]
         return count
 
     def apply_rollback(self, lsn: int, txn: int) -> None:
@@ -726,14 +735,31 @@ class ShardStore:
         self.db.write(wb, self.write_opts)
         self.batch = None
         self.batch_bytes = 0
-        self.batch_whole = False
         self.applied_lsn = lsn
 
     def flush(self) -> None:
-        """Make everything applied durable (data column families first, meta last)."""
+        """Make everything applied durable (data column families first, meta last), then
+        delete the staged entries of the transactions committed before it
+        (``staged_done``).
+
+        RocksDB flushes one column family at a time here, so a crash between two of them
+        leaves the data ahead of the meta, which the replay from the older applied LSN
+        writes again the same way. A commit's deletion of its staged entries is the one
+        thing the replay could not redo, as the commit needs them: flushed ahead of the
+        meta, a crash there left the shard unable to apply the commit again (the writer
+        then refused to start). So they are deleted only after the meta that passes their
+        commit is durable; a crash before these deletes are flushed in turn leaves entries
+        of a committed transaction in ``staged``, which nothing reads again."""
         for name in self.data_cfs:
             self.cf[name].flush(True)
+        faults.crash_point("shard.before_meta_flush", self.path)
         self.cf["meta"].flush(True)
+        if self.staged_done:
+            wb = rocksdict.WriteBatch(raw_mode=True)
+            for key in self.staged_done:
+                wb.delete(key, self.h["staged"])
+            self.db.write(wb, self.write_opts)
+            self.staged_done = []
 
     # ---- RocksDB's figures, and compaction ------------------------------------------------
 

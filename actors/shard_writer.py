@@ -305,7 +305,8 @@ class ShardWriter(Actor):
             for topic_id, partition, first, count in placed:
                 store = self.stores.get((topic_id, partition))
                 if store is not None:
-                    held = [(w.ts, w.count, w.blob) for w in self.held.take(txn, store.shard)]
+                    held = [(w.lsn, w.part, w.ts, w.count, w.blob)
+                            for w in self.held.take(txn, store.shard)]
                     store.held_lsn = self.held.oldest(store.shard)
                     self.applied_records += store.apply_commit(e.lsn, txn, first, count, held)
                     touched.add(store)

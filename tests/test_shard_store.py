@@ -8,12 +8,15 @@ from __future__ import annotations
 import functools
 import os
 import random
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from actors import faults
 from actors.shard_store import (
     BATCH_BYTES_MAX,
     CFS,
@@ -372,12 +375,14 @@ def test_a_transaction_is_staged_invisibly_then_committed_or_dropped(tmp_path: P
     store.finish(5)
     # Committed: what was staged, then the write held in memory (after it in the log).
     store.held_lsn = 0
-    assert store.apply_commit(6, 77, 1, 4, held=[(TS + 1, 1, pack_batch([b"c"])),
-                                                 (TS + 2, 1, pack_batch([b"d"]))]) == 4
+    assert store.apply_commit(6, 77, 1, 4, held=[(4, 0, TS + 1, 1, pack_batch([b"c"])),
+                                                 (4, 1, TS + 2, 1, pack_batch([b"d"]))]) == 4
     store.apply_rollback(7, 88)
     store.finish(7)
     assert [row[4] for row in store.read(0, 10)] == [b"plain", b"a", b"b", b"c", b"d"]
     assert store.read_by_key(b"k1")[0][0] == 1 and store.read_by_tag("red", 0, 5)[0][0] == 1
+    assert store.staged_count() == 1  # 77's entries: deleted once a flush made its commit durable
+    store.flush()
     assert store.staged_count() == 0 and store.next_offset == 5
     assert store.apply_commit(6, 77, 1, 4) == 0  # replayed: already applied
     assert not store.hold(7)  # applied: not held again
@@ -386,6 +391,77 @@ def test_a_transaction_is_staged_invisibly_then_committed_or_dropped(tmp_path: P
     store.stage([(99, 8, 0, TS, 1, pack_batch([b"x"]))])
     with pytest.raises(RuntimeError, match=r"2 records .* but 1 are staged"):
         store.apply_commit(9, 99, 5, 2)
+    store.close()
+
+
+# A child that opens the shard, commits or stages (its argument) and flushes it with the seam armed
+# between the data column families and the meta: it exits as a SIGKILL would, there.
+_CRASHING_FLUSH = """
+import sys
+from pathlib import Path
+from actors.shard_store import ShardStore, StoreMemory
+from config import load_config
+from wire.records import pack_batch
+cfg = load_config()
+store = ShardStore(Path(sys.argv[1]), 1, 0, StoreMemory.of(cfg.shards, cfg.storage))
+if sys.argv[2] == "commit":
+    store.apply_commit(3, 5, 0, 2)
+    store.finish(3)
+else:  # "stage": the write held again after a restart, staged by a checkpoint's flush
+    store.stage([(5, 2, 0, int(sys.argv[3]), 2, pack_batch([b"a", b"b"]))])
+store.flush()
+raise SystemExit("the flush was not cut short")
+"""
+
+
+def _flush_cut_short(path: Path, step: str) -> None:
+    env = {**os.environ, "SHARDNODE_FAULTS": "shard.before_meta_flush"}
+    done = subprocess.run([sys.executable, "-c", _CRASHING_FLUSH, str(path), step, str(TS)],
+                          env=env,
+                          cwd=Path(__file__).resolve().parent.parent, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == faults.EXIT_INJECTED, done.stderr
+
+
+def test_a_commit_of_staged_writes_is_applied_again_after_a_flush_cut_before_its_meta(
+        tmp_path: Path) -> None:
+    """A flush makes the data column families durable one by one, then the meta: a crash
+    between them leaves the shard at its older applied LSN, and the replay applies the
+    commit again, which needs its staged entries (their deletion used to be flushed ahead
+    of the meta, and the writer then refused to start)."""
+    path = tmp_path / "s"
+    store = ShardStore(path, 1, 0, memory())
+    store.hold(2)
+    store.finish(2)
+    store.stage([(5, 2, 0, TS, 2, pack_batch([b"a", b"b"]))])
+    store.close()  # durable: applied to LSN 2, the write staged
+    _flush_cut_short(path, "commit")
+    store = ShardStore(path, 1, 0, memory())
+    assert store.applied_lsn == 2 and store.staged_count() == 1
+    assert store.apply_commit(3, 5, 0, 2) == 2  # the replay
+    store.finish(3)
+    store.flush()
+    assert [row[4] for row in store.read(0, 10)] == [b"a", b"b"] and store.staged_count() == 0
+    store.close()
+
+
+def test_a_write_both_staged_and_held_again_after_a_cut_flush_is_committed_once(
+        tmp_path: Path) -> None:
+    """A checkpoint's flush stages the writes held in memory; cut before its meta, the
+    shard still says they are in the log from ``held_lsn`` on, so the restarted writer
+    holds them again while ``staged`` has them too: the commit applies each write once."""
+    path = tmp_path / "s"
+    store = ShardStore(path, 1, 0, memory())
+    assert store.hold(2)
+    store.finish(2)
+    store.close()  # durable: applied to LSN 2, the write at LSN 2 held (in the log)
+    _flush_cut_short(path, "stage")
+    store = ShardStore(path, 1, 0, memory())
+    assert store.applied_lsn == 2 and store.held_from_lsn == 2 and store.staged_count() == 1
+    held_again = [(2, 0, TS, 2, pack_batch([b"a", b"b"]))]
+    assert store.apply_commit(3, 5, 0, 2, held=held_again) == 2
+    store.finish(3)
+    assert [row[4] for row in store.read(0, 10)] == [b"a", b"b"]
     store.close()
 
 
@@ -557,7 +633,7 @@ def test_a_committed_transaction_of_bare_values_is_kept_in_runs(tmp_path: Path) 
     store.hold(2)
     store.finish(2)
     store.stage([(5, 2, 0, TS, 3, pack_batch([b"a", b"b", b"c"]))])
-    assert store.apply_commit(3, 5, 0, 5, held=[(TS, 2, pack_batch([b"d", b"e"]))]) == 5
+    assert store.apply_commit(3, 5, 0, 5, held=[(2, 1, TS, 2, pack_batch([b"d", b"e"]))]) == 5
     store.finish(3)
     assert _entries(store) == [(0, True), (3, True)]
     assert [row[4] for row in store.read(1, 10)] == [b"b", b"c", b"d", b"e"]
@@ -641,15 +717,17 @@ def test_a_large_batch_is_written_in_parts_and_a_part_left_by_a_crash_is_redone(
 def test_a_commit_of_staged_records_with_an_offset_commit_in_the_same_shard(
         tmp_path: Path) -> None:
     """A commit record can carry consumer offsets for a shard it also writes records to:
-    both apply, and the staged entries it deletes go with the meta (not in a part before)."""
+    both apply, and the staged entries it deletes stay until a flush has made the commit
+    durable (a replay from before it needs them)."""
     store = ShardStore(tmp_path / "s", 1, 0, memory())
     store.hold(2)
     store.finish(2)
     store.stage([(5, 2, 0, TS, 2, pack_batch([b"a" * 3_000_000, b"b" * 3_000_000]))])
     assert store.apply_commit(3, 5, 0, 2) == 2
     store.apply_offset_commit(3, "billing", 7)
-    assert store.staged_count() == 1  # the deletion waits for the meta
     store.finish(3)
-    assert store.committed_offset("billing") == 7 and store.staged_count() == 0
+    assert store.committed_offset("billing") == 7 and store.staged_count() == 1
+    store.flush()
+    assert store.staged_count() == 0
     assert [len(r[4]) for r in store.read(0, 10)] == [3_000_000, 3_000_000]
     store.close()
