@@ -102,6 +102,9 @@ DATA_CFS = ("records", "keys", "tags", "time", "groups", "staged", "chunks")
 CHUNK_KEY = struct.Struct(">QI")  # offset, chunk number
 STAGED_KEY = struct.Struct(">QQH")  # txn, lsn, part
 HeldRow = tuple[int, int, int, int, bytes]  # a write held in memory: lsn, part, ts, count, blob
+# A meta key: this prefix and a transaction id, written with the applied LSN that passes its
+# commit, whose staged entries are then deleted once that meta is durable (``flush``).
+STAGED_DONE = b"staged_done:"
 CFS = (*DATA_CFS, "meta")
 KV_CF = "kv"  # the extra column family of a KV namespace's shard
 LEVELS = 7  # RocksDB's default num_levels: the levels ``stats`` counts files at
@@ -298,6 +301,14 @@ class ShardStore:
         self.staged_txns: set[int] = {
             STAGED_KEY.unpack(bytes(k))[0]  # type: ignore[arg-type]  # raw mode: bytes
             for k in self.cf["staged"].keys()}  # noqa: SIM118 (an iterator of keys)
+        # Transactions whose commit moved their staged entries into the shard: those in the
+        # batch being made, and those written with an applied LSN (a ``STAGED_DONE`` mark
+        # in the meta each), whose entries ``flush`` deletes once that meta is durable. At
+        # most what was staged between two flushes: the checkpoints, which bound the log,
+        # flush every shard.
+        self.done_in_batch: list[int] = []
+        self.done_written: list[int] = []
+        self._delete_done(self._marked_done())  # committed before a crash cut a flush short
         self.held_lsn = self._meta(b"held_lsn")
         # As found at open: the writer holds again the transaction writes it had held from
         # this LSN on (they are in the log, not in the shard).
@@ -308,14 +319,32 @@ class ShardStore:
         self.batch: rocksdict.WriteBatch | None = None
         self.batch_bytes = 0  # records' bytes put in ``batch`` (``_filled``)
         self.batch_lsn = 0
-        # Keys of staged entries of committed transactions: deleted after the next flush
-        # (``flush`` says why). At most what was staged between two flushes: the
-        # checkpoints, which bound the log, flush every shard.
-        self.staged_done: list[bytes] = []
 
     def _meta(self, key: bytes) -> int:
         raw = self.cf["meta"].get(key)
         return 0 if raw is None else U64.unpack(raw)[0]
+
+    def _marked_done(self) -> list[int]:
+        """The transactions a durable meta says were committed here with staged entries."""
+        it = self.cf["meta"].iter()
+        it.seek(STAGED_DONE)
+        found = []
+        while it.valid() and bytes(it.key()).startswith(STAGED_DONE):
+            found.append(U64.unpack(bytes(it.key())[len(STAGED_DONE):])[0])
+            it.next()
+        return found
+
+    def _delete_done(self, txns: list[int]) -> None:
+        """Delete the staged entries of these committed transactions, and their marks."""
+        if not txns:
+            return
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        for txn in txns:
+            for key, _raw in self._staged(txn):
+                wb.delete(key, self.h["staged"])
+            wb.delete(STAGED_DONE + U64.pack(txn), self.h["meta"])
+            self.staged_txns.discard(txn)
+        self.db.write(wb, self.write_opts)
 
     # ---- writing ------------------------------------------------------------------------
 
@@ -511,8 +540,8 @@ class ShardStore:
         count, blob)``: the writes the writer held in memory), in the order they were
         logged, each once (a write staged by a flush that a crash cut short before its meta
         is held again after the restart, and is in both); returns how many (0 if already
-        applied). Its staged entries are deleted only after the next ``flush`` has made this
-        commit's meta durable (``staged_done``)."""
+        applied). Its staged entries are deleted only after a flush has made this commit's
+        meta durable (``flush``)."""
         if lsn <= self.applied_lsn:
             return 0
         if first != self.next_offset:
@@ -536,9 +565,8 @@ class ShardStore:
             self._put_records(offset, batch_ts, blob)
             offset += n
         self.batch_lsn = lsn
-        if staged:
-            self.staged_txns.discard(txn)
-            self.staged_done += [key for key, _raw in staged]
+        if staged:  # deleted once this commit's meta is durable (``flush``)
+            self.done_in_batch.append(txn)
         return count
 
     def apply_rollback(self, lsn: int, txn: int) -> None:
@@ -732,34 +760,35 @@ class ShardStore:
         wb.put(b"records", U64.pack(self.record_count), meta)
         wb.put(b"held_lsn", U64.pack(self.held_lsn), meta)
         wb.put(b"format", U64.pack(FORMAT_VERSION), meta)
+        for txn in self.done_in_batch:
+            wb.put(STAGED_DONE + U64.pack(txn), b"", meta)
         self.db.write(wb, self.write_opts)
+        self.done_written += self.done_in_batch
+        self.done_in_batch = []
         self.batch = None
         self.batch_bytes = 0
         self.applied_lsn = lsn
 
     def flush(self) -> None:
         """Make everything applied durable (data column families first, meta last), then
-        delete the staged entries of the transactions committed before it
-        (``staged_done``).
+        delete the staged entries of the transactions committed in what it made durable.
 
         RocksDB flushes one column family at a time here, so a crash between two of them
         leaves the data ahead of the meta, which the replay from the older applied LSN
         writes again the same way. A commit's deletion of its staged entries is the one
         thing the replay could not redo, as the commit needs them: flushed ahead of the
         meta, a crash there left the shard unable to apply the commit again (the writer
-        then refused to start). So they are deleted only after the meta that passes their
-        commit is durable; a crash before these deletes are flushed in turn leaves entries
-        of a committed transaction in ``staged``, which nothing reads again."""
+        then refused to start). So a commit only marks its transaction in the meta, with its
+        applied LSN (``STAGED_DONE``), and the entries and the mark are deleted once that
+        meta is durable: here, after the meta's flush, or at the next open when a crash
+        came first (RocksDB's own flushes, when a memtable fills, make a mark durable
+        too)."""
         for name in self.data_cfs:
             self.cf[name].flush(True)
-        faults.crash_point("shard.before_meta_flush", self.path)
+        faults.crash_point("shard.before_meta_flush", self.path.parent)
         self.cf["meta"].flush(True)
-        if self.staged_done:
-            wb = rocksdict.WriteBatch(raw_mode=True)
-            for key in self.staged_done:
-                wb.delete(key, self.h["staged"])
-            self.db.write(wb, self.write_opts)
-            self.staged_done = []
+        done, self.done_written = self.done_written, []
+        self._delete_done(done)
 
     # ---- RocksDB's figures, and compaction ------------------------------------------------
 

@@ -397,18 +397,24 @@ def test_a_transaction_is_staged_invisibly_then_committed_or_dropped(tmp_path: P
 # A child that opens the shard, commits or stages (its argument) and flushes it with the seam armed
 # between the data column families and the meta: it exits as a SIGKILL would, there.
 _CRASHING_FLUSH = """
+import os
 import sys
+from actors import faults
 from pathlib import Path
 from actors.shard_store import ShardStore, StoreMemory
 from config import load_config
 from wire.records import pack_batch
 cfg = load_config()
 store = ShardStore(Path(sys.argv[1]), 1, 0, StoreMemory.of(cfg.shards, cfg.storage))
-if sys.argv[2] == "commit":
+if sys.argv[2] == "stage":  # the write held again after a restart, staged by a flush
+    store.stage([(5, 2, 0, int(sys.argv[3]), 2, pack_batch([b"a", b"b"]))])
+else:
     store.apply_commit(3, 5, 0, 2)
     store.finish(3)
-else:  # "stage": the write held again after a restart, staged by a checkpoint's flush
-    store.stage([(5, 2, 0, int(sys.argv[3]), 2, pack_batch([b"a", b"b"]))])
+if sys.argv[2] == "commit-flushed":  # every column family, as RocksDB's own flush does; then killed
+    for cf in store.cf.values():
+        cf.flush(True)
+    os._exit(faults.EXIT_INJECTED)
 store.flush()
 raise SystemExit("the flush was not cut short")
 """
@@ -462,6 +468,32 @@ def test_a_write_both_staged_and_held_again_after_a_cut_flush_is_committed_once(
     assert store.apply_commit(3, 5, 0, 2, held=held_again) == 2
     store.finish(3)
     assert [row[4] for row in store.read(0, 10)] == [b"a", b"b"]
+    store.close()
+
+
+def test_a_commits_staged_entries_left_by_a_crash_after_its_meta_are_deleted_at_open(
+        tmp_path: Path) -> None:
+    """A commit whose meta reached the disk (a RocksDB flush of its own) before its staged
+    entries were deleted: the mark in the meta says so, and the next open deletes them, so
+    no later transaction of the same id finds them."""
+    path = tmp_path / "s"
+    store = ShardStore(path, 1, 0, memory())
+    store.hold(2)
+    store.finish(2)
+    store.stage([(5, 2, 0, TS, 2, pack_batch([b"a", b"b"]))])
+    store.close()
+    _flush_cut_short(path, "commit-flushed")
+    store = ShardStore(path, 1, 0, memory())
+    assert store.applied_lsn == 3 and store.staged_count() == 0
+    assert [row[4] for row in store.read(0, 10)] == [b"a", b"b"]
+    store.hold(4)  # the same id again, much later: only its own write
+    store.finish(4)
+    store.stage([(5, 4, 0, TS, 1, pack_batch([b"c"]))])
+    assert store.apply_commit(5, 5, 2, 1) == 1
+    store.finish(5)
+    store.flush()
+    assert [row[4] for row in store.read(0, 10)] == [b"a", b"b", b"c"]
+    assert store.staged_count() == 0
     store.close()
 
 
