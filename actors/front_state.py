@@ -269,7 +269,7 @@ class FrontDoorState:
 
     # ---- requests ---------------------------------------------------------------------
 
-    def request(self, identity: bytes, frames: list[bytes | memoryview], now: float
+    def request(self, identity: bytes, frames: Sequence[bytes | memoryview], now: float
                 ) -> list[Out]:
         """One client message (its frames after the identity): one request or several."""
         if len(frames) != 1:

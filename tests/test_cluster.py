@@ -390,8 +390,15 @@ def test_a_snapshot_export_on_a_member_copies_that_member_only(
         c.produce_batch("exported", keyed("e", 60))
     snap = tmp_path_factory.mktemp("member-export") / "snap"
     with one(cluster, 2, timeout_ms=60_000) as m:
-        done = m.snapshot_export(str(snap))
         topic_id = next(r[2] for r in m.call("list_topics")["topics"] if r[0] == "exported")
+        # An export copies the shards as the writers have applied them, the log after; they
+        # make a shard's directory as they apply its topic's creation, after the produce's
+        # acknowledgement: wait for this member's, so that the export has them as shards.
+        mine = {(topic_id, p) for p, o in enumerate(owners) if o == 2}
+        deadline = time.monotonic() + WAIT_S
+        while shards_of(cluster, 2, topic_id) != mine and time.monotonic() < deadline:
+            time.sleep(0.05)  # ok-sleep: polling the writers' shard directories
+        done = m.snapshot_export(str(snap))
     manifest = json.loads((snap / MANIFEST).read_text())
     assert manifest["node_id"] == 2 and manifest["lsn"] == done["lsn"]
     assert set(manifest["shards"]) == shard_dirs(cluster, 2)  # this member's, every topic
