@@ -120,6 +120,11 @@ def test_an_export_taken_under_load_holds_exactly_the_records_durable_at_its_lsn
         branch.produce_batch("other", [b"x1", b"x2"], partition=0)
         c.xa_end(xid)
         c.xa_prepare(xid)
+        # An export copies the shards as the writers have applied them (the log after):
+        # wait for the writers to have made every shard, so that the count below is exact
+        # (under load, niced, they can be seconds behind the acknowledgements).
+        until("the writers to make every shard",
+              lambda: len(list((node.data_dir / "shards").iterdir())) == PARTITIONS + 2)
 
         done = threading.Event()
         producers = [Producer(node.endpoint, f"p{n}", done) for n in range(PRODUCERS)]
