@@ -242,7 +242,7 @@ class FrontDoor(Actor):
             for frame in protocol.join_frames(frames):
                 try:
                     send(identity, NOBLOCK | SNDMORE)
-                    send(frame, NOBLOCK, copy=len(frame) < 65536)
+                    send(frame, NOBLOCK, copy=len(frame) < BULK_FRAME_BYTES_MIN)
                 except zmq.Again:
                     self.replies_dropped += 1
                     log.warning("the send queue of a client is full: a reply was dropped")

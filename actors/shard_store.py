@@ -34,9 +34,10 @@ without offsets. The writer holds a transaction's writes in memory until its com
 checkpoint or export makes the shard durable (``stage``): kept here, they are flushed with
 the shard, so the log need not keep them. Until then the log has them, and ``held_lsn`` in
 ``meta`` (0: none) says from which LSN on: a writer that restarts reads the log from there.
-A commit moves a transaction's staged records, then those held, into ``records`` (with the
-indexes) at the offsets its log record gives, in one batch with the applied LSN; a
-rollback deletes them.
+A commit moves a transaction's writes, staged and held, in the order they were logged, into
+``records`` (with the indexes) at the offsets its log record gives, in one batch with the
+applied LSN; its staged entries are deleted only once that batch's meta is durable
+(``flush``); a rollback deletes them.
 
 The shard of a KV namespace has one more column family, ``kv``, and its records are key
 writes: each item of a batch is ``[key, value]`` (value nil: delete the key), applied to
@@ -785,6 +786,7 @@ class ShardStore:
         too)."""
         for name in self.data_cfs:
             self.cf[name].flush(True)
+        # Fires once per directory of shards (a node's; a test's own), not inside a RocksDB.
         faults.crash_point("shard.before_meta_flush", self.path.parent)
         self.cf["meta"].flush(True)
         done, self.done_written = self.done_written, []
