@@ -77,7 +77,7 @@ PEER_CONNECT_WAIT_S = 1.0
 PEER_RETRY_POLL_MS = 20  # how often those requests are tried again
 
 
-def body_of(frame: zmq.Frame) -> bytes | memoryview:
+def request_frame(frame: zmq.Frame) -> bytes | memoryview:
     """A client's request frame: a large one (a batch of the Spark sink, 0.5 MB) as a view of
     ZeroMQ's buffer, read in place by the parsing, which copies what it keeps; a small one as
     bytes, as a view costs more than copying it (``actors.base.BULK_FRAME_BYTES_MIN``)."""
@@ -265,7 +265,7 @@ class FrontDoor(Actor):
                     frames = router.recv_multipart(NOBLOCK, copy=False)
                 except zmq.Again:
                     return
-                self.perform(state.request(frames[0].bytes, [body_of(f) for f in frames[1:]],
+                self.perform(state.request(frames[0].bytes, [request_frame(f) for f in frames[1:]],
                                            now))
         finally:
             self.flush_outbox()

@@ -401,6 +401,10 @@ class LogState:
         refused = self._bad_offsets(msg.corr, msg.offsets)
         if refused is not None:
             return refused
+        return self._stage(msg, now_ms)
+
+    def _stage(self, msg: TxnAppend, now_ms: int) -> Log:
+        """Log a write of an open transaction whose offsets were checked."""
         # A topic deleted since the front door checked: its part is dropped, as the topic's
         # records would be at its deletion.
         parts = [row for row in msg.parts if row[0] in self.by_id
@@ -409,8 +413,8 @@ class LogState:
         self.txns.write(msg.txn, parts, msg.offsets)
         record = logrecord.encode(self.last_lsn, Kind.TXN_WRITE,
                                   [msg.txn, now_ms, parts, msg.offsets], large=large(parts))
-        return Log(record, TxnWritten(msg.corr, self.last_lsn, st.records), self.last_lsn,
-                   early=True)
+        return Log(record, TxnWritten(msg.corr, self.last_lsn, self.txns.open[msg.txn].records),
+                   self.last_lsn, early=True)
 
     def _bad_offsets(self, corr: int, offsets: Sequence[OffsetRow]) -> ErrorReply | None:
         """Why consumer offsets staged in a transaction are refused, or None."""
@@ -456,9 +460,9 @@ class LogState:
         if refused is not None:
             return Send(FRONT_DOOR, refused, ANSWER_WAIT_MS)
         start = self._txn_start(TxnStart(0, txn, None))
-        write = self._txn_append(TxnAppend(0, txn, msg.parts, msg.offsets), now_ms)
+        write = self._stage(TxnAppend(0, txn, msg.parts, msg.offsets), now_ms)  # offsets checked
         commit = self._txn_resolve(TxnResolve(corr, txn, "commit"))
-        assert isinstance(start, Log) and isinstance(write, Log) and isinstance(commit, Log)
+        assert isinstance(start, Log) and isinstance(commit, Log)
         write.reply, write.early = None, False
         self.txns_once += 1
         return [start, write, commit]
