@@ -45,10 +45,39 @@ def _die_with_parent() -> None:
         pass
 
 
+# glibc's malloc, as actors use it: blocks this large or larger are mapped apart (each
+# page faulted in on first touch, and unmapped when freed), and free memory past this much
+# at the top of a heap is given back to the kernel (to fault in again when the heap grows).
+# glibc's defaults (128 KiB, raised as such blocks are freed; trimming at twice that) let
+# the front door fault in every page of every large request it received: 44 000 minor
+# faults and 0.1-0.2 CPU s per million rows of the Spark sink's half-megabyte requests,
+# against ~1 000 and 0.05 s so (docs/BENCHMARKS.md, "Session 16"). A client's frame is at
+# most 16 MiB ([limits] frame_bytes_max), so the rare one above the mapping bound still
+# maps; the trim bound is what an idle actor may keep of its peak.
+MALLOC_MMAP_THRESHOLD_BYTES = 4 << 20
+MALLOC_TRIM_THRESHOLD_BYTES = 16 << 20
+M_TRIM_THRESHOLD = -1  # mallopt's parameter numbers (malloc.h)
+M_MMAP_THRESHOLD = -3
+
+
+def keep_freed_memory() -> bool:
+    """Set glibc's malloc thresholds for this process (above); False where the C library
+    has no ``mallopt`` (not glibc), which leaves its own policy."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES)
+                and mallopt(M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES))
+
+
 def actor_main(ctx: ActorContext, actor_class: type[Actor]) -> None:
     """Entry point of every actor process (spawned by the supervisor)."""
     configure_logging(ctx.role)
     _die_with_parent()
+    keep_freed_memory()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
     if is_writer(ctx.role):
         # Before RocksDB starts its background threads, which inherit this priority: the
