@@ -48,12 +48,13 @@ def _die_with_parent() -> None:
 # glibc's malloc, as actors use it: blocks this large or larger are mapped apart (each
 # page faulted in on first touch, and unmapped when freed), and free memory past this much
 # at the top of a heap is given back to the kernel (to fault in again when the heap grows).
-# glibc's defaults (128 KiB, raised as such blocks are freed; trimming at twice that) let
-# the front door fault in every page of every large request it received: 44 000 minor
-# faults and 0.1-0.2 CPU s per million rows of the Spark sink's half-megabyte requests,
-# against ~1 000 and 0.05 s so (docs/BENCHMARKS.md, "Session 16"). A client's frame is at
-# most 16 MiB ([limits] frame_bytes_max), so the rare one above the mapping bound still
-# maps; the trim bound is what an idle actor may keep of its peak.
+# glibc's own bounds (128 KiB, raised to the largest such block freed so far; trimming at
+# twice that) let an actor fault in the pages of its large requests again and again: the
+# front door took 39 000-47 000 minor faults per million rows of the Spark sink's
+# half-megabyte requests in some runs (in others glibc's bounds settled after the first
+# million), and every page of requests growing in size (tests/test_lifecycle.py). A
+# client's frame is at most 16 MiB ([limits] frame_bytes_max), so a rare one above the
+# mapping bound is still mapped; the trim bound is what an idle actor may keep of its peak.
 MALLOC_MMAP_THRESHOLD_BYTES = 4 << 20
 MALLOC_TRIM_THRESHOLD_BYTES = 16 << 20
 M_TRIM_THRESHOLD = -1  # mallopt's parameter numbers (malloc.h)
