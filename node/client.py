@@ -45,6 +45,7 @@ from wire.errors import (
     RequestTimeout,
     Unavailable,
     UnknownTopic,
+    XAERNota,
     XARBRollback,
     error_for,
 )
@@ -176,6 +177,11 @@ class NodeClient:
             # is down fails (after SNDTIMEO), and the call says which member it was.
             sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.setsockopt(zmq.SNDTIMEO, min(self.timeout_ms, SEND_TIMEOUT_MS_MAX))
+        else:
+            # A send waits for a connection no longer than a reply would be waited for:
+            # one whose CURVE handshake failed (a client without keys, or one the node does
+            # not allow) is dropped, and a send with no connection left would block.
+            sock.setsockopt(zmq.SNDTIMEO, self.timeout_ms)
         sock.connect(endpoint)
         return sock
 
@@ -221,11 +227,18 @@ class NodeClient:
         attempts = self.retries + 1 if op in OPS and OPS[op].retry else 1
         backoff_s = 0.01
         last: NodeError | None = None
+        start = time.monotonic()
+        answered = False  # whether the node answered any attempt
         for _ in range(attempts):
             rid = next(self._ids)
             try:
                 sock.send(pack_map(request_map(op, rid, fields)))
             except zmq.Again:
+                if not self.routed:  # waited a whole timeout_ms for a connection
+                    raise RequestTimeout(f"no reply from {self._name(sock)} within "
+                                         f"{self.timeout_ms} ms: not connected (is a node "
+                                         f"running there, and does it allow this client's "
+                                         f"keys?)") from None
                 last = Unavailable(f"{self._name(sock)} is not reachable (down?)")
                 time.sleep(backoff_s)  # back off before retrying an unreachable node
                 backoff_s = min(backoff_s * 2, 1.0)
@@ -237,10 +250,15 @@ class NodeClient:
             except NodeError as exc:
                 if exc.code not in _RETRYABLE:
                     raise
+                answered = answered or not isinstance(exc, RequestTimeout)
                 last = exc
                 time.sleep(backoff_s)  # back off before retrying a BUSY or unreachable node
                 backoff_s = min(backoff_s * 2, 1.0)
         assert last is not None
+        if isinstance(last, RequestTimeout) and attempts > 1 and not answered:
+            raise RequestTimeout(f"no reply from {self._name(sock)} to {attempts} attempts "
+                                 f"over {time.monotonic() - start:.0f} s ({self.timeout_ms} "
+                                 f"ms each): is a node running there?")
         raise last
 
     def settle_transactions(self) -> None:
@@ -632,15 +650,25 @@ class NodeClient:
             fields["timeout_ms"] = timeout_ms
         return Transaction(self, fields["txn"], begin=("txn_begin", fields))
 
-    def xa_start(self, xid: Xid, timeout_ms: int | None = None) -> Transaction:
+    def xa_start(self, xid: Xid, timeout_ms: int | None = None, member: int | None = None
+                 ) -> Transaction:
         """Begin an XA branch (answered before it returns); stage work through the returned
-        transaction, then ``xa_end``, ``xa_prepare`` and ``xa_commit`` (or ``xa_rollback``)."""
+        transaction, then ``xa_end``, ``xa_prepare`` and ``xa_commit`` (or ``xa_rollback``).
+        On a client of a cluster the branch lives on ``member`` (an id of ``members()``;
+        default: the first endpoint's), and its writes must stay on that member."""
         check_xid(list(xid))
+        sock = None
+        if member is not None:
+            members = self.members() if self.routed else {}
+            if member not in members:
+                raise ValueError(f"member {member} is not one of this client's cluster "
+                                 f"({sorted(members) or 'a single node'})")
+            sock = self._sock(members[member])
         for attempt in range(XA_START_ATTEMPTS):
             fields: dict[str, Any] = {"xid": list(xid), "txn": random.getrandbits(62) + 1}
             if timeout_ms is not None:
                 fields["timeout_ms"] = timeout_ms
-            tx = Transaction(self, fields["txn"], xid, begin=("xa_start", fields))
+            tx = Transaction(self, fields["txn"], xid, begin=("xa_start", fields), sock=sock)
             try:
                 tx.settle()
             except XARBRollback:
@@ -658,26 +686,47 @@ class NodeClient:
         staged every one."""
         tx = self._branches.get(xid)
         if tx is None:
-            self.call("xa_end", xid=list(xid))
+            self._xa_call("xa_end", xid, {})
             return
         tx.settle()
-        self.call("xa_end", xid=list(xid), writes=tx.seq)
+        self._xa_call("xa_end", xid, {"writes": tx.seq})
 
     def xa_prepare(self, xid: Xid) -> int:
         """Phase one: the branch is durable and in doubt; returns the Prepare record's LSN."""
-        return int(self.call("xa_prepare", xid=list(xid))["lsn"])
+        return int(self._xa_call("xa_prepare", xid, {})["lsn"])
 
     def xa_commit(self, xid: Xid, one_phase: bool = False) -> TxnResult:
-        fields: dict[str, Any] = {"xid": list(xid)}
-        if one_phase:
-            fields["one_phase"] = True
-        result = result_of(self.call("xa_commit", **fields))
+        result = result_of(self._xa_call("xa_commit", xid,
+                                         {"one_phase": True} if one_phase else {}))
         self._finished(xid)
         return result
 
     def xa_rollback(self, xid: Xid) -> None:
-        self.call("xa_rollback", xid=list(xid))
+        self._xa_call("xa_rollback", xid, {})
         self._finished(xid)
+
+    def _xa_call(self, op: str, xid: Xid, fields: dict[str, Any]) -> dict[str, Any]:
+        """An XA call by xid, on the node the branch lives on: the one this client began it
+        on; on a cluster, for a branch begun elsewhere (a coordinator that restarted), each
+        member in turn until one knows it."""
+        fields = {"xid": list(xid), **fields}
+        self.settle_transactions()
+        tx = self._branches.get(xid)
+        if tx is not None or not self.routed:
+            return self._call_on(tx._socket() if tx is not None else self.sock, op, fields)
+        last: NodeError | None = None
+        for endpoint in self._every_member():
+            try:
+                return self._call_on(self._sock(endpoint), op, fields)
+            except XAERNota as exc:
+                last = exc
+        assert last is not None
+        raise last
+
+    def _every_member(self) -> list[str]:
+        """The endpoints of every member of the cluster, the catalog member's first."""
+        members = self.members()
+        return [members[m] for m in sorted(members)] or [self.endpoint]
 
     def _finished(self, xid: Xid) -> None:
         tx = self._branches.pop(xid, None)
@@ -685,12 +734,21 @@ class NodeClient:
             tx.finished = True
 
     def xa_recover(self) -> list[Xid]:
-        """The prepared branches, in doubt until committed or rolled back."""
-        return [Xid(*row) for row in self.call("xa_recover")["xids"]]
+        """The prepared branches, in doubt until committed or rolled back (on a cluster,
+        of every member)."""
+        return [Xid(*row) for reply in self._on_every_member("xa_recover")
+                for row in reply["xids"]]
 
     def txn_list(self) -> list[TxnInfo]:
-        """The open and prepared transactions."""
-        return [TxnInfo(*row) for row in self.call("txn_list")["txns"]]
+        """The open and prepared transactions (on a cluster, of every member)."""
+        return [TxnInfo(*row) for reply in self._on_every_member("txn_list")
+                for row in reply["txns"]]
+
+    def _on_every_member(self, op: str) -> list[dict[str, Any]]:
+        if not self.routed:
+            return [self.call(op)]
+        self.settle_transactions()
+        return [self._call_on(self._sock(e), op, {}) for e in self._every_member()]
 
 
 class Pipeline:
@@ -804,8 +862,15 @@ class Pipeline:
         self.client.settle_transactions()  # their answers are not this pipeline's to read
         if self.queued:
             frame = self.queued[0] if len(self.queued) == 1 else b"".join(self.queued)
-            self.queued, self.queued_bytes = [], 0
-            self.client.sock.send(frame, 0, copy=len(frame) < 65536)
+            count, self.queued, self.queued_bytes = len(self.queued), [], 0
+            try:
+                self.client.sock.send(frame, 0, copy=len(frame) < 65536)
+            except zmq.Again:  # no connection within the client's timeout_ms
+                lost = RequestTimeout(f"no reply from {self.client.endpoint} within "
+                                      f"{self.client.timeout_ms} ms: not connected")
+                for rid in list(self.in_flight)[-count:]:  # the queued ones: the newest
+                    del self.in_flight[rid]
+                    self.unsent.append((rid, lost))
         if self.routed_queues:
             queues, self.routed_queues, self.queued_bytes = self.routed_queues, {}, 0
             for sock, items in queues.items():
@@ -827,9 +892,8 @@ class Pipeline:
         ``offsets=False`` a success is an empty list: a caller that does not use them (the
         Spark sink) saves building a pair per record."""
         self.flush()
-        out: list[tuple[int, list[tuple[int, int]] | NodeError]] = []
+        out, self.unsent = self.unsent, []
         if self.client.routed:
-            out, self.unsent = self.unsent, []
             poller = zmq.Poller()
             for sock in self.client._socks.values():
                 poller.register(sock, zmq.POLLIN)
@@ -837,7 +901,7 @@ class Pipeline:
                 self.drain(sock, out, offsets)
             return out
         sock = self.client.sock
-        if sock.poll(timeout_ms, zmq.POLLIN):
+        if sock.poll(0 if out else timeout_ms, zmq.POLLIN):
             self.drain(sock, out, offsets)
         return out
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import zmq
 
+from actors.roles import key_partition
 from wire.errors import (
     ErrorCode,
     NodeError,
@@ -36,7 +37,13 @@ from wire.errors import (
     error_for,
 )
 from wire.packer import pack_map
-from wire.protocol import TXN_ONCE_OPS, TXN_ONCE_WRITES_MAX, request_map, unpack_replies
+from wire.protocol import (
+    TXN_ONCE_OPS,
+    TXN_ONCE_WRITES_MAX,
+    kv_topic,
+    request_map,
+    unpack_replies,
+)
 from wire.records import Record, pack_batch
 from wire.xid import Xid
 
@@ -106,10 +113,14 @@ class Transaction:
     refuses a commit that lacks one."""
 
     def __init__(self, client: NodeClient, txn: int, xid: Xid | None = None,
-                 begin: Pending | None = None) -> None:
+                 begin: Pending | None = None, sock: zmq.Socket[bytes] | None = None) -> None:
         self.client = client
         self.id = txn
         self.xid = xid
+        # The socket of the node it lives on. A client of a cluster picks the member that
+        # owns its first write's partition (``_pin``), else its first endpoint's at the
+        # first send: a transaction stays on one member.
+        self.sock = sock
         self.seq = 0  # writes sent
         self.finished = False
         self.result: TxnResult | None = None
@@ -152,18 +163,42 @@ class Transaction:
                      timestamp)
         self.produce_batch(topic, [rec], partition)
 
+    def _pin(self, topic: str, partition: int | None, first: Record | bytes | None = None
+             ) -> None:
+        """On a client of a cluster, before anything is sent: live on the member owning
+        ``partition`` of ``topic`` (or the partition of ``first``'s key)."""
+        c = self.client
+        if self.sock is not None or not c.routed:
+            return
+        if partition is None and isinstance(first, Record) and first.key is not None:
+            partition = key_partition(first.key, len(c.owners(topic)))
+        if partition is not None:
+            self.sock = c._sock(c.owner_endpoint(topic, partition))
+
+    def _socket(self) -> zmq.Socket[bytes]:
+        if self.sock is None:
+            self.sock = self.client.sock
+        return self.sock
+
+    def _call(self, op: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """One request, answered before it returns, to the node this transaction is on."""
+        self.client.settle_transactions()
+        return self.client._call_on(self._socket(), op, fields)
+
     def produce_batch(self, topic: str, records: Iterable[Record | bytes],
                       partition: int | None = None) -> None:
         """Stage a batch of records (they get their offsets at the commit)."""
         recs = list(records)
         if not recs:
             raise error_for(ErrorCode.EMPTY_BATCH, "a batch needs at least one record")
+        self._pin(topic, partition, recs[0])
         self.produce_packed(topic, pack_batch(recs), partition)
 
     def produce_packed(self, topic: str, blob: bytes, partition: int | None = None) -> None:
         """Stage records already packed as ``wire/records.py`` lays a batch out (the Spark
         sink packs a column at a time)."""
         self._check()
+        self._pin(topic, partition)
         fields: dict[str, Any] = {"txn": self.id, "seq": self.seq, "topic": topic,
                                   "records": blob}
         if partition is not None:
@@ -174,6 +209,7 @@ class Transaction:
     def commit_offset(self, group: str, topic: str, partition: int, offset: int) -> None:
         """Stage a consumer group's offset: committed together with the records."""
         self._check()
+        self._pin(topic, partition)
         self._submit("txn_commit_offset", {"txn": self.id, "seq": self.seq, "group": group,
                                            "topic": topic, "partition": partition,
                                            "offset": offset})
@@ -201,6 +237,7 @@ class Transaction:
     def _kv(self, namespace: str, key: bytes | str, value: bytes | None,
             expected: tuple[bytes | None] | None = None) -> None:
         self._check()
+        self._pin(kv_topic(namespace), 0)
         fields: dict[str, Any] = {"txn": self.id, "seq": self.seq, "namespace": namespace,
                                   "key": _as_bytes(key), "value": value}
         if expected is not None:
@@ -270,9 +307,9 @@ class Transaction:
         self.client._unsettled.discard(self)
         try:
             if self.xid is None:
-                self.client.call("txn_abort", txn=self.id)
+                self._call("txn_abort", {"txn": self.id})
             else:
-                self.client.call("xa_rollback", xid=list(self.xid))
+                self._call("xa_rollback", {"xid": list(self.xid)})
         except (UnknownTransaction, XAERNota):
             pass  # its begin never reached the node: nothing to roll back
 
@@ -294,19 +331,19 @@ class Transaction:
             # answers the same again, and it stands for every write (it counts them).
             op, fields, _err = self._failed[rid]
             try:
-                self._replies[rid] = self.client.call(op, **fields)
+                self._replies[rid] = self._call(op, fields)
                 del self._failed[rid]
                 for rid in sorted(self._failed):
                     op, fields, _err = self._failed.pop(rid)
                     if op == "txn_produce":  # its answer says where its records went
-                        self._replies[rid] = self.client.call(op, **fields)
+                        self._replies[rid] = self._call(op, fields)
                 return
             except NodeError as exc:
                 if exc.code not in RESEND_AFTER:
                     raise  # rolled back, timed out, ...: what came before cannot help
         for rid in sorted(self._failed):  # in the order they were made
             op, fields, _err = self._failed[rid]
-            self._replies[rid] = self.client.call(op, **fields)  # raises a refusal
+            self._replies[rid] = self._call(op, fields)  # raises a refusal
             del self._failed[rid]  # (one that raised stays, to be sent again next time)
 
     # ---- the pipeline -----------------------------------------------------------------
@@ -328,7 +365,16 @@ class Transaction:
             return
         if len(self._in_flight) + len(self._queue) > self.in_flight_max:
             self._collect(self.in_flight_max // 2)
-        self.client.sock.send(b"".join(frame for _rid, _op, _fields, frame in self._queue))
+        try:
+            self._socket().send(b"".join(frame for _rid, _op, _fields, frame in self._queue))
+        except zmq.Again:  # not connected within the client's timeout: sent again by settle
+            lost = RequestTimeout(f"no reply from {self.client._name(self._socket())} within "
+                                  f"{self.client.timeout_ms} ms: not connected")
+            for rid, op, fields, _frame in self._queue:
+                self._failed[rid] = (op, fields, lost)
+            self._queue.clear()
+            self._queued_bytes = 0
+            return
         for rid, op, fields, _frame in self._queue:
             self._in_flight[rid] = (op, fields)
         self._begun = True
@@ -337,7 +383,7 @@ class Transaction:
 
     def _collect(self, until: int) -> None:
         """Read answers until at most ``until`` requests are in flight."""
-        sock = self.client.sock
+        sock = self._socket()
         deadline = time.monotonic() + self.client.timeout_ms / 1000
         while len(self._in_flight) > until:
             left = deadline - time.monotonic()

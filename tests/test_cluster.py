@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from actors.roles import key_partition
 from actors.shard_store import parse_shard_dir
 from node.client import NodeClient, Pipeline
 from node.crashcheck import read_partition
@@ -208,6 +209,52 @@ def test_xa_across_two_members_survives_a_crash_between_the_commits(
         n2.xa_commit(xid2)
         assert [r.value for r in n2.read("xa-two", p2, 0)] == [b"credit"]
         assert [r.value for r in n1.read("xa-two", p1, 0)] == [b"debit"]
+
+
+def test_a_routed_clients_transaction_lives_on_its_first_writes_member(
+        cluster: LocalCluster) -> None:
+    with routed(cluster) as c:
+        c.create_topic("txn-routed", partitions=6)
+        owners = c.owners("txn-routed")
+        far = max(owners)  # not the first endpoint's member
+        mine = [p for p, o in enumerate(owners) if o == far]
+        other = next(p for p, o in enumerate(owners) if o != far)
+        with c.transaction() as tx:
+            for p in mine:
+                tx.produce("txn-routed", f"v{p}".encode(), partition=p)
+            tx.commit_offset("g", "txn-routed", mine[0], 0)
+        assert [p for p, _off in (o for call in tx.result.offsets for o in call)] == mine
+        for p in mine:
+            assert [r.value for r in c.read("txn-routed", p, 0)] == [f"v{p}".encode()]
+        # A key's partition decides too, and a write elsewhere is refused by that member.
+        key = next(f"k{i}".encode() for i in range(100)
+                   if owners[key_partition(f"k{i}".encode(), len(owners))] == far)
+        tx = c.transaction()
+        tx.produce("txn-routed", b"keyed", key=key)
+        tx.produce("txn-routed", b"elsewhere", partition=other)
+        with pytest.raises(CrossNode, match=f"not on node {far}"):
+            tx.commit()
+
+
+def test_a_routed_clients_xa_branch_lives_on_the_member_it_names(
+        cluster: LocalCluster) -> None:
+    with routed(cluster) as c:
+        c.create_topic("xa-routed", partitions=6)
+        owners = c.owners("xa-routed")
+        far = max(owners)
+        p = owners.index(far)
+        xid = Xid(9, b"routed", b"far")
+        tx = c.xa_start(xid, member=far)
+        tx.produce("xa-routed", b"staged", partition=p)
+        c.xa_end(xid)
+        c.xa_prepare(xid)
+        assert xid in c.xa_recover()  # asked of every member
+    with routed(cluster) as again:  # a coordinator that restarted: it finds the branch
+        again.xa_commit(xid)
+        assert xid not in again.xa_recover()
+        assert [r.value for r in again.read("xa-routed", p, 0)] == [b"staged"]
+        with pytest.raises(ValueError, match="member 9 is not one of"):
+            again.xa_start(Xid(9, b"routed", b"nowhere"), member=9)
 
 
 def test_while_the_catalog_member_is_down_topics_stay_usable_but_fixed(

@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +103,28 @@ def test_a_curve_node_answers_no_client_it_does_not_allow(make_node: MakeNode,
         c.create_topic("after")
         assert [t.name for t in c.list_topics()] == ["after"]
     assert "refused a CURVE client" in node.log_tail(200)
+
+
+def test_a_refused_client_that_retries_times_out_and_does_not_hang(make_node: MakeNode,
+                                                                     keys: Keys) -> None:
+    """A refused client's first request is queued for a connection that never comes up (its
+    CURVE handshake fails and is dropped); its retry must not wait forever to be sent."""
+    node = make_node(keys.config(), server_public_key=keys.node[0], client_keys=keys.client)
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        with NodeClient(node.endpoint, timeout_ms=1000) as plain:  # 5 retries: the default
+            try:
+                plain.list_topics()
+            except BaseException as exc:  # reported below
+                outcome.append(exc)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(timeout=30)  # 6 attempts of 1 s, and the back-off between them
+    assert not caller.is_alive(), "a retry of the refused client blocked in its send"
+    (exc,) = outcome
+    assert isinstance(exc, RequestTimeout), exc
 
 
 def test_a_node_without_curve_does_not_answer_a_curve_client(node: LocalNode,
