@@ -14,32 +14,45 @@
     shardnode topics
     shardnode delete-topic NAME
     shardnode produce TOPIC VALUE... [--key K] [--partition P]
-    shardnode consume TOPIC [--partition P] [--from OFFSET] [--follow]
+    shardnode consume TOPIC [--partition P] [--from OFFSET] [--max-records N] [--follow]
     shardnode offsets TOPIC [--group G]...   (end offsets; each group's offset and lag)
-    shardnode txn list
+    shardnode txn list [--json]
     shardnode txn commit XID          (a prepared XA branch, as `txn list` prints its xid)
     shardnode txn rollback XID|ID     (a branch, or a local transaction by its id)
     shardnode keygen DIR [--name NAME]   (a CURVE key pair: DIR/NAME.key, DIR/NAME.pub)
 
 The commands that talk to a node take ``--server-key FILE --client-key FILE`` when the
 node has CURVE on: its public key file, and this client's secret key file.
+
+Exit codes: 0 done, 1 the node refused or did not answer (or could not start), 2 usage (the
+command's usage line, then ``shardnode COMMAND: error: ...``, as argparse prints its own),
+3 ``kv get``: absent, 4 ``kv cas``: not swapped. What the node or the user wrote is printed
+as it is, never read as rich markup.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import errno
+import json
 import logging
 import os
+import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from config import ConfigError, load_config
-from wire.errors import NodeError
+from wire.errors import NodeError, Unavailable
 from wire.protocol import COMPACT_TIMEOUT_MS, DEFAULT_PORT
 
 if TYPE_CHECKING:
@@ -48,6 +61,12 @@ if TYPE_CHECKING:
 # How long `snapshot export` waits by default: the node's own bound
 # (log.snapshot_timeout_ms, 10 minutes by default) and a little more.
 SNAPSHOT_CLIENT_TIMEOUT_MS = 620_000
+# `consume` asks for this many records a read (the node caps a read at read_records_max).
+READ_PAGE_RECORDS = 1000
+# How long the CLI waits for a TCP connection to the node's port, to tell "nothing listens
+# there" at once rather than after every retry of a request (the client's timeout otherwise).
+PROBE_TIMEOUT_S_MAX = 5.0
+TABLE_WIDTH_MAX = 10_000  # a table's natural width is measured within this
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)  # errors stay one line in logs
@@ -58,11 +77,65 @@ def _endpoint(args: argparse.Namespace) -> str:
 
 
 class CommandError(Exception):
-    """A command that cannot run as given; the message says why."""
+    """A command that cannot run as given; the message says why (a usage error, exit 2)."""
+
+
+def _cells(*texts: str) -> list[Text]:
+    """Table cells shown as they are: a key ``[k]`` stays ``[k]``, never rich markup."""
+    return [Text(text) for text in texts]
+
+
+def _note(message: str) -> None:
+    """A line for the person at the terminal, on stderr (stdout stays data), as it is."""
+    err_console.print(message, markup=False, highlight=False)
+
+
+def _error(prog: str, message: str) -> None:
+    """``PROG: error: MESSAGE`` on stderr, as argparse prints its own errors."""
+    err_console.print(f"[red]{escape(prog)}: error:[/red] {escape(message)}", highlight=False)
+
+
+def _print_whole(table: Table) -> None:
+    """Print ``table`` with no cell cut or wrapped, wider than the terminal (or a pipe's 80
+    columns) if it must be: its cells are values to paste into another command."""
+    options = console.options.update_width(TABLE_WIDTH_MAX)
+    width = Measurement.get(console, options, table).maximum
+    (console if width <= console.width else Console(width=width)).print(table)
+
+
+def _check_listening(host: str, port: int, timeout_s: float) -> None:
+    """Fail at once when nothing listens on the node's port (connection refused), rather
+    than after every retry of the request. Anything else (a host that does not answer, a
+    name that does not resolve) is left to the client and its timeout."""
+    try:
+        with socket.create_connection((host.strip("[]"), port), timeout=timeout_s):
+            pass
+    except ConnectionRefusedError:
+        raise Unavailable(f"nothing is listening on {host}:{port} (connection refused): "
+                          f"is a node running on tcp://{host}:{port}? (--host, --port)"
+                          ) from None
+    except OSError:
+        pass
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether another socket holds ``host:port``: bound as ZeroMQ binds (SO_REUSEADDR, so
+    a port left in TIME_WAIT by a node that stopped is free), then closed. Only EADDRINUSE
+    counts; any other failure is left to the front door's own bind."""
+    bind_host = "" if host == "*" else host.strip("[]")
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((bind_host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
 
 
 def _client(args: argparse.Namespace, **kw: Any) -> NodeClient:
-    """A client of the node the command names, with its CURVE keys when given."""
+    """A client of the node the command names, with its CURVE keys when given. Raises
+    ``Unavailable`` at once when nothing listens on the node's port."""
     from actors.curve import KeyFileError
     from node.client import NodeClient, read_keypair, read_public_key
 
@@ -75,6 +148,7 @@ def _client(args: argparse.Namespace, **kw: Any) -> NodeClient:
                       client_keys=read_keypair(args.client_key))
         except KeyFileError as exc:
             raise CommandError(str(exc)) from None
+    _check_listening(args.host, args.port, min(args.timeout_ms / 1000, PROBE_TIMEOUT_S_MAX))
     return NodeClient(_endpoint(args), timeout_ms=args.timeout_ms, **kw)
 
 
@@ -129,15 +203,22 @@ def cmd_start(args: argparse.Namespace) -> int:
             overrides["cluster"] = _member_overrides(args.cluster, args.node_id, overrides["node"])
         cfg = load_config(args.config, overrides)
     except ConfigError as exc:
-        err_console.print(f"[red]config error:[/red] {exc}")
+        err_console.print(f"[red]config error:[/red] {escape(str(exc))}")
         return 2
+    # Told here, before any actor starts; a port taken after this check still fails the
+    # front door's bind, and the start with it.
+    if port_in_use(cfg.node.host, cfg.node.port):
+        err_console.print(f"[red]cannot start:[/red] port {cfg.node.port} is in use on "
+                          f"{escape(cfg.node.host)} (another node?): choose another with --port",
+                          highlight=False)
+        return 1
     if args.from_snapshot is not None:
         from actors.snapshot_files import ExportRefused, start_from_export
 
         try:
             manifest = start_from_export(Path(args.from_snapshot), cfg.data_path)
         except ExportRefused as exc:
-            err_console.print(f"[red]cannot start from the snapshot:[/red] {exc}")
+            err_console.print(f"[red]cannot start from the snapshot:[/red] {escape(str(exc))}")
             return 2
         print(f"data dir {cfg.data_path} made from the snapshot {args.from_snapshot} "
               f"(LSN {manifest['lsn']}, {len(manifest['shards'])} shards)", flush=True)
@@ -146,16 +227,16 @@ def cmd_start(args: argparse.Namespace) -> int:
     try:
         sup.start()
     except ConfigError as exc:
-        err_console.print(f"[red]config error:[/red] {exc}")
+        err_console.print(f"[red]config error:[/red] {escape(str(exc))}")
         return 2
     except NodeStartError as exc:
-        err_console.print(f"[red]cannot start:[/red] {exc}")
+        err_console.print(f"[red]cannot start:[/red] {escape(str(exc))}")
         return 1
     print(f"shardnode listening on {cfg.endpoint} (data in {cfg.data_path}); Ctrl-C stops it",
           flush=True)
     sup.serve_forever(watch_parent=args.exit_with_parent)
     if sup.failed:
-        err_console.print(f"[red]node stopped:[/red] {sup.stop_reason}")
+        err_console.print(f"[red]node stopped:[/red] {escape(str(sup.stop_reason))}")
         return 1
     return 0
 
@@ -188,18 +269,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     with _client(args, retries=0) as c:
         st = c.status()
     if args.json:
-        import json
         print(json.dumps(st, indent=2, default=str))
         return 0
-    console.print(f"[bold]shardnode[/bold] {st['endpoint']}  pid {st['pid']}  "
-                  f"up {st['uptime_s']:.0f} s  data {st['data_dir']}")
+    console.print(f"[bold]shardnode[/bold] {escape(str(st['endpoint']))}  pid {st['pid']}  "
+                  f"up {st['uptime_s']:.0f} s  data {escape(str(st['data_dir']))}")
     t = Table(title="actors")
     for col in ("role", "pid", "state", "RSS MB", "CPU %", "mailbox", "restarts"):
         t.add_column(col, justify="right" if col not in ("role", "state") else "left")
     for a in st["actors"]:
         cpu = "-" if a["cpu_percent"] is None else f"{a['cpu_percent']:.0f}"
-        t.add_row(a["role"], str(a["pid"]), a["state"], _mb(a["rss_bytes"]), cpu,
-                  str(a["mailbox"]), str(a["restarts"]))
+        t.add_row(*_cells(a["role"], str(a["pid"]), a["state"], _mb(a["rss_bytes"]), cpu,
+                          str(a["mailbox"]), str(a["restarts"])))
     console.print(t)
     lg = st["log"]
     cache: dict[str, Any] = next(
@@ -235,7 +315,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         ("transactions open / prepared (shardnode txn list)",
          f"{txn.get('txn_open', '-')} / {txn.get('txn_prepared', '-')}"),
     ):
-        lt.add_row(label, "-" if value is None else str(value))
+        lt.add_row(*_cells(label, "-" if value is None else str(value)))
     console.print(lt)
     return 0
 
@@ -251,7 +331,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
     with _client(args, retries=0) as c:
         st = c.stats()
     if args.json:
-        import json
         print(json.dumps(st, indent=2))
         return 0
     t = Table(title=f"shards: {len(st['shards'])} (RocksDB's figures, every column family)")
@@ -259,10 +338,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
                 "memtables MB", "records (est.)"):
         t.add_column(col, justify="left" if col in ("topic", "files L0..L6") else "right")
     for r in st["shards"]:
-        t.add_row(str(r["topic"]), str(r["partition"]), str(r["writer"]), _mb(r["sst_bytes"]),
-                  " ".join(str(n) for n in r["files_per_level"]),
-                  _mb(r["pending_compaction_bytes"]), _mb(r["memtable_bytes"]),
-                  str(r["records"]))
+        t.add_row(*_cells(str(r["topic"]), str(r["partition"]), str(r["writer"]),
+                          _mb(r["sst_bytes"]), " ".join(str(n) for n in r["files_per_level"]),
+                          _mb(r["pending_compaction_bytes"]), _mb(r["memtable_bytes"]),
+                          str(r["records"])))
     console.print(t)
     wt = Table(title="block cache, shared by each writer's shards")
     for col in ("writer", "shards", "used MB", "capacity MB", "hit rate"):
@@ -290,7 +369,7 @@ def cmd_snapshot_export(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     with _client(args, retries=0) as c:
         done = c.snapshot_export(directory)
-    t = Table(title=f"snapshot exported to {directory}")
+    t = Table(title=f"snapshot exported to {escape(directory)}")
     for col in ("LSN", "shards", "MB", "seconds"):
         t.add_column(col, justify="right")
     t.add_row(str(done["lsn"]), str(done["shards"]), _mb(done["bytes"]),
@@ -334,7 +413,10 @@ def cmd_delete_topic(args: argparse.Namespace) -> int:
 def cmd_topics(args: argparse.Namespace) -> int:
     with _client(args) as c:
         topics = c.list_topics()
-    t = Table(title="topics")
+    if not topics:
+        print("no topics (shardnode create-topic NAME makes one)")
+        return 0
+    t = Table(title=f"topics: {len(topics)}")
     t.add_column("name")
     t.add_column("partitions", justify="right")
     t.add_column("storage")
@@ -342,7 +424,8 @@ def cmd_topics(args: argparse.Namespace) -> int:
     for topic in topics:
         kept = [f"{topic.retention_ms} ms"] if topic.retention_ms else []
         kept += [f"{topic.retention_bytes} bytes"] if topic.retention_bytes else []
-        t.add_row(topic.name, str(topic.partitions), topic.storage, ", ".join(kept) or "-")
+        t.add_row(*_cells(topic.name, str(topic.partitions), topic.storage,
+                          ", ".join(kept) or "-"))
     console.print(t)
     return 0
 
@@ -366,21 +449,33 @@ def _show(value: bytes) -> str:
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
-    offset = args.offset
-    deadline = None if args.follow else 0.0
+    """Print the partition's records from ``--from`` on, at most ``--max-records`` in all;
+    then stop, or with ``--follow`` wait for more."""
+    if args.max_records is not None and args.max_records < 1:
+        raise CommandError(f"--max-records {args.max_records}: give 1 or more (or leave it "
+                           f"out: no limit)")
+    if args.poll_ms < 1:
+        raise CommandError(f"--poll-ms {args.poll_ms}: give 1 or more")
+    offset, left, printed = args.offset, args.max_records, 0
     with _client(args) as c:
-        while True:
-            recs = c.read(args.topic, args.partition, offset, args.max_records)
+        while left is None or left > 0:
+            page = READ_PAGE_RECORDS if left is None else min(left, READ_PAGE_RECORDS)
+            recs = c.read(args.topic, args.partition, offset, page)
             for r in recs:
                 key = "" if r.key is None else f" key={_show(r.key)}"
                 tags = f" tags={','.join(r.tags)}" if r.tags else ""
                 print(f"{r.offset} ts={r.timestamp}{key}{tags} {_show(r.value)}", flush=True)
             if recs:
                 offset = recs[-1].offset + 1  # type: ignore[operator]
+                printed += len(recs)
+                left = None if left is None else left - len(recs)
                 continue
-            if deadline is not None:
-                return 0
+            if not args.follow:
+                break
             time.sleep(args.poll_ms / 1000)  # --follow: wait for new records
+    if not printed:
+        _note(f"no records in {args.topic}/{args.partition} from offset {args.offset}")
+    return 0
 
 
 def cmd_offsets(args: argparse.Namespace) -> int:
@@ -388,46 +483,63 @@ def cmd_offsets(args: argparse.Namespace) -> int:
         ends = c.end_offsets(args.topic)
         groups = {g: [c.committed_offset(g, args.topic, p) for p in range(len(ends))]
                   for g in args.group}
-    t = Table(title=f"{args.topic}: {sum(ends)} records")
+    t = Table(title=f"{escape(args.topic)}: {sum(ends)} records")
     t.add_column("partition", justify="right")
     t.add_column("end offset", justify="right")
     for g in groups:
-        t.add_column(f"{g}: offset", justify="right")
+        t.add_column(f"{escape(g)}: offset", justify="right")
         t.add_column("lag", justify="right")
     for p, end in enumerate(ends):
         row = [str(p), str(end)]
         for committed in groups.values():
             at = committed[p]
             row += ["-", str(end)] if at is None else [str(at), str(end - at)]
-        t.add_row(*row)
+        t.add_row(*_cells(*row))
     console.print(t)
     return 0
 
 
-def _value_arg(text: str | None, hex_: bool) -> bytes | None:
-    """A value given on the command line: text, or hex with ``--hex``; ``-`` for none
-    (absent, for a compare-and-set)."""
-    if text is None or text == "-":
+# The arguments of the `kv` commands that are keys or values (hex with --hex), each by its
+# dest and the name its usage line gives it; `cas` takes '-' for absent in the last two.
+KV_BYTES_ARGS = {"key": "key", "value": "value", "prefix": "--prefix",
+                 "start_after": "--start-after", "expected": "expected", "new": "new"}
+KV_ABSENT_ARGS = ("expected", "new")
+
+
+def _value_arg(text: str | None, hex_: bool, what: str, dash_absent: bool = False
+               ) -> bytes | None:
+    """A value given on the command line as ``what`` (``key``, ``--prefix``, ...): text,
+    or hex with ``--hex``; with ``dash_absent``, ``-`` for none (a compare-and-set's)."""
+    if text is None or (dash_absent and text == "-"):
         return None
-    return bytes.fromhex(text) if hex_ else text.encode()
+    if not hex_:
+        return text.encode()
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise CommandError(f"{what} {text!r} is not hex: with --hex, keys and values are "
+                           f"given in hex (user/1 is 757365722f31)") from None
 
 
 def cmd_kv(args: argparse.Namespace) -> int:
     """``shardnode kv get|put|delete|scan|cas|list|drop``."""
     ns, hex_ = getattr(args, "namespace", ""), getattr(args, "hex", False)
-    key = _value_arg(getattr(args, "key", None), hex_)
+    given = {dest: _value_arg(getattr(args, dest, None), hex_, shown,  # before connecting
+                              dest in KV_ABSENT_ARGS)
+             for dest, shown in KV_BYTES_ARGS.items()}
+    key = given["key"]
     with _client(args) as c:
         match args.kv_command:
             case "get":
                 assert key is not None
                 value = c.kv_get(ns, key)
                 if value is None:
-                    err_console.print(f"{_show(key)}: absent")
+                    _note(f"{_show(key)}: absent")
                     return 3
                 print(value.hex() if hex_ else _show(value))
             case "put":
                 assert key is not None
-                lsn = c.kv_put(ns, key, _value_arg(args.value, hex_) or b"")
+                lsn = c.kv_put(ns, key, given["value"] or b"")
                 print(f"{ns}/{_show(key)} set (LSN {lsn})")
             case "delete":
                 assert key is not None
@@ -435,22 +547,24 @@ def cmd_kv(args: argparse.Namespace) -> int:
                 print(f"{ns}/{_show(key)} deleted (LSN {lsn})")
             case "cas":
                 assert key is not None
-                swapped = c.kv_cas(ns, key, _value_arg(args.expected, hex_),
-                                   _value_arg(args.new, hex_))
+                swapped = c.kv_cas(ns, key, given["expected"], given["new"])
                 print("swapped" if swapped else "not swapped: the value was not the expected one")
                 return 0 if swapped else 4
             case "scan":
-                pairs = c.kv_scan(ns, _value_arg(args.prefix, hex_) or b"",
-                                  _value_arg(args.start_after, hex_), args.limit)
-                t = Table(title=f"{ns}: {len(pairs)} keys")
+                pairs = c.kv_scan(ns, given["prefix"] or b"", given["start_after"], args.limit)
+                t = Table(title=f"{escape(ns)}: {len(pairs)} keys")
                 t.add_column("key")
                 t.add_column("value")
                 for k, v in pairs:
-                    t.add_row(k.hex() if hex_ else _show(k), v.hex() if hex_ else _show(v))
+                    t.add_row(*_cells(k.hex() if hex_ else _show(k),
+                                      v.hex() if hex_ else _show(v)))
                 console.print(t)
             case "list":
-                for name in c.kv_namespaces():
+                names = c.kv_namespaces()
+                for name in names:
                     print(name)
+                if not names:
+                    _note("no namespaces (a namespace is made by its first write)")
             case "drop":
                 c.kv_drop(ns)
                 print(f"namespace {ns} deleted")
@@ -459,13 +573,13 @@ def cmd_kv(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     """``shardnode delete TOPIC (--key K | --offset N --partition P)``."""
+    if args.key is None and args.partition is None:
+        raise CommandError("--offset needs --partition")
     with _client(args) as c:
         if args.key is not None:
             lsn = c.delete_by_key(args.topic, args.key, args.partition)
             print(f"deleted the latest record of {args.topic} with key {args.key} (LSN {lsn})")
         else:
-            if args.partition is None:
-                raise CommandError("--offset needs --partition")
             lsn = c.delete_by_offset(args.topic, args.partition, args.offset)
             print(f"deleted {args.topic}/{args.partition}@{args.offset} (LSN {lsn})")
     return 0
@@ -474,15 +588,18 @@ def cmd_delete(args: argparse.Namespace) -> int:
 def cmd_txn_list(args: argparse.Namespace) -> int:
     with _client(args) as c:
         txns = c.txn_list()
+    if args.json:  # a list of objects, named as NodeClient.txn_list's TxnInfo fields
+        print(json.dumps([dataclasses.asdict(x) for x in txns], indent=2))
+        return 0
     t = Table(title=f"transactions open or prepared: {len(txns)}")
     for name, justify in (("id", "right"), ("xid", "left"), ("state", "left"),
                           ("age s", "right"), ("records", "right"), ("MB", "right"),
                           ("partitions", "right")):
         t.add_column(name, justify=justify)  # type: ignore[arg-type]
     for x in txns:
-        t.add_row(str(x.txn), x.xid or "-", x.state, f"{x.age_ms / 1000:.1f}", str(x.records),
-                  _mb(x.bytes), str(x.partitions))
-    console.print(t)
+        t.add_row(*_cells(str(x.txn), x.xid or "-", x.state, f"{x.age_ms / 1000:.1f}",
+                          str(x.records), _mb(x.bytes), str(x.partitions)))
+    _print_whole(t)  # the id and the xid whole: `txn commit` and `txn rollback` take them
     return 0
 
 
@@ -510,15 +627,27 @@ def cmd_txn_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def runs(sp: argparse.ArgumentParser, func: Callable[[argparse.Namespace], int],
+         **defaults: Any) -> None:
+    """The command ``sp`` runs ``func``; ``main`` prints its usage with a ``CommandError``."""
+    sp.set_defaults(func=func, command_parser=sp, **defaults)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shardnode", description="a storage node for messages "
                                 "and key/value state")
     sub = p.add_subparsers(dest="command", required=True)
 
     def client_args(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--host", default="127.0.0.1")
-        sp.add_argument("--port", type=int, default=DEFAULT_PORT)
-        sp.add_argument("--timeout-ms", type=int, default=10_000)
+        sp.add_argument("--host", default="127.0.0.1",
+                        help="the node's host or address (default %(default)s)")
+        sp.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help="the node's client port (default %(default)s)")
+        # A command's own default (set_defaults below) is the one its help shows.
+        sp.add_argument("--timeout-ms", type=int, default=10_000,
+                        help="how long to wait for each answer, in ms; a request that is "
+                             "safe to repeat is sent again after a timeout (default "
+                             "%(default)s)")
         sp.add_argument("--server-key", metavar="FILE",
                         help="the node's public key file (CURVE on)")
         sp.add_argument("--client-key", metavar="FILE",
@@ -538,26 +667,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--exit-with-parent", action="store_true",
                    help="stop cleanly when the process that started the node exits "
                         "(for harnesses: tests, benchmarks)")
-    s.set_defaults(func=cmd_start)
+    runs(s, cmd_start)
 
     s = sub.add_parser("status", help="the node's actors and log figures")
     client_args(s)
     s.add_argument("--json", action="store_true", help="print the raw status as JSON")
-    s.set_defaults(func=cmd_status)
+    runs(s, cmd_status)
 
     s = sub.add_parser("checkpoint", help="flush the shards and truncate the log now")
     client_args(s)
-    s.set_defaults(func=cmd_checkpoint, timeout_ms=120_000)
+    runs(s, cmd_checkpoint, timeout_ms=120_000)
 
     s = sub.add_parser("stats", help="RocksDB's figures of each shard on this node")
     client_args(s)
     s.add_argument("--json", action="store_true", help="print the figures as JSON")
-    s.set_defaults(func=cmd_stats)
+    runs(s, cmd_stats)
 
     s = sub.add_parser("compact", help="compact every shard of a topic on this node (RocksDB)")
     client_args(s)
     s.add_argument("topic")
-    s.set_defaults(func=cmd_compact, timeout_ms=COMPACT_TIMEOUT_MS + 10_000)
+    runs(s, cmd_compact, timeout_ms=COMPACT_TIMEOUT_MS + 10_000)
 
     s = sub.add_parser("snapshot", help="snapshots of this node: export")
     snap = s.add_subparsers(dest="snapshot_command", required=True)
@@ -565,58 +694,69 @@ def build_parser() -> argparse.ArgumentParser:
                         "this member only) into DIR, taken while it serves")
     client_args(t)
     t.add_argument("dir", metavar="DIR", help="a new or empty directory outside the data dir")
-    t.set_defaults(func=cmd_snapshot_export, timeout_ms=SNAPSHOT_CLIENT_TIMEOUT_MS)
+    runs(t, cmd_snapshot_export, timeout_ms=SNAPSHOT_CLIENT_TIMEOUT_MS)
 
     s = sub.add_parser("create-topic", help="create a topic")
     client_args(s)
     s.add_argument("name")
-    s.add_argument("--partitions", type=int, default=1)
+    s.add_argument("--partitions", type=int, default=1,
+                   help="the topic's partitions (default %(default)s)")
     s.add_argument("--storage", choices=("rocksdb", "memory"), default=None,
                    help="memory: records kept in memory within storage.memory_bytes_max, "
                    "acknowledged without a log write, gone when the node restarts")
     retention_args(s)
-    s.set_defaults(func=cmd_create_topic)
+    runs(s, cmd_create_topic)
 
     s = sub.add_parser("alter-topic", help="change a topic's retention")
     client_args(s)
     s.add_argument("name")
     retention_args(s)
-    s.set_defaults(func=cmd_alter_topic)
+    runs(s, cmd_alter_topic)
 
     s = sub.add_parser("delete-topic", help="delete a topic and its records")
     client_args(s)
     s.add_argument("name")
-    s.set_defaults(func=cmd_delete_topic)
+    runs(s, cmd_delete_topic)
 
     s = sub.add_parser("topics", help="list topics")
     client_args(s)
-    s.set_defaults(func=cmd_topics)
+    runs(s, cmd_topics)
 
     s = sub.add_parser("produce", help="write records (one per VALUE)")
     client_args(s)
     s.add_argument("topic")
     s.add_argument("values", nargs="+", metavar="VALUE")
-    s.add_argument("--key")
-    s.add_argument("--tag", action="append", default=[])
-    s.add_argument("--partition", type=int)
-    s.set_defaults(func=cmd_produce)
+    s.add_argument("--key", help="every record's key; it picks the partition, crc32(key) %% "
+                   "partitions, unless --partition is given (default: no key)")
+    s.add_argument("--tag", action="append", default=[],
+                   help="a tag on every record; may be repeated (default: none)")
+    s.add_argument("--partition", type=int, help="write to this partition (default: by the "
+                   "key, round-robin without one)")
+    runs(s, cmd_produce)
 
     s = sub.add_parser("consume", help="print records of a partition")
     client_args(s)
     s.add_argument("topic")
-    s.add_argument("--partition", type=int, default=0)
-    s.add_argument("--from", dest="offset", type=int, default=0)
-    s.add_argument("--max-records", type=int, default=1000)
-    s.add_argument("--follow", action="store_true", help="keep waiting for new records")
-    s.add_argument("--poll-ms", type=int, default=200)
-    s.set_defaults(func=cmd_consume)
+    s.add_argument("--partition", type=int, default=0,
+                   help="the partition to read (default %(default)s)")
+    s.add_argument("--from", dest="offset", type=int, default=0, metavar="OFFSET",
+                   help="the first offset to print (default %(default)s)")
+    s.add_argument("--max-records", type=int, default=None, metavar="N",
+                   help="stop after printing N records in all, with --follow too "
+                        "(default: no limit)")
+    s.add_argument("--follow", action="store_true",
+                   help="at the end, keep waiting for new records and print them")
+    s.add_argument("--poll-ms", type=int, default=200,
+                   help="with --follow: how often to ask for new records, in ms "
+                        "(default %(default)s)")
+    runs(s, cmd_consume)
 
     s = sub.add_parser("offsets", help="a topic's end offsets, and how far groups have read")
     client_args(s)
     s.add_argument("topic")
     s.add_argument("--group", action="append", default=[],
                    help="a consumer group (a Spark source's groupId); may be repeated")
-    s.set_defaults(func=cmd_offsets)
+    runs(s, cmd_offsets)
 
     s = sub.add_parser("delete", help="delete a record: the latest with a key, or the one at "
                        "an offset (the offsets of the others do not move)")
@@ -626,8 +766,9 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--key", help="the latest record with this key (in its own partition "
                        "unless --partition names one)")
     which.add_argument("--offset", type=int, help="the record at this offset (with --partition)")
-    s.add_argument("--partition", type=int)
-    s.set_defaults(func=cmd_delete)
+    s.add_argument("--partition", type=int, help="the record's partition (needed with "
+                   "--offset; with --key, default: the key's own)")
+    runs(s, cmd_delete)
 
     s = sub.add_parser("kv", help="key/value namespaces: get, put, delete, scan, cas, list, drop")
     kv = s.add_subparsers(dest="kv_command", required=True)
@@ -650,44 +791,49 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "scan":
             t.add_argument("--prefix", help="only keys starting with this")
             t.add_argument("--start-after", help="only keys after this one")
-            t.add_argument("--limit", type=int, default=1000, help="at most this many")
+            t.add_argument("--limit", type=int, default=1000,
+                           help="at most this many (default %(default)s)")
         if name != "list":
             t.add_argument("--hex", action="store_true", help="keys and values in hex")
-        t.set_defaults(func=cmd_kv)
+        runs(t, cmd_kv)
 
     s = sub.add_parser("txn", help="transactions open or in doubt: list, commit, roll back")
     txn = s.add_subparsers(dest="txn_command", required=True)
     t = txn.add_parser("list", help="open and prepared transactions")
     client_args(t)
-    t.set_defaults(func=cmd_txn_list)
+    t.add_argument("--json", action="store_true",
+                   help="print them as JSON: a list of objects")
+    runs(t, cmd_txn_list)
     t = txn.add_parser("commit", help="commit a prepared XA branch")
     client_args(t)
     t.add_argument("xid", help="format_id:global_hex:branch_hex, as `txn list` prints it")
-    t.set_defaults(func=cmd_txn_commit)
+    runs(t, cmd_txn_commit)
     t = txn.add_parser("rollback", help="roll back an XA branch or a local transaction")
     client_args(t)
     t.add_argument("txn", metavar="XID|ID", help="an xid as `txn list` prints it, or a "
                    "local transaction's id")
-    t.set_defaults(func=cmd_txn_rollback)
+    runs(t, cmd_txn_rollback)
 
     s = sub.add_parser("keygen", help="write a CURVE key pair: DIR/NAME.key (secret, mode "
                        "0600) and DIR/NAME.pub (public)")
     s.add_argument("dir", metavar="DIR")
     s.add_argument("--name", default="node", help="the files' name (default: node)")
-    s.set_defaults(func=cmd_keygen)
+    runs(s, cmd_keygen)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    command: argparse.ArgumentParser = args.command_parser
     try:
         return int(args.func(args))
     except NodeError as exc:
-        err_console.print(f"[red]error[/red] {exc}")
+        _error(command.prog, str(exc))
         return 1
     except CommandError as exc:
-        err_console.print(f"[red]error[/red] {exc}")
+        command.print_usage(sys.stderr)
+        _error(command.prog, str(exc))
         return 2
     except KeyboardInterrupt:
         return 130

@@ -1,10 +1,15 @@
-"""shardnode's demo is the pipeline a user of it runs: a local cluster of three nodes on
-./var/demo, a Spark streaming query from a generated source through the ``shardnode`` sink
-(exactly once: each task stages its rows on the members owning their partitions), a Spark
-streaming query that reads the topic back through the ``shardnode`` source, and a check in
-Spark SQL that every row arrived exactly once, with its key, value and timestamp.
+"""shardnode's demo is the pipeline a user of it runs: a local cluster of three nodes, a
+Spark streaming query from a generated source through the shardnode sink (exactly once: each
+task stages its rows on the members owning their partitions), a Spark streaming query that
+reads the topic back through the shardnode source, and a check in Spark SQL that every row
+arrived exactly once, with its key, value and timestamp.
 
-    scripts/demo [--rows 200000] [--nodes 3] [--port 7400] [--partitions 4] [--batch-rows 50000]
+    scripts/demo [--rows 200000] [--nodes 3] [--port 7400] [--partitions 4]
+                 [--batch-rows 50000] [--data-dir var/demo]
+
+Everything is in the data dir (``var/demo`` in the repository unless ``--data-dir`` says
+otherwise), wiped first: the members' data and logs in ``cluster/``, the input, Spark's
+checkpoints and the rows read back in ``spark/``.
 
 The input is the numbers 0..rows-1 in Parquet files of ``--batch-rows`` each, one file to a
 micro-batch. Row ``n`` is written with key ``user-<n % 1000>``, value
@@ -34,14 +39,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
 from node.client import NodeClient
@@ -145,8 +143,12 @@ def port_is_free(port: int) -> bool:
 
 
 def progress_bar() -> Progress:
+    """A bar with rows done, rows/s and seconds: those of the step, from its start (before
+    the query starts) to its end (the query ended), as the summary counts them; not rich's
+    elapsed time, which starts with the bar and stops once the rows are all there."""
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=console)
+                    TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[seconds]}"),
+                    console=console)
 
 
 # ---- the pipeline -----------------------------------------------------------------------
@@ -292,7 +294,7 @@ def follow(query: StreamingQuery, label: str, count: Callable[[], int], rows: in
     ``STALL_S_MAX``."""
     have, last_change = 0, time.monotonic()
     with progress_bar() as bar:
-        task: TaskID = bar.add_task(label, total=rows, rate="")
+        task: TaskID = bar.add_task(label, total=rows, rate="", seconds="")
         while True:
             try:
                 ended = ended_within(query, POLL_S)
@@ -302,7 +304,8 @@ def follow(query: StreamingQuery, label: str, count: Callable[[], int], rows: in
             if now != have:
                 have, last_change = now, time.monotonic()
             elapsed = time.monotonic() - t0
-            bar.update(task, completed=min(have, rows), rate=f"{have / elapsed:,.0f} rows/s")
+            bar.update(task, completed=min(have, rows), rate=f"{have / elapsed:,.0f} rows/s",
+                       seconds=f"{elapsed:.1f} s")
             if ended:
                 return elapsed
             if time.monotonic() - last_change > STALL_S_MAX:
@@ -345,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-rows", type=int, default=50_000,
                    help="rows per micro-batch of each query (default 50 000)")
     p.add_argument("--data-dir", type=Path, default=ROOT / "var" / "demo",
-                   help="wiped first; the node's data, the input and Spark's checkpoints "
-                        "(default ./var/demo)")
+                   help="wiped first; the members' data, the input and Spark's checkpoints "
+                        "(default var/demo in the repository)")
     a = p.parse_args(argv)
     if a.rows < 1 or a.partitions < 1 or a.batch_rows < 1 or not 1 <= a.nodes <= 16:
         p.error("need --rows, --partitions and --batch-rows >= 1, and --nodes 1-16")

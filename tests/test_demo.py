@@ -10,12 +10,15 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import cast
 
 import pytest
+from pyspark.sql.streaming.query import StreamingQuery
 
 from node.local import free_port
-from scripts.demo import Check
+from scripts.demo import Check, follow
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = 20_000
@@ -42,6 +45,26 @@ def test_demo_writes_every_row_and_reads_each_back_once(tmp_path: Path) -> None:
         assert (rows, batches) == (f"{ROWS:,}", str(ROWS // BATCH_ROWS)), line
         assert float(per_s.replace(",", "")) > 0 and float(warm_per_s.replace(",", "")) > 0
         assert float(seconds) > 0, line
+
+
+class EndedQuery:
+    """A streaming query that has ended: all ``follow`` asks of one."""
+
+    name = "write"
+
+    def awaitTermination(self, timeout: float) -> bool:  # PySpark's name
+        return True
+
+
+def test_the_bar_shows_the_seconds_the_summary_counts(capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    """The bar's time runs from the step's start (before its query starts), as the
+    summary's does: not from when the bar appeared, nor only until the rows were there."""
+    seconds = follow(cast(StreamingQuery, EndedQuery()), "write", lambda: 10, 10,
+                     t0=time.monotonic() - 5.0)  # the step began 5 s ago
+    assert seconds >= 5.0
+    bar = capsys.readouterr().out
+    assert f"10/10 2 rows/s {seconds:.1f} s" in bar, bar
 
 
 def test_check_passes_each_row_once() -> None:

@@ -26,7 +26,7 @@ from actors.snapshot_files import (
 from actors.wal import segment_name
 from node import cli
 from node.client import NodeClient
-from node.local import LocalNode
+from node.local import LocalNode, free_port
 from wire.errors import BadRequest, Busy, ErrorCode
 from wire.messages import ErrorReply, Exported
 from wire.records import pack_batch
@@ -225,7 +225,8 @@ def test_bad_exports_and_snapshots_are_refused_with_clear_errors(
     def refused(src: Path, data: Path, match: str) -> None:
         with pytest.raises(ExportRefused, match=match):
             start_from_export(src, data)
-        code = cli.main(["start", "--data-dir", str(data), "--from-snapshot", str(src)])
+        code = cli.main(["start", "--data-dir", str(data), "--from-snapshot", str(src),
+                         "--port", str(free_port())])  # a free one: `start` checks it first
         assert code == 2
         assert match.split()[0] in capsys.readouterr().err
 
