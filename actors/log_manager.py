@@ -202,7 +202,7 @@ class LogManager(Actor):
         if result is None:
             log.warning("the checkpoint's snapshot and deletions are still running")
             return
-        self.log_bytes = segments_bytes(self.log_dir)
+        self.log_bytes = segments_bytes(self.log_dir) - self.writer.ahead_bytes
         if not result.error:
             log.info("checkpoint %d: shards durable to LSN %d; deleted %d segments, log now "
                      "%d bytes", result.ckpt_id, self.ckpt.lsn, result.deleted, self.log_bytes)

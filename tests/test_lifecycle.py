@@ -45,16 +45,23 @@ def test_torn_tail_is_cut_off_and_the_node_starts(make_node: MakeNode, tmp_path:
     values = fill(node)
     node.kill()
     seg = segment(node.data_dir)
-    whole = seg.stat().st_size
+    scan = wal.SegmentScan(seg, last=True)
+    before = [e.lsn for batch in scan for e in batch]
+    whole = scan.valid_bytes  # where the records end: zeros written ahead follow them
     last = logrecord.encode(10_000, logrecord.Kind.PRODUCE, [1, 1, 0, []])
-    with open(seg, "ab") as f:
-        f.write(last[: len(last) // 2])  # a write cut short by the crash
+    with open(seg, "r+b") as f:
+        f.seek(whole)
+        f.write(last[: len(last) // 2])  # a group commit cut short by the crash
     node2 = make_node(data_dir=node.data_dir)
     with node2.client() as c:
         assert [r.value for r in c.read("t", 0, 0)] == values
         assert c.produce("t", b"after") == (0, len(values))
         torn_cut = c.status()["log"]
-    assert seg.stat().st_size > whole  # cut back to `whole`, then "after" appended
+    after = [e for batch in wal.SegmentScan(seg, last=True) for e in batch]
+    assert [e.lsn for e in after[:-1]] == before
+    assert after[-1].position == whole  # cut back to `whole`, then "after" written there
+    torn = len(last[: len(last) // 2].rstrip(b"\0"))  # its zeros are not told from those ahead
+    assert f"cutting a torn tail of {torn} bytes" in node2.log_tail(200)
     assert torn_cut["recovery_ms"] >= 0
 
 

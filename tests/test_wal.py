@@ -6,6 +6,7 @@ boundary, damage and torn tail also falls across the edge of a chunk."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import struct
@@ -53,6 +54,12 @@ def scan(path: Path, data: bytes, last: bool,
     """Write ``data`` as the segment ``path`` and scan it."""
     path.write_bytes(data)
     s = SegmentScan(path, last, chunk_bytes)
+    return [e for batch in s for e in batch], s
+
+
+def scan_file(path: Path, last: bool) -> tuple[list[Entry], SegmentScan]:
+    """Scan the segment ``path`` as it is."""
+    s = SegmentScan(path, last)
     return [e for batch in s for e in batch], s
 
 
@@ -117,8 +124,13 @@ def test_a_torn_tail_is_cut_off_in_the_last_segment(seg: Path, chunk_bytes: int)
         entries, s = scan(seg, buf[:cut], True, chunk_bytes)
         assert s.valid_bytes == starts[-2], cut  # the end of the last whole record
         assert s.file_bytes == cut
-        assert s.torn_bytes == cut - starts[-2]
+        # Up to the last byte that is not zero: zeros after it may have been written ahead.
+        assert s.torn_bytes == len(buf[starts[-2]:cut].rstrip(b"\0"))
         assert len(entries) == len(starts) - 2
+        # Zeros written ahead after the torn record change nothing of that.
+        ahead, z = scan(seg, buf[:cut] + bytes(3 * chunk_bytes + 5), True, chunk_bytes)
+        assert (len(ahead), z.valid_bytes, z.torn_bytes) == (len(entries), s.valid_bytes,
+                                                             s.torn_bytes)
 
 
 def test_a_torn_first_record_leaves_nothing(seg: Path) -> None:
@@ -129,12 +141,15 @@ def test_a_torn_first_record_leaves_nothing(seg: Path) -> None:
 
 @pytest.mark.parametrize("chunk_bytes", CHUNKS)
 @pytest.mark.parametrize("zeros", [1, HEADER_BYTES - 1, HEADER_BYTES, 4096])
-def test_trailing_zeros_are_cut_off_in_the_last_segment(seg: Path, zeros: int,
-                                                        chunk_bytes: int) -> None:
+def test_trailing_zeros_end_the_last_segment_and_are_not_torn(seg: Path, zeros: int,
+                                                              chunk_bytes: int) -> None:
+    """Zeros after the records are what the writer wrote ahead of them, not a write cut
+    short (recovery cuts them off all the same, without a warning)."""
     buf, starts = build()
     entries, s = scan(seg, buf + b"\x00" * zeros, True, chunk_bytes)
     assert s.valid_bytes == len(buf)
-    assert s.torn_bytes == zeros
+    assert s.file_bytes == len(buf) + zeros
+    assert s.torn_bytes == 0
     assert len(entries) == len(starts) - 1
 
 
@@ -289,7 +304,7 @@ def test_a_torn_tail_chunks_long_is_cut_where_it_starts(seg: Path) -> None:
     torn = produces(6, 1, 100_000)[:60_000] + b"\x00" * 50_000  # cut short, then zeros
     entries, s = scan(seg, whole + torn, True, chunk_bytes=4096)
     assert [e.lsn for e in entries] == [1, 2, 3, 4, 5]
-    assert s.valid_bytes == len(whole) and s.torn_bytes == len(torn)
+    assert s.valid_bytes == len(whole) and s.torn_bytes == len(torn.rstrip(b"\0"))
 
 
 def test_an_old_record_inside_a_value_across_a_chunk_edge_is_not_damage(seg: Path) -> None:
@@ -391,6 +406,101 @@ def test_the_segment_writer_rolls_at_its_limit(tmp_path: Path) -> None:
     assert (tmp_path / segment_name(3)).read_bytes() == header + produces(3, 1, 60)
 
 
+def test_small_groups_are_written_in_place_over_zeros_written_ahead(tmp_path: Path) -> None:
+    """The file grows by ``ZERO_AHEAD_BYTES`` of zeros at a time, not at every group: the
+    groups between are written over zeros and change neither its size nor its blocks."""
+    w = wal.SegmentWriter(tmp_path, segment_bytes_max=64 << 20)
+    header = logrecord.encode_segment_header(formats.LOG_SEGMENT.current)
+    path = tmp_path / segment_name(1)
+    try:
+        sizes = []
+        for lsn in range(1, 51):
+            w.append(produces(lsn, 1, 200_000), first_lsn=lsn)  # 50 groups, 10 MB
+            sizes.append(path.stat().st_size)
+        assert sizes[0] == wal.ZERO_AHEAD_BYTES
+        assert sorted(set(sizes)) == [wal.ZERO_AHEAD_BYTES * k for k in (1, 2, 3)]
+        assert w.ahead_bytes == sizes[-1] - len(header) - len(produces(1, 50, 200_000))
+        entries, s = scan_file(path, last=True)  # as a crash would leave it
+        assert [e.lsn for e in entries] == list(range(1, 51))
+        assert (s.valid_bytes, s.torn_bytes) == (w.size, 0)
+    finally:
+        w.close()
+    assert path.read_bytes() == header + produces(1, 50, 200_000)  # cut back at the close
+
+
+def test_a_group_of_a_megabyte_or_more_grows_the_file_itself(tmp_path: Path) -> None:
+    w = wal.SegmentWriter(tmp_path, segment_bytes_max=64 << 20)
+    path = tmp_path / segment_name(1)
+    try:
+        big = produces(1, 1, wal.ZERO_AHEAD_WRITE_BYTES_MAX)
+        w.append(big, first_lsn=1)
+        assert path.stat().st_size == w.size  # no zeros written ahead of it
+        w.append(produces(2, 1, 10), first_lsn=2)  # a small one: zeros ahead of it
+        assert path.stat().st_size == wal.ZERO_AHEAD_BYTES > w.size
+    finally:
+        w.close()
+
+
+def test_a_rolled_segment_is_cut_back_to_its_records_before_the_next_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the last segment may end in zeros: a scan takes a bad record in any other for
+    damage. The cut is durable before the next segment exists."""
+    events: list[str] = []
+    real_fsync, real_open = os.fsync, os.open
+
+    def fsync(fd: int) -> None:
+        events.append(f"fsync {os.fstat(fd).st_size}")
+        real_fsync(fd)
+
+    def opened(path: Any, flags: int, mode: int = 0o777) -> int:
+        if flags & os.O_CREAT:
+            events.append(f"create {Path(path).name}")
+        return real_open(path, flags, mode)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "open", opened)
+    w = wal.SegmentWriter(tmp_path, segment_bytes_max=3000)
+    header = logrecord.encode_segment_header(formats.LOG_SEGMENT.current)
+    try:
+        w.append(produces(1, 1, 1000), first_lsn=1)
+        assert (tmp_path / segment_name(1)).stat().st_size == 3000  # zeros to the limit
+        events.clear()
+        w.append(produces(2, 1, 2500), first_lsn=2)  # past the limit: a new segment
+    finally:
+        w.close()
+    first = header + produces(1, 1, 1000)
+    assert events[:2] == [f"fsync {len(first)}", f"create {segment_name(2)}"]
+    assert (tmp_path / segment_name(1)).read_bytes() == first
+    state = fresh_state()
+    recover(tmp_path, state)  # the first segment, not the last, reads clean
+    assert state.last_lsn == 2
+
+
+def test_recovery_cuts_zeros_written_ahead_without_calling_them_torn(
+        log_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    create = encode(1, Kind.TOPIC_CREATE, [1, "t", 1])
+    w = wal.SegmentWriter(log_dir, segment_bytes_max=64 << 20)
+    w.append(create, first_lsn=1)
+    w.append(produces(2, 3, 100), first_lsn=2)
+    records = w.size
+    os.close(w.fd)  # a crash: the zeros ahead stay on disk
+    path = log_dir / segment_name(1)
+    assert path.stat().st_size == wal.ZERO_AHEAD_BYTES
+    state = fresh_state()
+    with caplog.at_level(logging.WARNING, logger="shardnode"):
+        rec = recover(log_dir, state)
+    assert (rec.torn_bytes, rec.last_segment_bytes, state.last_lsn) == (0, records, 4)
+    assert path.stat().st_size == records
+    assert "torn" not in caplog.text
+    again = wal.SegmentWriter(log_dir, segment_bytes_max=64 << 20)
+    try:
+        again.open_existing(path, rec.last_segment_bytes)
+        again.append(produces(5, 1, 100), first_lsn=5)
+    finally:
+        again.close()
+    entries, _s = scan_file(path, last=True)
+    assert [e.lsn for e in entries] == [1, 2, 3, 4, 5]
+
+
 # ---- format versions (wire/formats.py) --------------------------------------------------
 
 
@@ -426,7 +536,7 @@ def test_a_segment_of_a_format_not_read_is_refused_naming_it_and_both_versions(
 def test_a_header_cut_short_is_a_torn_tail_of_the_last_segment_only(seg: Path, cut: int) -> None:
     torn = logrecord.encode_segment_header(formats.LOG_SEGMENT.current)[:cut]
     entries, s = scan(seg, torn, True)
-    assert entries == [] and s.valid_bytes == 0 and s.torn_bytes == cut
+    assert entries == [] and s.valid_bytes == 0 and s.torn_bytes == len(torn.rstrip(b"\0"))
     with pytest.raises(CorruptLog, match="header cut short"):
         scan(seg, torn, False)
 
@@ -598,23 +708,26 @@ def test_recovery_holds_about_a_chunk_whatever_the_segment_size(log_dir: Path) -
 def test_pieces_are_written_whole_and_in_order(tmp_path: Path, sizes: list[int],
                                                limit: int | None,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """``write_pieces``, also when writev writes less than it was given (``limit`` bytes a
-    call at most, as a real writev may): what was not written is written next."""
+    """``write_pieces``, at an offset, also when pwritev writes less than it was given
+    (``limit`` bytes a call at most, as a real one may): what was not written is written
+    next, where it belongs."""
     if limit is not None:
-        real = os.writev
+        real = os.pwritev
         calls = []
 
-        def short_writev(fd: int, buffers: Any) -> int:
+        def short_pwritev(fd: int, buffers: Any, offset: int) -> int:
             calls.append(len(buffers))
-            return real(fd, [b"".join(bytes(b) for b in buffers)[:limit]])
-        monkeypatch.setattr(os, "writev", short_writev)
+            return real(fd, [b"".join(bytes(b) for b in buffers)[:limit]], offset)
+        monkeypatch.setattr(os, "pwritev", short_pwritev)
     pieces = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
     path = tmp_path / "out"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    head = b"H" * 100  # the pieces go after it, and over the zeros after them
+    path.write_bytes(head + bytes(sum(sizes) + 50))
+    fd = os.open(path, os.O_WRONLY)
     try:
-        wal.write_pieces(fd, pieces, sum(sizes))
+        wal.write_pieces(fd, pieces, sum(sizes), len(head))
     finally:
         os.close(fd)
-    assert path.read_bytes() == b"".join(pieces)
+    assert path.read_bytes() == head + b"".join(pieces) + bytes(50)
     if limit is not None and sum(sizes) >= wal.WRITEV_BYTES_MIN and len(pieces) > 1:
         assert len(calls) > 1 and max(calls) <= wal.IOV_PIECES_MAX
