@@ -223,6 +223,7 @@ def test_a_routed_clients_transaction_lives_on_its_first_writes_member(
             for p in mine:
                 tx.produce("txn-routed", f"v{p}".encode(), partition=p)
             tx.commit_offset("g", "txn-routed", mine[0], 0)
+        assert tx.result is not None
         assert [p for p, _off in (o for call in tx.result.offsets for o in call)] == mine
         for p in mine:
             assert [r.value for r in c.read("txn-routed", p, 0)] == [f"v{p}".encode()]
