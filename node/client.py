@@ -304,12 +304,15 @@ class NodeClient:
         order = [first] if first else []
         order += self.endpoints + sorted(self._members.values())
         last: NodeError | None = None
-        for endpoint in dict.fromkeys(order):
+        tried = list(dict.fromkeys(order))
+        for endpoint in tried:
             try:
                 return self._call_on(self._sock(endpoint), op, fields)
             except (Unavailable, RequestTimeout) as exc:
                 last = exc
         assert last is not None
+        if len(tried) == 1:  # one node, not a cluster
+            raise Unavailable(last.message)
         raise Unavailable(f"no member of the cluster answered: {last.message}")
 
     def members(self) -> dict[int, str]:

@@ -312,3 +312,16 @@ def test_a_pipeline_answers_out_of_order_and_bounds_what_is_in_flight(node: Loca
         for bad in (0, 1025):
             with pytest.raises(ValueError, match=r"1\.\.1024"):
                 c.pipeline(in_flight_max=bad)
+
+
+def test_a_single_node_that_does_not_answer_is_not_called_a_cluster() -> None:
+    from node.client import NodeClient
+    from node.local import free_port
+    from wire.errors import Unavailable
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
+    with NodeClient(endpoint, timeout_ms=200, retries=0) as c, \
+            pytest.raises(Unavailable) as info:
+        c.members()  # what the Spark source asks first
+    assert "cluster" not in info.value.message
+    assert endpoint in info.value.message
