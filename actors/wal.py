@@ -123,6 +123,22 @@ def list_segments(log_dir: Path) -> list[tuple[int, Path]]:
     return found
 
 
+def zeros_at_end(path: Path, floor: int = 0, chunk_bytes: int = SCAN_CHUNK_BYTES,
+                 size: int | None = None) -> int:
+    """How many zero bytes end the file ``path`` (or its first ``size`` bytes; none below
+    byte ``floor`` counted), read from the end back a chunk at a time: the zeros a live
+    segment was written ahead with."""
+    with open(path, "rb", buffering=0) as f:
+        end = size = os.fstat(f.fileno()).st_size if size is None else size
+        while end > floor:
+            start = max(floor, end - chunk_bytes)
+            kept = len(os.pread(f.fileno(), end - start, start).rstrip(b"\0"))
+            if kept:
+                return size - start - kept
+            end = start
+    return size - floor
+
+
 def segments_bytes(log_dir: Path) -> int:
     """Bytes in a log directory's segments. A checkpoint may delete a segment between the
     listing and its stat, so one that has gone counts as empty (the caller may be another
@@ -218,10 +234,18 @@ class SegmentWriter:
                               self.segment_bytes_max))
         if not self._zeros:
             self._zeros = bytes(ZERO_CHUNK_BYTES)
-        while self.zeroed < target:
-            n = min(target - self.zeroed, ZERO_CHUNK_BYTES)
-            _write_all(self.fd, memoryview(self._zeros)[:n], self.zeroed)
-            self.zeroed += n
+        was = self.zeroed
+        try:
+            while self.zeroed < target:
+                n = min(target - self.zeroed, ZERO_CHUNK_BYTES)
+                _write_all(self.fd, memoryview(self._zeros)[:n], self.zeroed)
+                self.zeroed += n
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            # A disk too full for zeros ahead may still hold the group: written as it is.
+            os.ftruncate(self.fd, was)
+            self.zeroed = was
 
     @property
     def ahead_bytes(self) -> int:
@@ -376,15 +400,8 @@ class SegmentScan:
         cut short (read from the file's end back, when asked)."""
         if self.file_bytes <= self.valid_bytes:
             return 0
-        end = self.file_bytes
-        with open(self.path, "rb", buffering=0) as f:
-            while end > self.valid_bytes:
-                start = max(self.valid_bytes, end - self.chunk_bytes)
-                kept = len(os.pread(f.fileno(), end - start, start).rstrip(b"\0"))
-                if kept:
-                    return start + kept - self.valid_bytes
-                end = start
-        return 0
+        zeros = zeros_at_end(self.path, self.valid_bytes, self.chunk_bytes, self.file_bytes)
+        return self.file_bytes - zeros - self.valid_bytes
 
     def __iter__(self) -> Iterator[list[Entry]]:
         with open(self.path, "rb", buffering=0) as f:

@@ -45,6 +45,7 @@ from wire.errors import (
     RequestTimeout,
     Unavailable,
     UnknownTopic,
+    XAERDupid,
     XAERNota,
     XARBRollback,
     error_for,
@@ -264,8 +265,12 @@ class NodeClient:
     def settle_transactions(self) -> None:
         """Send what open transactions have queued and read their answers (what failed stays
         with each, raised by its next ``settle``): before any other request on the socket."""
-        while self._unsettled:
-            tx = self._unsettled.pop()
+        for tx in list(self._unsettled):
+            if self.routed and tx.unheard():
+                # Nothing sent yet: its begin waits for its first write, which picks the
+                # member it lives on (a call in between must not tie it to the first one).
+                continue
+            self._unsettled.discard(tx)
             tx._send()
             tx._collect(0)
 
@@ -660,8 +665,12 @@ class NodeClient:
         On a client of a cluster the branch lives on ``member`` (an id of ``members()``;
         default: the first endpoint's), and its writes must stay on that member."""
         check_xid(list(xid))
+        open_here = self._branches.get(xid)
+        if open_here is not None and not open_here.finished:
+            raise XAERDupid(f"xid {xid} is a branch this client began and has not finished")
         sock = None
         if member is not None:
+            self.settle_transactions()  # their answers are not the lookup's to read
             members = self.members() if self.routed else {}
             if member not in members:
                 raise ValueError(f"member {member} is not one of this client's cluster "
@@ -717,14 +726,20 @@ class NodeClient:
         tx = self._branches.get(xid)
         if tx is not None or not self.routed:
             return self._call_on(tx._socket() if tx is not None else self.sock, op, fields)
-        last: NodeError | None = None
+        unknown: XAERNota | None = None
+        unreachable: NodeError | None = None
         for endpoint in self._every_member():
             try:
                 return self._call_on(self._sock(endpoint), op, fields)
             except XAERNota as exc:
-                last = exc
-        assert last is not None
-        raise last
+                unknown = exc
+            except (Unavailable, RequestTimeout) as exc:  # it may hold the branch: say so
+                unreachable = exc
+        if unreachable is not None:
+            raise Unavailable(f"xid {xid} was not found on the members that answered, and "
+                              f"one did not: {unreachable.message}")
+        assert unknown is not None
+        raise unknown
 
     def _every_member(self) -> list[str]:
         """The endpoints of every member of the cluster, the catalog member's first."""

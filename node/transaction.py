@@ -32,12 +32,15 @@ from wire.errors import (
     NodeError,
     RequestTimeout,
     TransactionError,
+    UnknownTopic,
     UnknownTransaction,
     XAERNota,
     error_for,
 )
 from wire.packer import pack_map
+from wire.placement import place
 from wire.protocol import (
+    KV_PREFIX,
     TXN_ONCE_OPS,
     TXN_ONCE_WRITES_MAX,
     kv_topic,
@@ -170,10 +173,25 @@ class Transaction:
         c = self.client
         if self.sock is not None or not c.routed:
             return
-        if partition is None and isinstance(first, Record) and first.key is not None:
-            partition = key_partition(first.key, len(c.owners(topic)))
-        if partition is not None:
-            self.sock = c._sock(c.owner_endpoint(topic, partition))
+        if partition is None and not (isinstance(first, Record) and first.key is not None):
+            return
+        c.settle_transactions()  # others' answers must not be read by the lookup below
+        try:
+            owners = c.owners(topic)
+        except UnknownTopic:
+            if topic.startswith(KV_PREFIX):  # a namespace its first write creates, where
+                members = c.members()      # the catalog member will place it
+                self.sock = c._sock(members[place(topic, 1, members)[0]])
+            return
+        if partition is None:
+            assert isinstance(first, Record) and first.key is not None
+            partition = key_partition(first.key, len(owners))
+        self.sock = c._sock(c.owner_endpoint(topic, partition))
+
+    def unheard(self) -> bool:
+        """Whether the node has heard nothing of this transaction: only its begin waits
+        here, unsent (and so it is not yet tied to a member)."""
+        return not self._begun and not self._in_flight and len(self._queue) == 1
 
     def _socket(self) -> zmq.Socket[bytes]:
         if self.sock is None:

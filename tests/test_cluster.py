@@ -18,7 +18,15 @@ from actors.shard_store import parse_shard_dir
 from node.client import NodeClient, Pipeline
 from node.crashcheck import read_partition
 from node.local import LocalCluster
-from wire.errors import CrossNode, NodeError, TopicExists, Unavailable, UnknownTopic
+from wire.errors import (
+    CrossNode,
+    NodeError,
+    TopicExists,
+    Unavailable,
+    UnknownTopic,
+    XAERDupid,
+    XAERNota,
+)
 from wire.placement import place
 from wire.records import Record
 from wire.xid import Xid
@@ -215,6 +223,7 @@ def test_a_routed_clients_transaction_lives_on_its_first_writes_member(
         cluster: LocalCluster) -> None:
     with routed(cluster) as c:
         c.create_topic("txn-routed", partitions=6)
+        known_everywhere(cluster, "txn-routed")  # a member just restarted may copy it late
         owners = c.owners("txn-routed")
         far = max(owners)  # not the first endpoint's member
         mine = [p for p, o in enumerate(owners) if o == far]
@@ -237,10 +246,31 @@ def test_a_routed_clients_transaction_lives_on_its_first_writes_member(
             tx.commit()
 
 
+def test_a_routed_transaction_read_first_or_making_a_namespace_still_finds_its_member(
+        cluster: LocalCluster) -> None:
+    with routed(cluster) as c:
+        c.create_topic("txn-read-first", partitions=6)
+        known_everywhere(cluster, "txn-read-first")  # a member just restarted may copy it late
+        owners = c.owners("txn-read-first")
+        far = max(owners)
+        p = owners.index(far)
+        c.produce("txn-read-first", b"in", partition=p)
+        tx = c.transaction()
+        seen = c.read("txn-read-first", p, 0)  # a call before the first write ties it nowhere
+        tx.produce("txn-read-first", b"out", partition=p)
+        tx.commit()
+        assert [r.value for r in seen] == [b"in"]
+        assert [r.value for r in c.read("txn-read-first", p, 0)] == [b"in", b"out"]
+        with c.transaction() as kv_tx:  # its first write creates the namespace
+            kv_tx.kv_put("fresh-ns", b"k", b"v")
+        assert c.kv_get("fresh-ns", b"k") == b"v"
+
+
 def test_a_routed_clients_xa_branch_lives_on_the_member_it_names(
         cluster: LocalCluster) -> None:
     with routed(cluster) as c:
         c.create_topic("xa-routed", partitions=6)
+        known_everywhere(cluster, "xa-routed")  # a member just restarted may copy it late
         owners = c.owners("xa-routed")
         far = max(owners)
         p = owners.index(far)
@@ -256,6 +286,45 @@ def test_a_routed_clients_xa_branch_lives_on_the_member_it_names(
         assert [r.value for r in again.read("xa-routed", p, 0)] == [b"staged"]
         with pytest.raises(ValueError, match="member 9 is not one of"):
             again.xa_start(Xid(9, b"routed", b"nowhere"), member=9)
+        twice = Xid(9, b"routed", b"twice")
+        held = again.xa_start(twice, member=far)
+        with pytest.raises(XAERDupid):  # the same xid on another member: refused here
+            again.xa_start(twice, member=min(owners))
+        again.xa_end(twice)
+        again.xa_rollback(twice)
+        assert held.finished
+
+
+def test_an_xa_call_by_xid_looks_past_a_member_that_does_not_answer() -> None:
+    """A branch begun by another client is looked for on every member; one that does not
+    answer may hold it, so it is passed over, and said, never taken for XAER_NOTA."""
+    c = NodeClient(["tcp://127.0.0.1:1", "tcp://127.0.0.1:2", "tcp://127.0.0.1:3"])
+    c._members = {1: "tcp://127.0.0.1:1", 2: "tcp://127.0.0.1:2", 3: "tcp://127.0.0.1:3"}
+    answers: dict[str, Exception | dict[str, object]] = {
+        "tcp://127.0.0.1:1": Unavailable("node 1 is not reachable"),
+        "tcp://127.0.0.1:2": {"lsn": 7, "parts": []},
+        "tcp://127.0.0.1:3": XAERNota("unknown xid")}
+    asked: list[str] = []
+
+    def call_on(sock: object, op: str, fields: dict[str, object]) -> dict[str, object]:
+        endpoint = next(e for e, s in c._socks.items() if s is sock)
+        asked.append(endpoint)
+        answer = answers[endpoint]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+    c._call_on = call_on  # type: ignore[method-assign]
+    try:
+        assert c.xa_commit(Xid(1, b"g", b"b")).lsn == 7
+        assert asked == ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"]
+        answers["tcp://127.0.0.1:2"] = XAERNota("unknown xid")
+        with pytest.raises(Unavailable, match="not found on the members that answered"):
+            c.xa_rollback(Xid(1, b"g", b"b"))
+        answers["tcp://127.0.0.1:1"] = XAERNota("unknown xid")
+        with pytest.raises(XAERNota):
+            c.xa_rollback(Xid(1, b"g", b"b"))
+    finally:
+        c.close()
 
 
 def test_while_the_catalog_member_is_down_topics_stay_usable_but_fixed(

@@ -6,6 +6,7 @@ boundary, damage and torn tail also falls across the edge of a chunk."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -473,6 +474,36 @@ def test_a_rolled_segment_is_cut_back_to_its_records_before_the_next_starts(
     state = fresh_state()
     recover(tmp_path, state)  # the first segment, not the last, reads clean
     assert state.last_lsn == 2
+
+
+def test_a_disk_too_full_for_zeros_ahead_still_takes_the_group(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = os.pwrite
+
+    def pwrite(fd: int, data: Any, offset: int) -> int:
+        if not any(bytes(data[:4096])) and len(data) >= 4096:  # zeros ahead: no room
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, offset)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    w = wal.SegmentWriter(tmp_path, segment_bytes_max=64 << 20)
+    path = tmp_path / segment_name(1)
+    try:
+        w.append(produces(1, 2, 100), first_lsn=1)
+        assert path.stat().st_size == w.size  # written as it is, no zeros ahead
+    finally:
+        w.close()
+    entries, s = scan_file(path, last=True)
+    assert [e.lsn for e in entries] == [1, 2] and s.torn_bytes == 0
+
+
+def test_zeros_at_end_counts_only_the_zeros_that_end_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"ab\0c" + bytes(10_000))
+    assert [wal.zeros_at_end(path, chunk_bytes=c) for c in (1, 7, 4096, 1 << 20)] == [10_000] * 4
+    assert wal.zeros_at_end(path, floor=5_000) == 5_004  # none below the floor counted
+    assert wal.zeros_at_end(path, size=4) == 0  # the file's first 4 bytes end in "c"
+    path.write_bytes(bytes(10))
+    assert wal.zeros_at_end(path) == 10
 
 
 def test_recovery_cuts_zeros_written_ahead_without_calling_them_torn(

@@ -8,6 +8,7 @@ from types import MappingProxyType
 
 import psutil
 
+from actors.wal import list_segments, zeros_at_end
 from node.client import NodeClient, NodeError
 from node.local import LocalNode
 
@@ -64,7 +65,11 @@ class NodeServer:
             c.create_topic(name, partitions)
 
     def log_bytes(self) -> int:
-        return dir_bytes(self.node.data_dir / "log")
+        """The log's bytes, without the zeros the live segment was written ahead with."""
+        log_dir = self.node.data_dir / "log"
+        segments = list_segments(log_dir)
+        ahead = zeros_at_end(segments[-1][1]) if segments else 0
+        return dir_bytes(log_dir) - ahead
 
     def serves(self, name: str, lasts: dict[int, str]) -> bool:
         try:
