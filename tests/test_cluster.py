@@ -219,13 +219,20 @@ def test_xa_across_two_members_survives_a_crash_between_the_commits(
         assert [r.value for r in n1.read("xa-two", p1, 0)] == [b"debit"]
 
 
+def far_topic(cl: LocalCluster, c: NodeClient, name: str) -> tuple[tuple[int, ...], int]:
+    """Create ``name`` (6 partitions) and wait until every member knows it (a member just
+    restarted may copy it late); its owners, and the highest member id among them: not the
+    first endpoint's member."""
+    c.create_topic(name, partitions=6)
+    known_everywhere(cl, name)
+    owners = c.owners(name)
+    return owners, max(owners)
+
+
 def test_a_routed_clients_transaction_lives_on_its_first_writes_member(
         cluster: LocalCluster) -> None:
     with routed(cluster) as c:
-        c.create_topic("txn-routed", partitions=6)
-        known_everywhere(cluster, "txn-routed")  # a member just restarted may copy it late
-        owners = c.owners("txn-routed")
-        far = max(owners)  # not the first endpoint's member
+        owners, far = far_topic(cluster, c, "txn-routed")
         mine = [p for p, o in enumerate(owners) if o == far]
         other = next(p for p, o in enumerate(owners) if o != far)
         with c.transaction() as tx:
@@ -249,10 +256,7 @@ def test_a_routed_clients_transaction_lives_on_its_first_writes_member(
 def test_a_routed_transaction_read_first_or_making_a_namespace_still_finds_its_member(
         cluster: LocalCluster) -> None:
     with routed(cluster) as c:
-        c.create_topic("txn-read-first", partitions=6)
-        known_everywhere(cluster, "txn-read-first")  # a member just restarted may copy it late
-        owners = c.owners("txn-read-first")
-        far = max(owners)
+        owners, far = far_topic(cluster, c, "txn-read-first")
         p = owners.index(far)
         c.produce("txn-read-first", b"in", partition=p)
         tx = c.transaction()
@@ -269,10 +273,7 @@ def test_a_routed_transaction_read_first_or_making_a_namespace_still_finds_its_m
 def test_a_routed_clients_xa_branch_lives_on_the_member_it_names(
         cluster: LocalCluster) -> None:
     with routed(cluster) as c:
-        c.create_topic("xa-routed", partitions=6)
-        known_everywhere(cluster, "xa-routed")  # a member just restarted may copy it late
-        owners = c.owners("xa-routed")
-        far = max(owners)
+        owners, far = far_topic(cluster, c, "xa-routed")
         p = owners.index(far)
         xid = Xid(9, b"routed", b"far")
         tx = c.xa_start(xid, member=far)
