@@ -236,10 +236,7 @@ class NodeClient:
                 sock.send(pack_map(request_map(op, rid, fields)))
             except zmq.Again:
                 if not self.routed:  # waited a whole timeout_ms for a connection
-                    raise RequestTimeout(f"no reply from {self._name(sock)} within "
-                                         f"{self.timeout_ms} ms: not connected (is a node "
-                                         f"running there, and does it allow this client's "
-                                         f"keys?)") from None
+                    raise self.not_connected(sock) from None
                 last = Unavailable(f"{self._name(sock)} is not reachable (down?)")
                 time.sleep(backoff_s)  # back off before retrying an unreachable node
                 backoff_s = min(backoff_s * 2, 1.0)
@@ -261,6 +258,13 @@ class NodeClient:
                                  f"over {time.monotonic() - start:.0f} s ({self.timeout_ms} "
                                  f"ms each): is a node running there?")
         raise last
+
+    def not_connected(self, sock: zmq.Socket[bytes]) -> RequestTimeout:
+        """What a request gets whose send waited ``timeout_ms`` for a connection to a single
+        node (``SNDTIMEO``)."""
+        return RequestTimeout(f"no reply from {self._name(sock)} within {self.timeout_ms} ms: "
+                              f"not connected (is a node running there, and does it allow "
+                              f"this client's keys?)")
 
     def settle_transactions(self) -> None:
         """Send what open transactions have queued and read their answers (what failed stays
@@ -884,8 +888,7 @@ class Pipeline:
             try:
                 self.client.sock.send(frame, 0, copy=len(frame) < 65536)
             except zmq.Again:  # no connection within the client's timeout_ms
-                lost = RequestTimeout(f"no reply from {self.client.endpoint} within "
-                                      f"{self.client.timeout_ms} ms: not connected")
+                lost = self.client.not_connected(self.client.sock)
                 for rid in list(self.in_flight)[-count:]:  # the queued ones: the newest
                     del self.in_flight[rid]
                     self.unsent.append((rid, lost))

@@ -386,8 +386,7 @@ class Transaction:
         try:
             self._socket().send(b"".join(frame for _rid, _op, _fields, frame in self._queue))
         except zmq.Again:  # not connected within the client's timeout: sent again by settle
-            lost = RequestTimeout(f"no reply from {self.client._name(self._socket())} within "
-                                  f"{self.client.timeout_ms} ms: not connected")
+            lost = self.client.not_connected(self._socket())
             for rid, op, fields, _frame in self._queue:
                 self._failed[rid] = (op, fields, lost)
             self._queue.clear()
