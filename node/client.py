@@ -158,8 +158,12 @@ class NodeClient:
         self._partitions: dict[str, int] = {}
         # Transactions with requests queued or in flight (node/transaction.py): any other
         # call first sends theirs and reads their answers, so that the node sees every
-        # request in the order it was made, and no answer is mistaken for another's.
+        # request in the order it was made.
         self._unsettled: set[Transaction] = set()
+        # Who waits for the answer of each request a transaction or a pipeline has in
+        # flight: a reader of a socket hands every answer that is not its own to it
+        # (``hand_over``), so several of them, and plain calls, can share the socket.
+        self._waiters: dict[int, Transaction | Pipeline] = {}
         self._branches: weakref.WeakValueDictionary[Xid, Transaction] = weakref.WeakValueDictionary()
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._member_keys: dict[str, bytes] = {}  # endpoint → its CURVE key, from the map
@@ -288,10 +292,19 @@ class NodeClient:
                                      f"{self.timeout_ms} ms")
             for reply in unpack_replies(sock.recv()):
                 if reply.get("id") != rid:
-                    continue  # the late answer to an attempt we gave up on
+                    self.hand_over(reply)  # a transaction's or a pipeline's, or a late one
+                    continue
                 if not reply.get("ok"):
                     raise error_for(reply.get("code", 0), reply.get("error", ""))
                 return reply
+
+    def hand_over(self, reply: dict[str, Any]) -> None:
+        """Give an answer read from a socket by someone it is not for to the transaction or
+        pipeline waiting for it; the late answer to an attempt given up on is dropped."""
+        rid = reply.get("id")
+        waiter = self._waiters.pop(rid, None) if type(rid) is int else None
+        if waiter is not None:
+            waiter.take(rid, reply)
 
     # ---- a cluster: members, owners, routing ---------------------------------------
 
@@ -674,7 +687,6 @@ class NodeClient:
             raise XAERDupid(f"xid {xid} is a branch this client began and has not finished")
         sock = None
         if member is not None:
-            self.settle_transactions()  # their answers are not the lookup's to read
             members = self.members() if self.routed else {}
             if member not in members:
                 raise ValueError(f"member {member} is not one of this client's cluster "
@@ -790,9 +802,10 @@ class Pipeline:
     requests are queued and sent as frames of their own. A request that cannot be sent
     (its member is down: sockets are ``IMMEDIATE``) is answered ``Unavailable`` by the next
     ``poll``; sending it again under its sequence number is safe. A topic's owners are
-    learned by a call to the cluster at its first submit with nothing in flight (a call's
-    reply and the pipeline's share sockets); with requests in flight, a request for a topic
-    not yet known goes to the first endpoint, which forwards it.
+    learned by a call to the cluster at its first submit.
+
+    A pipeline shares its client's sockets with the client's calls and transactions: what
+    one of them reads that is another's is handed to it (``NodeClient.hand_over``).
     """
 
     SUBMIT_QUEUE_MAX = 256
@@ -811,6 +824,8 @@ class Pipeline:
         # and the answers of requests that could not be sent, for the next poll.
         self.routed_queues: dict[zmq.Socket[bytes], list[tuple[int, bytes]]] = {}
         self.unsent: list[tuple[int, list[tuple[int, int]] | NodeError]] = []
+        # Answers another reader of the socket handed over (``take``): id, count, reply.
+        self.handed: list[tuple[int, int, dict[str, Any]]] = []
 
     def submit(self, topic: str, records: Sequence[Record | bytes], partition: int | None = None,
                blob: bytes | None = None, seq: int | None = None) -> int:
@@ -836,12 +851,14 @@ class Pipeline:
             self.queue_routed(rid, frame, self.member_socket(topic, records, partition, blob,
                                                              seq))
             self.in_flight[rid] = len(records)
+            c._waiters[rid] = self
             return rid
         if self.queued and self.queued_bytes + len(frame) > self.SUBMIT_QUEUE_BYTES_MAX:
             self.flush()
         self.queued.append(frame)
         self.queued_bytes += len(frame)
         self.in_flight[rid] = len(records)
+        c._waiters[rid] = self
         if len(self.queued) >= self.SUBMIT_QUEUE_MAX:
             self.flush()
         return rid
@@ -853,7 +870,7 @@ class Pipeline:
         lands on one member and the topic's owners are known; the first endpoint's else."""
         c = self.client
         owners = c._owners.get(topic)
-        if owners is None and not self.in_flight:
+        if owners is None:
             try:
                 owners = c.owners(topic)
             except NodeError:
@@ -881,7 +898,7 @@ class Pipeline:
 
     def flush(self) -> None:
         """Send the queued requests, as one frame (to each member, on a cluster)."""
-        self.client.settle_transactions()  # their answers are not this pipeline's to read
+        self.client.settle_transactions()  # the node sees requests in the order they were made
         if self.queued:
             frame = self.queued[0] if len(self.queued) == 1 else b"".join(self.queued)
             count, self.queued, self.queued_bytes = len(self.queued), [], 0
@@ -891,6 +908,7 @@ class Pipeline:
                 lost = self.client.not_connected(self.client.sock)
                 for rid in list(self.in_flight)[-count:]:  # the queued ones: the newest
                     del self.in_flight[rid]
+                    self.client._waiters.pop(rid, None)
                     self.unsent.append((rid, lost))
         if self.routed_queues:
             queues, self.routed_queues, self.queued_bytes = self.routed_queues, {}, 0
@@ -905,6 +923,7 @@ class Pipeline:
             down = Unavailable(f"{self.client._name(sock)} is not reachable (down?)")
             for rid, _f in items:
                 if self.in_flight.pop(rid, None) is not None:
+                    self.client._waiters.pop(rid, None)
                     self.unsent.append((rid, down))
 
     def poll(self, timeout_ms: int, offsets: bool = True
@@ -914,6 +933,10 @@ class Pipeline:
         Spark sink) saves building a pair per record."""
         self.flush()
         out, self.unsent = self.unsent, []
+        if self.handed:
+            handed, self.handed = self.handed, []
+            for rid, count, reply in handed:
+                self.answer(out, rid, count, reply, offsets)
         if self.client.routed:
             poller = zmq.Poller()
             for sock in self.client._socks.values():
@@ -937,11 +960,25 @@ class Pipeline:
             for reply in unpack_replies(frame):
                 rid = reply.get("id")
                 if type(rid) is not int or (count := self.in_flight.pop(rid, None)) is None:
+                    self.client.hand_over(reply)  # a transaction's, or a late answer
                     continue
-                if reply.get("ok"):
-                    out.append((rid, expand_offsets(reply, count) if offsets else []))
-                else:
-                    out.append((rid, error_for(reply.get("code", 0), reply.get("error", ""))))
+                del self.client._waiters[rid]
+                self.answer(out, rid, count, reply, offsets)
+
+    @staticmethod
+    def answer(out: list[tuple[int, list[tuple[int, int]] | NodeError]], rid: int, count: int,
+               reply: dict[str, Any], offsets: bool) -> None:
+        if reply.get("ok"):
+            out.append((rid, expand_offsets(reply, count) if offsets else []))
+        else:
+            out.append((rid, error_for(reply.get("code", 0), reply.get("error", ""))))
+
+    def take(self, rid: int, reply: dict[str, Any]) -> None:
+        """An answer to one of this pipeline's requests that another reader of the socket
+        read (``NodeClient.hand_over``): returned by the next ``poll``."""
+        count = self.in_flight.pop(rid, None)
+        if count is not None:
+            self.handed.append((rid, count, reply))
 
 
 __all__ += ["Busy", "Unavailable"]

@@ -175,7 +175,6 @@ class Transaction:
             return
         if partition is None and not (isinstance(first, Record) and first.key is not None):
             return
-        c.settle_transactions()  # others' answers must not be read by the lookup below
         try:
             owners = c.owners(topic)
         except UnknownTopic:
@@ -392,8 +391,10 @@ class Transaction:
             self._queue.clear()
             self._queued_bytes = 0
             return
+        waiters = self.client._waiters
         for rid, op, fields, _frame in self._queue:
             self._in_flight[rid] = (op, fields)
+            waiters[rid] = self
         self._begun = True
         self._queue.clear()
         self._queued_bytes = 0
@@ -407,18 +408,27 @@ class Transaction:
             if left <= 0 or not sock.poll(int(left * 1000) + 1, zmq.POLLIN):
                 for rid, (op, fields) in self._in_flight.items():
                     self._failed[rid] = (op, fields, RequestTimeout("no answer in time"))
+                    self.client._waiters.pop(rid, None)
                 self._in_flight.clear()
                 return
             for reply in unpack_replies(sock.recv()):
                 got = reply.get("id")
-                pending = self._in_flight.pop(got, None) if type(got) is int else None
-                if pending is None or type(got) is not int:
-                    continue  # the late answer to an attempt given up on
-                if reply.get("ok"):
-                    self._replies[got] = reply
-                else:
-                    self._failed[got] = (*pending, error_for(reply.get("code", 0),
-                                                             reply.get("error", "")))
+                if type(got) is int and got in self._in_flight:
+                    del self.client._waiters[got]
+                    self.take(got, reply)
+                else:  # another transaction's, a pipeline's, or a late answer
+                    self.client.hand_over(reply)
+
+    def take(self, rid: int, reply: dict[str, Any]) -> None:
+        """The answer to one of this transaction's requests in flight (read here, or by
+        another reader of the socket: ``NodeClient.hand_over``)."""
+        pending = self._in_flight.pop(rid, None)
+        if pending is None:
+            return
+        if reply.get("ok"):
+            self._replies[rid] = reply
+        else:
+            self._failed[rid] = (*pending, error_for(reply.get("code", 0), reply.get("error", "")))
 
     def _result(self, reply: dict[str, Any]) -> TxnResult:
         parts = [TxnPart(*row) for row in reply["parts"]]

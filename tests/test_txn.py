@@ -519,3 +519,46 @@ def test_a_commits_offsets_follow_each_produce_call_in_order() -> None:
     assert res.lsn == 9
     assert res.offsets == [[(0, 10), (0, 11), (0, 12)], [(1, 7), (0, 4), (1, 8)],
                            [(0, 13), (0, 14)], [(0, -1), (0, -1)]]
+
+
+def test_transactions_and_a_pipeline_on_one_client_each_get_their_own_answers(
+        node: LocalNode) -> None:
+    """Two transactions with requests in flight at once on one socket, and a pipeline beside
+    them: whichever reads the socket hands what is not its own to the one it is for. (An
+    answer read by the wrong reader was dropped: the other transaction waited out its
+    timeout, sent its writes again after its commit had gone through, and raised.)"""
+    with NodeClient(node.endpoint, timeout_ms=60_000) as c:
+        c.create_topic("two", partitions=2)
+        pipe = c.pipeline()
+        first, second = c.transaction(), c.transaction()
+        for i in range(70):  # past QUEUED_MAX: each sends a frame of writes at once
+            first.produce("two", f"a{i}".encode(), partition=0)
+            second.produce("two", f"b{i}".encode(), partition=1)
+        piped = pipe.submit("two", [b"piped"], partition=0)
+        pipe.flush()
+        outcome: dict[str, Any] = {}
+
+        def finish() -> None:
+            try:
+                outcome["first"] = first.commit()    # reads the second's answers too
+                outcome["second"] = second.commit()
+                outcome["plain"] = c.produce("two", b"plain", partition=1)  # and the pipe's
+            except Exception as exc:  # raised in the test's thread below
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=finish)
+        worker.start()
+        worker.join(30)  # the node answers at once; a lost answer would wait 60 s
+        assert not worker.is_alive(), "an answer was lost: a commit waited for it"
+        assert "error" not in outcome, outcome.get("error")
+        answers: list[tuple[int, Any]] = []
+        deadline = time.monotonic() + 30
+        while not answers:
+            assert time.monotonic() < deadline, "the pipeline's answer was lost"
+            answers += pipe.poll(100)
+        assert [rid for rid, _out in answers] == [piped]
+        assert not isinstance(answers[0][1], Exception), answers[0][1]
+        assert [len(o) for o in outcome["first"].offsets] == [1] * 70
+        assert values(c, "two", 1)[:70] == [f"b{i}".encode() for i in range(70)]
+        assert sorted(values(c, "two", 0)) == sorted([f"a{i}".encode() for i in range(70)]
+                                                     + [b"piped"])
