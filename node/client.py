@@ -302,8 +302,7 @@ class NodeClient:
         """Give an answer read from a socket by someone it is not for to the transaction or
         pipeline waiting for it; the late answer to an attempt given up on is dropped."""
         rid = reply.get("id")
-        waiter = self._waiters.pop(rid, None) if type(rid) is int else None
-        if waiter is not None:
+        if type(rid) is int and (waiter := self._waiters.pop(rid, None)) is not None:
             waiter.take(rid, reply)
 
     # ---- a cluster: members, owners, routing ---------------------------------------
