@@ -35,6 +35,7 @@ from actors.kv_state import Generation, KeyOp, KvState, Load, Refused, Send, Ste
 from actors.memory_topics import MemoryTopics, OutOfRange
 from actors.roles import (
     CACHE_MANAGER,
+    FRONT_DOOR,
     LOG_MANAGER,
     SUPERVISOR,
     TRANSACTION_MANAGER,
@@ -797,6 +798,16 @@ class FrontDoorState:
     def status(self, _req: dict[str, Any]) -> Target:
         return SUPERVISOR, StatusRequest
 
+    def serving(self, status: dict[str, Any]) -> dict[str, Any]:
+        """The supervisor's status, with the front door ``starting`` until it knows the
+        catalog: up to then every request that names a topic is answered UNAVAILABLE, and
+        a node whose actors all say ``running`` must serve (``LocalNode.wait_ready``)."""
+        if self.catalog_version >= 0:
+            return status
+        actors = [{**a, "state": "starting"} if a.get("role") == FRONT_DOOR
+                  and a.get("state") == "running" else a for a in status.get("actors", ())]
+        return {**status, "actors": actors}
+
     def records_max(self, req: dict[str, Any]) -> int:
         n: int = req["max_records"]
         return min(n, self.lim.read_records_max)
@@ -1381,7 +1392,7 @@ class FrontDoorState:
             case TopicsReply(topics=topics):
                 fields = {"topics": topics}
             case StatusReply(status=status):
-                fields = {"status": status}
+                fields = {"status": self.serving(status)}
             case ShardsReply(shards=shards, writer=writer):
                 fields = {"shards": shards, "writer": writer}
             case Exported(lsn=lsn, shards=shards_count, bytes=size, elapsed_ms=elapsed_ms):

@@ -456,3 +456,20 @@ def test_a_bad_write_refuses_the_whole_txn_once_and_sends_nothing(write: dict[st
     assert reply["ok"] is False and reply["code"] == code, reply
     assert says in reply["error"]
     assert not s.pending  # nothing waits: nothing was sent
+
+
+def test_the_front_door_says_it_is_starting_until_it_knows_the_catalog() -> None:
+    """Every actor running is what ``wait_ready`` waits for; before the catalog comes, a
+    request naming a topic is answered UNAVAILABLE, so the front door is not yet running."""
+    s = FrontDoorState(load_config())
+    status = {"pid": 1, "actors": [{"role": "log", "state": "running"},
+                                   {"role": "front", "state": "running"}]}
+    (ask,) = s.request(ID, req("status"), now=0.0)
+    assert isinstance(ask, Request)
+    (rep,) = s.answer(StatusReply(ask.corr, status))
+    assert [a["state"] for a in reply_of(rep)["status"]["actors"]] == ["running", "starting"]
+    s.catalog(Catalog(7, [Topic("t", 4, 1)], 7))
+    (ask,) = s.request(ID, req("status", rid=2), now=0.0)
+    assert isinstance(ask, Request)
+    (rep,) = s.answer(StatusReply(ask.corr, status))
+    assert [a["state"] for a in reply_of(rep)["status"]["actors"]] == ["running", "running"]
