@@ -36,6 +36,7 @@ import zmq
 
 from actors.curve import curve_client, read_keypair, read_public_key
 from actors.roles import key_partition
+from node.handshake import PROBE_AFTER_MS, HandshakeFailed, probe
 from node.transaction import Transaction, TxnInfo, TxnResult, result_of
 from wire.errors import (
     Busy,
@@ -116,6 +117,7 @@ PARTITION_OPS = frozenset({"produce", "read", "read_by_key", "read_by_tag",
 # Key/value ops: a client of a cluster sends them to the namespace's owner, when it knows it.
 KV_OPS = frozenset({"kv_put", "kv_get", "kv_delete", "kv_scan", "kv_cas"})
 SEND_TIMEOUT_MS_MAX = 1000  # how long a send waits for a member's connection
+NOT_CONNECTED_HINT = " (is a node running there, and does it allow this client's keys?)"
 
 
 class NodeClient:
@@ -167,6 +169,7 @@ class NodeClient:
         self._branches: weakref.WeakValueDictionary[Xid, Transaction] = weakref.WeakValueDictionary()
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._member_keys: dict[str, bytes] = {}  # endpoint → its CURVE key, from the map
+        self._probed = ""  # what the last probe of a handshake said (node/handshake.py)
         self.sock = self._socket(endpoint)
         # A cluster (routed): member id → endpoint, topic → owners, endpoint → socket.
         self._members: dict[int, str] = {}
@@ -181,14 +184,19 @@ class NodeClient:
             # Never queue a request for a member that is not connected: a send to one that
             # is down fails (after SNDTIMEO), and the call says which member it was.
             sock.setsockopt(zmq.IMMEDIATE, 1)
-            sock.setsockopt(zmq.SNDTIMEO, min(self.timeout_ms, SEND_TIMEOUT_MS_MAX))
+            sock.setsockopt(zmq.SNDTIMEO, self.send_timeout_ms())
         else:
             # A send waits for a connection no longer than a reply would be waited for:
             # one whose CURVE handshake failed (a client without keys, or one the node does
             # not allow) is dropped, and a send with no connection left would block.
-            sock.setsockopt(zmq.SNDTIMEO, self.timeout_ms)
+            sock.setsockopt(zmq.SNDTIMEO, self.send_timeout_ms())
         sock.connect(endpoint)
         return sock
+
+    def send_timeout_ms(self) -> int:
+        """How long a send waits for a connection: a member of a cluster that is down is
+        passed over sooner than a single node is given up on."""
+        return min(self.timeout_ms, SEND_TIMEOUT_MS_MAX) if self.routed else self.timeout_ms
 
     # ---- plumbing -------------------------------------------------------------------
 
@@ -234,10 +242,11 @@ class NodeClient:
         last: NodeError | None = None
         start = time.monotonic()
         answered = False  # whether the node answered any attempt
+        self._probed = ""
         for _ in range(attempts):
             rid = next(self._ids)
             try:
-                sock.send(pack_map(request_map(op, rid, fields)))
+                self._send_on(sock, pack_map(request_map(op, rid, fields)))
             except zmq.Again:
                 if not self.routed:  # waited a whole timeout_ms for a connection
                     raise self.not_connected(sock) from None
@@ -250,7 +259,7 @@ class NodeClient:
                 check_reply(op, reply)
                 return reply
             except NodeError as exc:
-                if exc.code not in _RETRYABLE:
+                if exc.code not in _RETRYABLE or isinstance(exc, HandshakeFailed):
                     raise
                 answered = answered or not isinstance(exc, RequestTimeout)
                 last = exc
@@ -258,17 +267,55 @@ class NodeClient:
                 backoff_s = min(backoff_s * 2, 1.0)
         assert last is not None
         if isinstance(last, RequestTimeout) and attempts > 1 and not answered:
+            note = f"; {self._probed}" if self._probed else ": is a node running there?"
             raise RequestTimeout(f"no reply from {self._name(sock)} to {attempts} attempts "
                                  f"over {time.monotonic() - start:.0f} s ({self.timeout_ms} "
-                                 f"ms each): is a node running there?")
+                                 f"ms each){note}")
         raise last
+
+    def _send_on(self, sock: zmq.Socket[bytes], frame: bytes) -> None:
+        """Send a request. When no connection takes it at once, wait for one as long as the
+        socket's send timeout (then ``zmq.Again``), probing the node's handshake once on the
+        way: a refusal no retry can mend raises ``HandshakeFailed`` at once."""
+        try:
+            sock.send(frame, zmq.NOBLOCK)
+            return
+        except zmq.Again:
+            pass
+        start = time.monotonic()
+        deadline = start + self.send_timeout_ms() / 1000
+        probe_at: float | None = start + PROBE_AFTER_MS / 1000
+        while (left := deadline - time.monotonic()) > 0:
+            wait = left if probe_at is None else min(left, probe_at - time.monotonic())
+            if sock.poll(max(int(wait * 1000), 0) + 1, zmq.POLLOUT):
+                sock.send(frame, zmq.NOBLOCK)
+                return
+            if probe_at is not None and time.monotonic() >= probe_at:
+                probe_at = None
+                self.probe(sock)
+        raise zmq.Again
+
+    def probe(self, sock: zmq.Socket[bytes]) -> str:
+        """Probe the handshake with ``sock``'s node (node/handshake.py): raise
+        ``HandshakeFailed`` for a refusal no retry can mend; else what it saw, for a
+        timeout's message ("" if the handshake succeeded)."""
+        endpoint = self._endpoint_of(sock)
+        verdict = probe(self._ctx, endpoint,
+                        lambda s: self._secure(s, self._member_keys.get(endpoint)),
+                        curve=self.client_keys is not None)
+        verdict.raise_final()
+        self._probed = verdict.text
+        return verdict.text
 
     def not_connected(self, sock: zmq.Socket[bytes]) -> RequestTimeout:
         """What a request gets whose send waited ``timeout_ms`` for a connection to a single
-        node (``SNDTIMEO``)."""
+        node (``SNDTIMEO``): ``HandshakeFailed`` if the node refused the handshake."""
+        try:
+            note = self.probe(sock)
+        except HandshakeFailed as exc:
+            return exc
         return RequestTimeout(f"no reply from {self._name(sock)} within {self.timeout_ms} ms: "
-                              f"not connected (is a node running there, and does it allow "
-                              f"this client's keys?)")
+                              f"not connected" + (f"; {note}" if note else NOT_CONNECTED_HINT))
 
     def settle_transactions(self) -> None:
         """Send what open transactions have queued and read their answers (what failed stays
@@ -284,12 +331,24 @@ class NodeClient:
 
     def _await(self, rid: int, sock: zmq.Socket[bytes] | None = None) -> dict[str, Any]:
         sock = self.sock if sock is None else sock
-        deadline = time.monotonic() + self.timeout_ms / 1000
+        start = time.monotonic()
+        deadline = start + self.timeout_ms / 1000
+        # Unanswered this long, the node's handshake is probed once (node/handshake.py).
+        probe_at: float | None = start + min(PROBE_AFTER_MS, self.timeout_ms) / 1000
+        note = ""
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not sock.poll(int(left * 1000) + 1, zmq.POLLIN):
-                raise RequestTimeout(f"no reply from {self._name(sock)} within "
-                                     f"{self.timeout_ms} ms")
+            now = time.monotonic()
+            wait = deadline - now if probe_at is None else min(deadline, probe_at) - now
+            if not sock.poll(max(int(wait * 1000) + 1, 0) if wait > 0 else 0, zmq.POLLIN):
+                if probe_at is not None and time.monotonic() >= probe_at:
+                    probe_at = None
+                    text = self.probe(sock)  # raises a refusal no retry can mend
+                    note = f"; {text}" if text else ""
+                    continue
+                if time.monotonic() >= deadline:
+                    raise RequestTimeout(f"no reply from {self._name(sock)} within "
+                                         f"{self.timeout_ms} ms{note}")
+                continue
             for reply in unpack_replies(sock.recv()):
                 if reply.get("id") != rid:
                     self.hand_over(reply)  # a transaction's or a pipeline's, or a late one
@@ -307,8 +366,11 @@ class NodeClient:
 
     # ---- a cluster: members, owners, routing ---------------------------------------
 
+    def _endpoint_of(self, sock: zmq.Socket[bytes]) -> str:
+        return next((e for e, s in self._socks.items() if s is sock), self.endpoint)
+
     def _name(self, sock: zmq.Socket[bytes]) -> str:
-        endpoint = next((e for e, s in self._socks.items() if s is sock), self.endpoint)
+        endpoint = self._endpoint_of(sock)
         member = next((m for m, e in self._members.items() if e == endpoint), 0)
         return f"node {member} ({endpoint})" if member else endpoint
 
@@ -329,6 +391,8 @@ class NodeClient:
         for endpoint in tried:
             try:
                 return self._call_on(self._sock(endpoint), op, fields)
+            except HandshakeFailed:
+                raise  # this client's set-up, which another member would refuse too
             except (Unavailable, RequestTimeout) as exc:
                 last = exc
         assert last is not None

@@ -325,3 +325,34 @@ def test_a_single_node_that_does_not_answer_is_not_called_a_cluster() -> None:
         c.members()  # what the Spark source asks first
     assert "cluster" not in info.value.message
     assert endpoint in info.value.message
+
+
+def test_a_timeout_says_what_the_handshake_with_the_port_showed() -> None:
+    """Nothing listening, and something listening that is not a node, are told apart in the
+    timeout's message (a probe of the handshake, node/handshake.py)."""
+    import socket
+    import threading
+
+    from node.client import NodeClient
+    from node.local import free_port
+    from wire.errors import RequestTimeout
+
+    nothing = f"tcp://127.0.0.1:{free_port()}"
+    with NodeClient(nothing, timeout_ms=300, retries=0) as c, \
+            pytest.raises(RequestTimeout, match="nothing accepted a connection"):
+        c.list_topics()
+    with socket.socket() as listener:  # a port where something else answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+
+        def answer_like_a_web_server() -> None:
+            with listener.accept()[0] as conn:
+                conn.recv(64)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+                conn.recv(64)  # until the client goes away
+
+        threading.Thread(target=answer_like_a_web_server, daemon=True).start()
+        other = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+        with NodeClient(other, timeout_ms=300, retries=0) as c, \
+                pytest.raises(RequestTimeout, match="is a shardnode node listening there"):
+            c.list_topics()
