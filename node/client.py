@@ -37,6 +37,7 @@ import zmq
 from actors.curve import curve_client, read_keypair, read_public_key
 from actors.roles import key_partition
 from node.handshake import PROBE_AFTER_MS, HandshakeFailed, probe
+from node.pipeline import PIPELINE_IN_FLIGHT_MAX, Pipeline, expand_offsets
 from node.transaction import Transaction, TxnInfo, TxnResult, result_of
 from wire.errors import (
     Busy,
@@ -51,28 +52,22 @@ from wire.errors import (
     XARBRollback,
     error_for,
 )
-from wire.packer import pack, pack_map
+from wire.packer import pack_map
 from wire.protocol import (
     DEFAULT_PORT,
     KV_PREFIX,
     OPS,
     SHARD_STATS_ROW,
     WRITER_STATS_ROW,
-    Placed,
     Topic,
     check_reply,
     kv_topic,
     request_map,
     unpack_replies,
 )
-from wire.records import Record, pack_batch, to_wire, unpack_read
+from wire.records import Record, pack_batch, unpack_read
 from wire.xid import Xid
 from wire.xid import check as check_xid
-
-# The node remembers each producer's last 1 024 sequence numbers (``[log]
-# producer_window_max``); a producer with more requests in flight could not have a retry of
-# the oldest told apart from a new write.
-PIPELINE_IN_FLIGHT_MAX = 1024
 
 __all__ = ["NodeClient", "NodeError", "Pipeline", "Record", "TopicInfo", "Transaction",
            "TxnInfo", "TxnResult", "Xid", "read_keypair", "read_public_key"]
@@ -93,21 +88,6 @@ class TopicInfo:
 
 def _as_bytes(value: bytes | str) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
-
-
-def expand_offsets(reply: dict[str, Any], count: int) -> list[tuple[int, int]]:
-    """Per-record (partition, offset) from a produce reply."""
-    parts = [Placed._make(row) for row in reply["parts"]]
-    assign = reply.get("assign")
-    if assign is None:
-        (placed,) = parts
-        return [(placed.partition, placed.first_offset + i) for i in range(placed.record_count)]
-    nxt = {placed.partition: placed.first_offset for placed in parts}
-    out = []
-    for p in assign:
-        out.append((p, nxt[p]))
-        nxt[p] += 1
-    return out
 
 
 # Ops that name one partition: a client of a cluster sends them to its owner.
@@ -847,202 +827,6 @@ class NodeClient:
             return [self.call(op)]
         self.settle_transactions()
         return [self._call_on(self._sock(e), op, {}) for e in self._every_member()]
-
-
-class Pipeline:
-    """Many produce requests in flight on one client, answered out of order.
-
-    ``submit`` queues a request and returns its id; ``flush`` sends what is queued as one
-    frame (``wire.protocol``), and ``poll`` flushes, then returns finished requests as
-    ``(id, offsets or NodeError)``. A queue of ``SUBMIT_QUEUE_MAX`` requests or
-    ``SUBMIT_QUEUE_BYTES_MAX`` bytes is sent at once. At most ``in_flight_max`` requests may
-    be in flight, queued ones included: ``submit`` raises ``Busy`` beyond that (poll first).
-    Used by the benchmark and the crash test.
-
-    On a client of a cluster (routed), each request goes to the member owning the partition
-    it names, or, naming none, the one partition its records land on (by key, or the
-    request's round-robin pick); a request whose records land on several members goes to
-    the client's first endpoint, which splits it and forwards the parts. Each member's
-    requests are queued and sent as frames of their own. A request that cannot be sent
-    (its member is down: sockets are ``IMMEDIATE``) is answered ``Unavailable`` by the next
-    ``poll``; sending it again under its sequence number is safe. A topic's owners are
-    learned by a call to the cluster at its first submit.
-
-    A pipeline shares its client's sockets with the client's calls and transactions: what
-    one of them reads that is another's is handed to it (``NodeClient.hand_over``).
-    """
-
-    SUBMIT_QUEUE_MAX = 256
-    SUBMIT_QUEUE_BYTES_MAX = 1 << 20
-
-    def __init__(self, client: NodeClient, in_flight_max: int = PIPELINE_IN_FLIGHT_MAX) -> None:
-        if not 1 <= in_flight_max <= PIPELINE_IN_FLIGHT_MAX:
-            raise ValueError(f"in_flight_max must be 1..{PIPELINE_IN_FLIGHT_MAX}, "
-                             f"got {in_flight_max}")
-        self.client = client
-        self.in_flight_max = in_flight_max
-        self.in_flight: dict[int, int] = {}  # request id → record count
-        self.queued: list[bytes] = []  # packed requests not sent yet (a single node)
-        self.queued_bytes = 0
-        # A routed client: the requests not sent yet, (id, packed), by the member's socket;
-        # and the answers of requests that could not be sent, for the next poll.
-        self.routed_queues: dict[zmq.Socket[bytes], list[tuple[int, bytes]]] = {}
-        self.unsent: list[tuple[int, list[tuple[int, int]] | NodeError]] = []
-        # Answers another reader of the socket handed over (``take``): id, count, reply.
-        self.handed: list[tuple[int, int, dict[str, Any]]] = []
-
-    def submit(self, topic: str, records: Sequence[Record | bytes], partition: int | None = None,
-               blob: bytes | None = None, seq: int | None = None) -> int:
-        """Queue a produce request; returns its id. ``seq`` resends an earlier request
-        under its sequence number (a retry the node recognises); by default the next one."""
-        if len(self.in_flight) >= self.in_flight_max:
-            raise Busy(f"{len(self.in_flight)} requests in flight, this pipeline's limit; "
-                       f"poll for answers first")
-        c = self.client
-        rid = next(c._ids)
-        seq = c.next_seq() if seq is None else seq
-        # The hot path of the client: the map is written out here, in the order
-        # ``request_map("produce", rid, fields, id_first=True)`` gives (a test holds the two
-        # together), which cost 0.4-0.6 µs more per request.
-        fields: dict[str, Any] = {"op": "produce", "id": rid, "topic": topic,
-                                  "producer_id": c.producer_id, "seq": seq,
-                                  "records": blob if blob is not None else
-                                  pack([to_wire(r) for r in records])}
-        if partition is not None:
-            fields["partition"] = partition
-        frame = pack_map(fields)
-        if c.routed:
-            self.queue_routed(rid, frame, self.member_socket(topic, records, partition, blob,
-                                                             seq))
-            self.in_flight[rid] = len(records)
-            c._waiters[rid] = self
-            return rid
-        if self.queued and self.queued_bytes + len(frame) > self.SUBMIT_QUEUE_BYTES_MAX:
-            self.flush()
-        self.queued.append(frame)
-        self.queued_bytes += len(frame)
-        self.in_flight[rid] = len(records)
-        c._waiters[rid] = self
-        if len(self.queued) >= self.SUBMIT_QUEUE_MAX:
-            self.flush()
-        return rid
-
-    def member_socket(self, topic: str, records: Sequence[Record | bytes],
-                      partition: int | None, blob: bytes | None, seq: int
-                      ) -> zmq.Socket[bytes]:
-        """A routed client's socket for a request: its partition's owner's, when the request
-        lands on one member and the topic's owners are known; the first endpoint's else."""
-        c = self.client
-        owners = c._owners.get(topic)
-        if owners is None:
-            try:
-                owners = c.owners(topic)
-            except NodeError:
-                owners = None  # the first endpoint answers the request with the error
-        if not owners:
-            return c.sock
-        if partition is not None:
-            ps = {partition}
-        elif blob is None:
-            ps = set(c._spread(records, seq, len(owners)))
-        else:
-            return c.sock  # its keys are in the blob: the member that receives it splits it
-        members = {owners[p] for p in ps if 0 <= p < len(owners)}
-        if len(members) != 1:
-            return c.sock  # several members (the first endpoint splits it), or no partition
-        endpoint = c.members().get(members.pop())
-        return c.sock if endpoint is None else c._sock(endpoint)
-
-    def queue_routed(self, rid: int, frame: bytes, sock: zmq.Socket[bytes]) -> None:
-        queue = self.routed_queues.setdefault(sock, [])
-        queue.append((rid, frame))
-        self.queued_bytes += len(frame)
-        if len(queue) >= self.SUBMIT_QUEUE_MAX or self.queued_bytes > self.SUBMIT_QUEUE_BYTES_MAX:
-            self.flush()
-
-    def flush(self) -> None:
-        """Send the queued requests, as one frame (to each member, on a cluster)."""
-        self.client.settle_transactions()  # the node sees requests in the order they were made
-        if self.queued:
-            frame = self.queued[0] if len(self.queued) == 1 else b"".join(self.queued)
-            count, self.queued, self.queued_bytes = len(self.queued), [], 0
-            try:
-                self.client.sock.send(frame, 0, copy=len(frame) < 65536)
-            except zmq.Again:  # no connection within the client's timeout_ms
-                lost = self.client.not_connected(self.client.sock)
-                for rid in list(self.in_flight)[-count:]:  # the queued ones: the newest
-                    del self.in_flight[rid]
-                    self.client._waiters.pop(rid, None)
-                    self.unsent.append((rid, lost))
-        if self.routed_queues:
-            queues, self.routed_queues, self.queued_bytes = self.routed_queues, {}, 0
-            for sock, items in queues.items():
-                self.send_routed(sock, items)
-
-    def send_routed(self, sock: zmq.Socket[bytes], items: list[tuple[int, bytes]]) -> None:
-        frame = b"".join(f for _rid, f in items)
-        try:
-            sock.send(frame, 0, copy=len(frame) < 65536)
-        except zmq.Again:  # not connected (IMMEDIATE), within the socket's send timeout
-            down = Unavailable(f"{self.client._name(sock)} is not reachable (down?)")
-            for rid, _f in items:
-                if self.in_flight.pop(rid, None) is not None:
-                    self.client._waiters.pop(rid, None)
-                    self.unsent.append((rid, down))
-
-    def poll(self, timeout_ms: int, offsets: bool = True
-             ) -> list[tuple[int, list[tuple[int, int]] | NodeError]]:
-        """Finished requests: each one's records' ``(partition, offset)``, or its error. With
-        ``offsets=False`` a success is an empty list: a caller that does not use them (the
-        Spark sink) saves building a pair per record."""
-        self.flush()
-        out, self.unsent = self.unsent, []
-        if self.handed:
-            handed, self.handed = self.handed, []
-            for rid, count, reply in handed:
-                self.answer(out, rid, count, reply, offsets)
-        if self.client.routed:
-            poller = zmq.Poller()
-            for sock in self.client._socks.values():
-                poller.register(sock, zmq.POLLIN)
-            for sock, _ev in poller.poll(0 if out else timeout_ms):
-                self.drain(sock, out, offsets)
-            return out
-        sock = self.client.sock
-        if sock.poll(0 if out else timeout_ms, zmq.POLLIN):
-            self.drain(sock, out, offsets)
-        return out
-
-    def drain(self, sock: zmq.Socket[bytes],
-              out: list[tuple[int, list[tuple[int, int]] | NodeError]], offsets: bool) -> None:
-        """Read the frames waiting on ``sock``: the answers to this pipeline's requests."""
-        while True:
-            try:
-                frame = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            for reply in unpack_replies(frame):
-                rid = reply.get("id")
-                if type(rid) is not int or (count := self.in_flight.pop(rid, None)) is None:
-                    self.client.hand_over(reply)  # a transaction's, or a late answer
-                    continue
-                del self.client._waiters[rid]
-                self.answer(out, rid, count, reply, offsets)
-
-    @staticmethod
-    def answer(out: list[tuple[int, list[tuple[int, int]] | NodeError]], rid: int, count: int,
-               reply: dict[str, Any], offsets: bool) -> None:
-        if reply.get("ok"):
-            out.append((rid, expand_offsets(reply, count) if offsets else []))
-        else:
-            out.append((rid, error_for(reply.get("code", 0), reply.get("error", ""))))
-
-    def take(self, rid: int, reply: dict[str, Any]) -> None:
-        """An answer to one of this pipeline's requests that another reader of the socket
-        read (``NodeClient.hand_over``): returned by the next ``poll``."""
-        count = self.in_flight.pop(rid, None)
-        if count is not None:
-            self.handed.append((rid, count, reply))
 
 
 __all__ += ["Busy", "Unavailable"]
