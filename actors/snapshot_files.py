@@ -53,22 +53,24 @@ def export_dir_problem(directory: str, data_dir: Path) -> str:
     path = Path(directory)
     if not path.is_absolute():
         return f"the export directory {directory!r} must be an absolute path"
-    resolved, data = path.resolve(), data_dir.resolve()
-    if resolved == data or data in resolved.parents or resolved in data.parents:
-        return (f"the export directory {directory} must lie outside the node's data dir "
-                f"{data} (and not contain it)")
-    if path.exists():
-        if not path.is_dir():
-            return f"the export directory {directory} exists and is not a directory"
-        if any(path.iterdir()):
-            return (f"the export directory {directory} exists and is not empty: export into "
-                    f"a new or empty directory")
+    # A path the system refuses (a NUL byte: ValueError; a name over 255 bytes:
+    # ENAMETOOLONG) raises from resolve and exists too, not only from mkdir.
     try:
+        resolved, data = path.resolve(), data_dir.resolve()
+        if resolved == data or data in resolved.parents or resolved in data.parents:
+            return (f"the export directory {directory} must lie outside the node's data dir "
+                    f"{data} (and not contain it)")
+        if path.exists():
+            if not path.is_dir():
+                return f"the export directory {directory} exists and is not a directory"
+            if any(path.iterdir()):
+                return (f"the export directory {directory} exists and is not empty: export "
+                        f"into a new or empty directory")
         (path / "shards").mkdir(parents=True, exist_ok=True)
         fsync_dir(path)
         fsync_dir(path.parent)
-    except OSError as exc:
-        return f"cannot create the export directory {directory}: {exc}"
+    except (OSError, ValueError) as exc:
+        return f"cannot create the export directory {directory!r}: {exc}"
     return ""
 
 

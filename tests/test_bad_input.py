@@ -194,3 +194,17 @@ def test_requests_sharing_a_frame_are_answered_one_by_one(sock: zmq.Socket[bytes
     assert_error(got[502], ErrorCode.UNKNOWN_OP, "frobnicate")
     assert [501, 503] in frames, frames
     assert_still_serving(sock, 504)
+
+
+@pytest.mark.parametrize("directory", ["/tmp/a\x00b", "/tmp/" + "x" * 256])
+def test_an_export_directory_no_path_can_name_is_refused_and_nothing_restarts(
+        small_node: LocalNode, sock: zmq.Socket[bytes], directory: str) -> None:
+    """A NUL byte (ValueError) or a name over 255 bytes (ENAMETOOLONG, from ``exists``)
+    made the log manager's check of the directory raise: the log manager died, and the
+    node restarted it and the actors after it."""
+    reply = ask(sock, req(op="snapshot_export", id=701, dir=directory))
+    assert_error(reply, ErrorCode.BAD_REQUEST, "cannot create the export directory")
+    assert_still_serving(sock, 702)
+    with small_node.client() as c:
+        actors = c.status()["actors"]
+    assert [(a["role"], a["restarts"]) for a in actors] == [(a["role"], 0) for a in actors]
