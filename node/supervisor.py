@@ -54,7 +54,16 @@ from actors.transaction_manager import TransactionManager
 from config import NodeConfig
 from node.supervision import Supervision, SupervisorInstruction
 from wire import codec
-from wire.messages import Checkpoint, Done, ErrorReply, Stats, StatusReply, StatusRequest, Stop
+from wire.messages import (
+    Bundle,
+    Checkpoint,
+    Done,
+    ErrorReply,
+    Stats,
+    StatusReply,
+    StatusRequest,
+    Stop,
+)
 
 log = logging.getLogger("shardnode")
 
@@ -220,16 +229,29 @@ class Supervisor:
         if not self.mailbox.poll(timeout_ms, zmq.POLLIN):
             return
         for msg in waiting_messages(self.mailbox, 1000):
-            if isinstance(msg, Stats):
-                child = self.children.get(msg.role)
-                if child is not None and msg.pid == child.pid:  # not an earlier incarnation
-                    child.figures = msg.figures
-                    self.perform(self.policy.reported(msg.role, time.monotonic()))
-            elif isinstance(msg, StatusRequest):
-                if not self._tell(FRONT_DOOR, StatusReply(msg.corr, self.status())):
-                    log.warning("front door mailbox full; status reply dropped")
-            elif isinstance(msg, (Done, ErrorReply)):
-                self.checkpoint_done = msg
+            self.on_message(msg)
+
+    def on_message(self, msg: codec.Message) -> None:
+        if isinstance(msg, Stats):
+            child = self.children.get(msg.role)
+            if child is not None and msg.pid == child.pid:  # not an earlier incarnation
+                child.figures = msg.figures
+                self.perform(self.policy.reported(msg.role, time.monotonic()))
+        elif isinstance(msg, StatusRequest):
+            if not self._tell(FRONT_DOOR, StatusReply(msg.corr, self.status())):
+                log.warning("front door mailbox full; status reply dropped")
+        elif isinstance(msg, (Done, ErrorReply)):
+            self.checkpoint_done = msg
+        elif isinstance(msg, Bundle):
+            # Several messages of one burst (``Actor.send_many``): the front door's, when
+            # clients asked for the status more than once in it.
+            for frame in msg.frames:
+                try:
+                    self.on_message(codec.decode(frame))
+                except codec.CodecError as exc:
+                    log.error("dropped a frame that is not a message: %s", exc)
+        else:
+            log.warning("unexpected message %s", type(msg).__name__)
 
     def check_children(self) -> None:
         """Tell the policy the time (silent actors are killed), then every exit."""

@@ -196,6 +196,20 @@ def test_requests_sharing_a_frame_are_answered_one_by_one(sock: zmq.Socket[bytes
     assert_still_serving(sock, 504)
 
 
+def test_requests_for_the_status_sharing_a_frame_are_each_answered(
+        sock: zmq.Socket[bytes]) -> None:
+    """The front door sends a burst's requests for one actor as one bundle; the supervisor,
+    which answers ``status``, took single messages only and dropped the bundle: both were
+    answered TIMEOUT after request_timeout_ms (10 s)."""
+    sock.send(req(op="status", id=601) + req(op="status", id=602))
+    got: dict[int, dict[str, Any]] = {}
+    while len(got) < 2:
+        assert sock.poll(5_000, zmq.POLLIN), f"no reply within 5 s; have {sorted(got)}"
+        got.update((r["id"], r) for r in unpack_replies(sock.recv()))
+    assert sorted(got) == [601, 602]
+    assert all(r["ok"] and r["status"]["actors"] for r in got.values()), got
+
+
 @pytest.mark.parametrize("directory", ["/tmp/a\x00b", "/tmp/" + "x" * 256])
 def test_an_export_directory_no_path_can_name_is_refused_and_nothing_restarts(
         small_node: LocalNode, sock: zmq.Socket[bytes], directory: str) -> None:
