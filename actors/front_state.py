@@ -46,6 +46,7 @@ from actors.roles import (
 )
 from config import NodeConfig
 from wire import protocol
+from wire import xid as xids
 from wire.codec import Message
 from wire.errors import CrossNode, ErrorCode, NodeError, NotOwner
 from wire.messages import (
@@ -140,6 +141,16 @@ MEMORY_READ_OPS = frozenset({"read", "read_by_key", "read_by_tag", "offset_for_t
                              "end_offsets"})  # create_topic's fields that are topic settings
 TXN_TRACKED_OPS = COMMIT_OPS | {"txn_begin", "xa_start", "txn_abort", "xa_rollback"}
 TXNS_REMEMBERED_MAX = 65536  # transactions begun here whose KV namespaces the front door knows
+
+
+def checked_xid(req: dict[str, Any]) -> list[Any] | None:
+    """A request's xid, if it has one, checked before the front door keys anything by it
+    (``track_txn``): an element that is an array or a map cannot be a key. Raises
+    ``XAERInval`` as the transaction manager would."""
+    xid = req.get("xid")
+    if xid is not None:
+        xids.check(xid)
+    return xid
 
 
 @dataclass(frozen=True, slots=True)
@@ -923,11 +934,11 @@ class FrontDoorState:
         return TRANSACTION_MANAGER, lambda c: TxnWrite(c, txn, seq, (), ((group, tid, p, offset),))
 
     def txn_begin(self, req: dict[str, Any]) -> Target:
-        timeout_ms, xid, txn = req.get("timeout_ms", 0), req.get("xid"), req.get("txn", 0)
+        timeout_ms, xid, txn = req.get("timeout_ms", 0), checked_xid(req), req.get("txn", 0)
         return TRANSACTION_MANAGER, lambda c: TxnBegin(c, timeout_ms, xid, txn)
 
     def txn_step(self, req: dict[str, Any], step: str) -> Target:
-        txn, xid, writes = req.get("txn", 0), req.get("xid"), req.get("writes", -1)
+        txn, xid, writes = req.get("txn", 0), checked_xid(req), req.get("writes", -1)
         return TRANSACTION_MANAGER, lambda c: TxnStep(c, txn, xid, step, writes)
 
     # ---- memory topics: their records are here (actors/memory_topics.py) ---------------

@@ -473,3 +473,23 @@ def test_the_front_door_says_it_is_starting_until_it_knows_the_catalog() -> None
     assert isinstance(ask, Request)
     (rep,) = s.answer(StatusReply(ask.corr, status))
     assert [a["state"] for a in reply_of(rep)["status"]["actors"]] == ["running", "running"]
+
+
+@pytest.mark.parametrize("op, fields", [
+    ("xa_start", {"txn": 41}),
+    ("xa_commit", {"one_phase": True}),
+    ("xa_rollback", {}),
+    ("xa_end", {}),
+])
+@pytest.mark.parametrize("xid", [[1, [1], b""], [1, {"a": 1}, b""], [[1], b"g", b""]])
+def test_an_xid_holding_an_array_or_a_map_is_refused_at_once_and_nothing_waits(
+        op: str, fields: dict[str, Any], xid: list[Any]) -> None:
+    """The front door keys the transactions it tracks by xid: one holding an array or a
+    map is no key (TypeError, answered INTERNAL, and its request left waiting, answered
+    again, TIMEOUT, ten seconds later). It is refused as the transaction manager would."""
+    s = state()
+    (rep,) = s.request(ID, req(op, rid=7, xid=xid, **fields), now=0.0)
+    reply = reply_of(rep)
+    assert (reply["id"], reply["code"]) == (7, ErrorCode.XAER_INVAL), reply
+    assert not s.pending
+    assert s.expire(60.0) == []
