@@ -1001,6 +1001,12 @@ class FrontDoorState:
     def kv_request(self, identity: bytes, rid: int, op: str, req: dict[str, Any],
                    now: float) -> list[Out]:
         ns, key = req["namespace"], req.get("key", b"")
+        new = req.get("new") if op == "kv_cas" else req.get("value")
+        if new is not None and len(new) > self.lim.value_bytes_max:
+            # Before the namespace is looked up: refused whether it exists or not (a
+            # compare-and-set in a new one was answered "not swapped", a put created it).
+            raise NodeError(f"value of {len(new)} bytes; at most {self.lim.value_bytes_max} "
+                            f"(limits.value_bytes_max)", ErrorCode.BAD_REQUEST)
         t = self.topics.get(kv_topic(ns))
         if t is None:  # (an existing namespace's name was checked when it was created)
             protocol.check_name("namespace", ns)
@@ -1022,10 +1028,6 @@ class FrontDoorState:
             return [Request(writer, corr, KvScan(corr, tid, 0, req.get("prefix", b""),
                                                  req.get("start_after"), limit + 1,
                                                  self.lsn_seen))]
-        new = req.get("new") if op == "kv_cas" else req.get("value")
-        if new is not None and len(new) > self.lim.value_bytes_max:
-            raise NodeError(f"value of {len(new)} bytes; at most {self.lim.value_bytes_max} "
-                            f"(limits.value_bytes_max)", ErrorCode.BAD_REQUEST)
         corr = self.wait(identity, rid, now)
         kop = KeyOp(corr, tid, key, new, cas=op == "kv_cas", expected=req.get("expected"),
                     producer=(req.get("producer_id", 0), req.get("seq", 0)))

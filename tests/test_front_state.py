@@ -493,3 +493,19 @@ def test_an_xid_holding_an_array_or_a_map_is_refused_at_once_and_nothing_waits(
     assert (reply["id"], reply["code"]) == (7, ErrorCode.XAER_INVAL), reply
     assert not s.pending
     assert s.expire(60.0) == []
+
+
+@pytest.mark.parametrize("op, fields", [
+    ("kv_cas", {"expected": b"old", "new": b"x" * 1001}),
+    ("kv_put", {"value": b"x" * 1001}),
+])
+def test_a_value_over_the_limit_is_refused_in_a_namespace_that_does_not_exist(
+        op: str, fields: dict[str, Any]) -> None:
+    """Refused before the namespace is looked up: a compare-and-set in a new namespace was
+    answered "not swapped", and a put created the namespace before it was refused."""
+    s = state(value_bytes_max=1000)
+    (rep,) = s.request(ID, req(op, rid=8, namespace="new", key=b"k", **fields), now=0.0)
+    reply = reply_of(rep)
+    assert (reply["ok"], reply["code"]) == (False, ErrorCode.BAD_REQUEST), reply
+    assert "1001 bytes" in reply["error"]
+    assert not s.pending and not s.kv_creating
