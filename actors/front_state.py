@@ -1128,14 +1128,28 @@ class FrontDoorState:
         return self.kv_steps(self.kv.loaded(r.tid, r.key, value, msg.lsn, r.generation))
 
     def kv_load_failed(self, r: KvRead, failure: Failure) -> list[Out]:
+        """A key's value could not be loaded: the compare-and-sets waiting on it fail with
+        that, and so does the commit to be decided on it (``kv_commit_next``), whose
+        transaction stays open with its compare-and-sets, for a retry to decide again. (The
+        commit loaded the key again at once, until it timed out: under a namespace dropped
+        meanwhile, thousands of failed loads a second.)"""
         out: list[Out] = []
         for corr in self.kv.load_failed(r.tid, r.key):
             w = self.pending.pop(corr, None)
             if w is not None:
                 out += self.settle(w, None, failure)
-        line = self.kv.lines.get((r.tid, r.key))
+        k = (r.tid, r.key)
+        if self.kv_commits and any((tid, key) == k for tid, key, _e in self.kv_commits[0][3]):
+            corr, txn, _writes, conds = self.kv_commits.popleft()
+            self.kv_conds[txn] = conds + self.kv_conds.get(txn, [])
+            w = self.pending.pop(corr, None)
+            if w is not None:
+                out += self.settle(w, None, failure)
+        line = self.kv.lines.get(k)
         if line is not None:
-            out += self.kv_steps(self.kv.pump((r.tid, r.key), line))
+            out += self.kv_steps(self.kv.pump(k, line))
+        elif self.kv_commits and not self.kv_deciding:
+            out += self.kv_commit_next()
         return out
 
     def kv_unknown(self, identity: bytes, rid: int, op: str, req: dict[str, Any],

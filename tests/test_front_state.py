@@ -25,6 +25,7 @@ from wire.messages import (
     EndOffsets,
     ErrorReply,
     Exported,
+    KvGet,
     OffsetsReply,
     PartRow,
     Read,
@@ -509,3 +510,26 @@ def test_a_value_over_the_limit_is_refused_in_a_namespace_that_does_not_exist(
     assert (reply["ok"], reply["code"]) == (False, ErrorCode.BAD_REQUEST), reply
     assert "1001 bytes" in reply["error"]
     assert not s.pending and not s.kv_creating
+
+
+def test_a_commit_whose_compare_and_set_cannot_load_its_key_fails_and_stays_open() -> None:
+    """A transaction's compare-and-set is decided at its commit, on the key's value loaded
+    from the writer. A load that fails (the namespace was dropped meanwhile) fails the
+    commit with its error, once: the commit loaded again at once, thousands of times a
+    second, until it timed out. Its compare-and-set stays: a retry loads and decides again."""
+    s = state()
+    (begin,) = s.request(ID, req("txn_begin", rid=1, txn=5), now=0.0)
+    assert isinstance(begin, Request)
+    s.answer(TxnId(begin.corr, 5))
+    (write,) = s.request(ID, req("txn_kv", rid=2, txn=5, seq=0, namespace="cfg", key=b"k",
+                                 value=b"new", expected=b"old"), now=0.0)
+    assert isinstance(write, Request)
+    s.answer(TxnWritten(write.corr, 4, 1))
+    for rid in (3, 4):  # the commit, then its retry
+        (load,) = s.request(ID, req("txn_commit", rid=rid, txn=5), now=0.0)
+        assert isinstance(load, Request) and isinstance(load.msg, KvGet)
+        (rep,) = s.answer(ErrorReply(load.corr, ErrorCode.UNKNOWN_TOPIC,
+                                     "no shard t3-p0 (topic deleted?)"))
+        reply = reply_of(rep)
+        assert (reply["id"], reply["code"]) == (rid, ErrorCode.UNKNOWN_TOPIC), reply
+        assert not s.pending and not s.kv_commits
