@@ -1259,6 +1259,11 @@ class FrontDoorState:
             self.kv_commits.popleft()
             if all(values[(tid, key)] == expected for tid, key, expected in conds):
                 tids = self.kv_txns.pop(txn, None)
+                # With its compare-and-sets' namespaces: a write sent before its begin is not
+                # in ``kv_txns``, and an empty set made the commit's end (``commit_done``,
+                # where () is "unknown") take back a commit anywhere that never started.
+                if tids is not None:
+                    tids |= {tid for tid, _key, _expected in conds}
                 commit = None if tids is None else tuple(sorted(tids))
                 self.kv.commit_started(commit)
                 self.kv.bar(keys)

@@ -533,3 +533,27 @@ def test_a_commit_whose_compare_and_set_cannot_load_its_key_fails_and_stays_open
         reply = reply_of(rep)
         assert (reply["id"], reply["code"]) == (rid, ErrorCode.UNKNOWN_TOPIC), reply
         assert not s.pending and not s.kv_commits
+
+
+def test_a_compare_and_set_sent_before_its_transaction_began_still_blocks_its_namespace() -> None:
+    """The namespaces a commit may change come from its transaction's writes the front door
+    saw after the begin; a compare-and-set sent before it (refused: no such transaction)
+    left the set empty, and the commit's end took back a commit of unknown namespaces that
+    never started: the count went below zero, and the next such commit no longer kept
+    gets and compare-and-sets from the cache while it was in flight."""
+    s = state()
+    (early,) = s.request(ID, req("txn_kv", rid=1, txn=5, seq=0, namespace="cfg", key=b"k",
+                                 value=b"new", expected=b"old"), now=0.0)
+    assert isinstance(early, Request)
+    s.answer(ErrorReply(early.corr, ErrorCode.TXN_UNKNOWN, "no transaction 5"))
+    (begin,) = s.request(ID, req("txn_begin", rid=2, txn=5), now=0.0)
+    assert isinstance(begin, Request)
+    s.answer(TxnId(begin.corr, 5))
+    (load,) = s.request(ID, req("txn_commit", rid=3, txn=5), now=0.0)
+    assert isinstance(load, Request) and isinstance(load.msg, KvGet)
+    (commit,) = s.answer(RecordsReply(load.corr, msgpack.packb([[b"k", b"old"]]), 4))
+    assert isinstance(commit, Request)
+    assert s.kv.blocked(3)  # the namespace "cfg" waits for the commit's answer
+    (rep,) = s.answer(TxnCommitted(commit.corr, 6, []))
+    assert reply_of(rep)["ok"] is True
+    assert (s.kv.commits_anywhere, s.kv.committing) == (0, {})
