@@ -118,6 +118,9 @@ Route = Callable[[dict[str, Any]], Target]
 # An answer to a request the front door waits on, as the fields of a reply, or an error.
 Fields = dict[str, Any]
 Failure = tuple[int, str]
+KvCond = tuple[int, int, bytes, bytes | None]  # a compare-and-set's txn, topic id, key, expected
+# Answers that do not say a transaction's write was refused: it may be staged all the same.
+NOT_REFUSED = (ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE, ErrorCode.INTERNAL)
 # What to do with a request's answer instead of replying (the request is one of the front
 # door's own steps): given the waiting entry, the fields or the failure, the instructions.
 Then = Callable[["Waiting", Fields | None, Failure | None], list[Out]]
@@ -184,6 +187,7 @@ class Waiting:
     kv_read: KvRead | None = None
     commit: tuple[int, ...] | None = None  # a commit: the KV namespaces it may change
     barred: tuple[tuple[int, bytes], ...] = ()  # its compare-and-sets' keys, held meanwhile
+    cond: KvCond | None = None  # a transaction's compare-and-set: its condition, remembered
 
 
 class FrontDoorState:
@@ -306,9 +310,11 @@ class FrontDoorState:
         """One checked request: routed, or answered with its error; in a cluster, parked
         until the catalog is copied when it names a topic this member does not know."""
         self.clock = now
+        first = self.next_corr  # the waits this request registers: forgotten if it fails
         try:
             return self.route(identity, rid, op, req, now)
         except NodeError as exc:
+            self.forget_waits(first)
             if (exc.code == ErrorCode.UNKNOWN_TOPIC and may_park and self.cluster is not None
                     and not self.cluster.is_catalog and len(self.parked) < PARKED_MAX):
                 self.parked.append((identity, rid, op, req, self.pulling))
@@ -326,6 +332,7 @@ class FrontDoorState:
             return [Reply(identity, protocol.error(rid, code, text))]
         except Exception as exc:  # a request must never take the front door down
             log.exception("request %d failed", rid)
+            self.forget_waits(first)
             self.errors += 1
             return [Reply(identity, protocol.error(rid, ErrorCode.INTERNAL,
                                                    f"{type(exc).__name__}: {exc}"))]
@@ -361,6 +368,13 @@ class FrontDoorState:
         deadline = now + (timeout_ms or self.lim.request_timeout_ms) / 1000
         self.pending[corr] = Waiting(identity, rid, deadline, assign)
         return corr
+
+    def forget_waits(self, first: int) -> None:
+        """Forget the waits a request registered (from correlation id ``first`` on) before
+        it failed: its answer is its error, and nothing it would have sent went out. Left,
+        each was answered a second time, TIMEOUT, when it expired."""
+        for corr in range(first, self.next_corr):
+            self.pending.pop(corr, None)
 
     def route(self, identity: bytes, rid: int, op: str, req: dict[str, Any],
               now: float) -> list[Out]:
@@ -1214,20 +1228,35 @@ class FrontDoorState:
         if txn in self.kv_txns:
             self.kv_txns[txn].add(tid)
         conditional = "expected" in req
+        if conditional and txn in self.kv_xa:
+            raise NodeError("a compare-and-set in a transaction needs a local transaction "
+                            "(an XA branch's commit is its coordinator's)",
+                            ErrorCode.BAD_REQUEST)
+        blob = pack(((key, value),))
+        corr = self.wait(identity, rid, now)
         if conditional:
-            if txn in self.kv_xa:
-                raise NodeError("a compare-and-set in a transaction needs a local transaction "
-                                "(an XA branch's commit is its coordinator's)",
-                                ErrorCode.BAD_REQUEST)
+            # Remembered as it is sent, so that a commit sent behind it (in the same frame)
+            # is checked against it; forgotten if the transaction manager refuses the write.
             conds = self.kv_conds.setdefault(txn, [])
             if len(conds) < self.lim.batch_records_max and len(self.kv_conds) <= TXNS_REMEMBERED_MAX:
                 conds.append((tid, key, req["expected"]))
+                self.pending[corr].cond = (txn, tid, key, req["expected"])
             # else: not remembered, so its commit goes unchecked and the transaction
             # manager refuses it (TXN_CONFLICT): never committed without its check.
-        blob = pack(((key, value),))
-        corr = self.wait(identity, rid, now)
         return Request(TRANSACTION_MANAGER, corr,
                        TxnWrite(corr, txn, seq, [(tid, 0, 1, blob)], (), conditional))
+
+    def kv_cond_refused(self, cond: KvCond) -> None:
+        """A compare-and-set the transaction manager refused (an unknown transaction, a
+        limit): its condition no longer gates the transaction's commit. Remembered, those
+        of writes to transactions that never existed filled the table, and every
+        compare-and-set after them went unremembered, its commit refused TXN_CONFLICT."""
+        txn, tid, key, expected = cond
+        conds = self.kv_conds.get(txn)
+        if conds is not None and (tid, key, expected) in conds:
+            conds.remove((tid, key, expected))
+            if not conds:
+                del self.kv_conds[txn]
 
     def kv_conditional_commit(self, identity: bytes, rid: int, req: dict[str, Any],
                               now: float) -> list[Out]:
@@ -1467,6 +1496,8 @@ class FrontDoorState:
             return w.then(w, ok, err)
         if err is not None:
             self.errors += 1
+            if w.cond is not None and err[0] not in NOT_REFUSED:
+                self.kv_cond_refused(w.cond)
         if not w.identity:
             return []  # the front door's own request: nobody to answer
         if ok is None:

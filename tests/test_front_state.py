@@ -13,7 +13,7 @@ from actors.front_state import KV_OPS, WRITER_OPS, FrontDoorState, Out
 from actors.instructions import Produce, Reply, Request
 from actors.roles import LOG_MANAGER, TRANSACTION_MANAGER
 from config import load_config
-from wire.errors import ErrorCode
+from wire.errors import ErrorCode, NodeError
 from wire.messages import (
     Ack,
     Catalog,
@@ -39,6 +39,7 @@ from wire.messages import (
     TxnId,
     TxnOnce,
     TxnsReply,
+    TxnStep,
     TxnWrite,
     TxnWritten,
     ValueReply,
@@ -537,15 +538,16 @@ def test_a_commit_whose_compare_and_set_cannot_load_its_key_fails_and_stays_open
 
 def test_a_compare_and_set_sent_before_its_transaction_began_still_blocks_its_namespace() -> None:
     """The namespaces a commit may change come from its transaction's writes the front door
-    saw after the begin; a compare-and-set sent before it (refused: no such transaction)
-    left the set empty, and the commit's end took back a commit of unknown namespaces that
-    never started: the count went below zero, and the next such commit no longer kept
-    gets and compare-and-sets from the cache while it was in flight."""
+    saw after the begin; a compare-and-set sent before it (answered UNAVAILABLE: it may
+    have been staged, so its condition stays) left the set empty, and the commit's end
+    took back a commit of unknown namespaces that never started: the count went below
+    zero, and the next such commit no longer kept gets and compare-and-sets from the cache
+    while it was in flight."""
     s = state()
     (early,) = s.request(ID, req("txn_kv", rid=1, txn=5, seq=0, namespace="cfg", key=b"k",
                                  value=b"new", expected=b"old"), now=0.0)
     assert isinstance(early, Request)
-    s.answer(ErrorReply(early.corr, ErrorCode.TXN_UNKNOWN, "no transaction 5"))
+    s.answer(ErrorReply(early.corr, ErrorCode.UNAVAILABLE, "the transaction manager is starting"))
     (begin,) = s.request(ID, req("txn_begin", rid=2, txn=5), now=0.0)
     assert isinstance(begin, Request)
     s.answer(TxnId(begin.corr, 5))
@@ -557,3 +559,44 @@ def test_a_compare_and_set_sent_before_its_transaction_began_still_blocks_its_na
     (rep,) = s.answer(TxnCommitted(commit.corr, 6, []))
     assert reply_of(rep)["ok"] is True
     assert (s.kv.commits_anywhere, s.kv.committing) == (0, {})
+
+
+def test_a_refused_compare_and_set_is_forgotten_and_does_not_fill_the_table() -> None:
+    """A transaction's compare-and-set is remembered as it is sent (a commit sent behind it
+    is checked against it). One the transaction manager refuses is forgotten: remembered,
+    those sent to transactions that never existed filled the table, and every
+    compare-and-set after them went unremembered, its commit refused TXN_CONFLICT."""
+    s = state()
+    for txn in range(1, 4):
+        (write,) = s.request(ID, req("txn_kv", rid=txn, txn=txn, seq=0, namespace="cfg",
+                                     key=b"k", value=b"new", expected=b"old"), now=0.0)
+        assert isinstance(write, Request) and s.kv_conds[txn] == [(3, b"k", b"old")]
+        code = ErrorCode.TXN_UNKNOWN if txn < 3 else ErrorCode.TIMEOUT
+        (rep,) = s.answer(ErrorReply(write.corr, code, "no such transaction"))
+        assert reply_of(rep)["code"] == code
+    assert list(s.kv_conds) == [3]  # a timeout does not say it was not staged: it stays
+    (begin,) = s.request(ID, req("txn_begin", rid=9, txn=1), now=0.0)
+    assert isinstance(begin, Request)
+    s.answer(TxnId(begin.corr, 1))
+    (commit,) = s.request(ID, req("txn_commit", rid=10, txn=1), now=0.0)
+    assert isinstance(commit, Request) and isinstance(commit.msg, TxnStep)  # unchecked: no load
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("a bug"), NodeError("refused", ErrorCode.BUSY)])
+def test_a_request_that_fails_after_it_registered_a_wait_is_answered_once(
+        failure: Exception, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a failed request registered as waiting is forgotten: its answer is its error.
+    Left, it was answered a second time (TIMEOUT) when the wait expired."""
+    s = state()
+    real = FrontDoorState.produce
+
+    def produce_then_fail(self: FrontDoorState, *args: Any) -> Any:
+        real(self, *args)  # registers the request's wait
+        raise failure
+
+    monkeypatch.setattr(FrontDoorState, "produce", produce_then_fail)
+    (rep,) = s.request(ID, produce([b"a"], partition=0), now=0.0)
+    assert reply_of(rep)["code"] == (ErrorCode.INTERNAL if isinstance(failure, RuntimeError)
+                                     else ErrorCode.BUSY)
+    assert not s.pending
+    assert s.expire(1e9) == []
