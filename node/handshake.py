@@ -30,6 +30,10 @@ from wire.errors import RequestTimeout
 
 PROBE_AFTER_MS = 1000  # a request unanswered this long has its node's handshake probed
 PROBE_TIMEOUT_MS = 2000  # how long a probe watches its handshake
+# Failures a probe watches for one that says more: a peer that refuses the mechanism may
+# close the connection before the client has read why (a failure with no detail), and the
+# next attempt (libzmq reconnects after 100 ms) may read it.
+PROBE_FAILURES_MAX = 3
 EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
           | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 ZAP_REFUSED = 400  # the ZAP status of a key the node does not allow (RFC 27)
@@ -72,8 +76,10 @@ def describe(kind: int, value: int, curve: bool) -> Verdict:
         return Verdict(f"the ZeroMQ handshake broke the protocol (error {value:#x}): is a "
                        f"shardnode node listening there?")
     if curve:
-        return Verdict("the CURVE handshake failed: is the server key this node's public key?")
-    return Verdict("the ZeroMQ handshake failed: is a shardnode node listening there?")
+        return Verdict("the CURVE handshake failed: is the server key this node's public "
+                       "key, and does the node run CURVE?")
+    return Verdict("the ZeroMQ handshake failed: is a shardnode node listening there, and "
+                   "does it run CURVE (then this client needs keys)?")
 
 
 def probe(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str,
@@ -86,6 +92,8 @@ def probe(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str,
     secure(sock)
     monitor = sock.get_monitor_socket(EVENTS)
     connected = False
+    unclear: Verdict | None = None  # the last failure that no retry is known not to mend
+    failures = 0
     try:
         sock.connect(endpoint)
         deadline = time.monotonic() + timeout_ms / 1000
@@ -97,15 +105,22 @@ def probe(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str,
             if kind == zmq.EVENT_CONNECTED:
                 connected = True
             elif kind == zmq.EVENT_CONNECT_RETRIED:  # the connection was refused
-                return Verdict("nothing accepted a connection there (is a node running?)")
+                return unclear or Verdict("nothing accepted a connection there (is a node "
+                                          "running?)")
             elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 return Verdict("")
             else:
-                return describe(kind, value, curve)
+                verdict = describe(kind, value, curve)
+                failures += 1
+                if verdict.final or failures >= PROBE_FAILURES_MAX:
+                    return verdict
+                unclear = verdict
     finally:
         sock.disable_monitor()
         monitor.close(0)
         sock.close(0)
+    if unclear is not None:
+        return unclear
     if connected:
         return Verdict("connected, but no ZeroMQ handshake completed: is a shardnode node "
                        "listening there?")

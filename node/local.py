@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -30,10 +31,50 @@ from wire.protocol import unpack_replies
 READY_POLL_MS = 20  # how often wait_ready asks a starting node for its status
 
 
-def free_port() -> int:
+# Ports handed out for nodes are taken below the kernel's ephemeral range, which outgoing
+# connections take their local ports from: a port the kernel picked for ``bind(0)`` was
+# closed again and could be any connection's local port by the time a node bound it
+# (a test's demo found its port in use, on a machine running other tests' nodes).
+PORTS_LOW = 20_000
+PORT_PICKS_MAX = 200
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
+def _bindable(port: int) -> bool:
+    """Whether a listener can bind ``port`` as ZeroMQ binds (SO_REUSEADDR: a port left in
+    TIME_WAIT is free)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(span: int = 1) -> int:
+    """A port ``p`` on 127.0.0.1 such that ``p`` .. ``p + span - 1`` are free, taken at
+    random below the ephemeral range (a port the kernel picks for ``bind(0)`` after a few
+    tries, when that range starts too low to leave room)."""
+    high = _ephemeral_low() - span
+    pick = random.SystemRandom()
+    for _ in range(PORT_PICKS_MAX if high > PORTS_LOW else 0):
+        port = pick.randrange(PORTS_LOW, high)
+        if all(_bindable(port + i) for i in range(span)):
+            return port
+    for _ in range(PORT_PICKS_MAX):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if all(_bindable(port + i) for i in range(span)):
+            return port
+    raise RuntimeError(f"no {span} free ports in a row found on 127.0.0.1")
 
 
 class NodeFailed(RuntimeError):

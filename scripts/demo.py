@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
+from node.cli import port_in_use
 from node.client import NodeClient
 from node.local import LocalCluster
 from node.spark import register
@@ -133,13 +133,6 @@ class Check:
         return out
 
 
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def progress_bar() -> Progress:
@@ -355,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("need --rows, --partitions and --batch-rows >= 1, and --nodes 1-16")
     if -(-a.rows // a.batch_rows) > BATCHES_MAX:
         p.error(f"--rows / --batch-rows must be at most {BATCHES_MAX:,} micro-batches")
-    busy = [port for port in range(a.port, a.port + a.nodes) if not port_is_free(port)]
+    busy = [port for port in range(a.port, a.port + a.nodes) if port_in_use("127.0.0.1", port)]
     if busy:
         console.print(f"[red]port {busy[0]} is in use[/red] (another node?): pass --port N")
         return 2

@@ -30,7 +30,7 @@ NODES = 2  # the fewest that make a cluster (partitions on more than one member,
 def test_demo_writes_every_row_and_reads_each_back_once(tmp_path: Path) -> None:
     proc = subprocess.run(
         [str(ROOT / "scripts" / "demo"), "--rows", str(ROWS), "--batch-rows", str(BATCH_ROWS),
-         "--nodes", str(NODES), "--port", str(free_port()), "--data-dir", str(tmp_path / "demo")],
+         "--nodes", str(NODES), "--port", str(free_port(NODES)), "--data-dir", str(tmp_path / "demo")],
         cwd=ROOT, capture_output=True, text=True, timeout=85,
         env={**os.environ, "COLUMNS": "200"})  # the summary's rows on one line each
     out = proc.stdout
