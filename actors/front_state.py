@@ -314,13 +314,16 @@ class FrontDoorState:
         try:
             return self.route(identity, rid, op, req, now)
         except NodeError as exc:
-            self.forget_waits(first)
+            undone = self.forget_waits(first)
             if (exc.code == ErrorCode.UNKNOWN_TOPIC and may_park and self.cluster is not None
                     and not self.cluster.is_catalog and len(self.parked) < PARKED_MAX):
                 self.parked.append((identity, rid, op, req, self.pulling))
-                return self.pull()
+                return undone + self.pull()
             if exc.code == ErrorCode.UNKNOWN_TOPIC and "namespace" in req and not self.pull_error:
-                return self.kv_unknown(identity, rid, op, req, now)
+                try:
+                    return undone + self.kv_unknown(identity, rid, op, req, now)
+                except NodeError as busy:  # its own wait (BUSY): answered, not raised
+                    exc = busy
             self.errors += 1
             code, text = exc.code, exc.message
             if exc.code == ErrorCode.UNKNOWN_TOPIC and self.pull_error:
@@ -329,13 +332,13 @@ class FrontDoorState:
                 # UNAVAILABLE, which clients retry, rather than an answer that may be false.
                 code = ErrorCode.UNAVAILABLE
                 text += f" here, and the catalog could not be asked: {self.pull_error}"
-            return [Reply(identity, protocol.error(rid, code, text))]
+            return [Reply(identity, protocol.error(rid, code, text)), *undone]
         except Exception as exc:  # a request must never take the front door down
             log.exception("request %d failed", rid)
-            self.forget_waits(first)
+            undone = self.forget_waits(first)
             self.errors += 1
             return [Reply(identity, protocol.error(rid, ErrorCode.INTERNAL,
-                                                   f"{type(exc).__name__}: {exc}"))]
+                                                   f"{type(exc).__name__}: {exc}")), *undone]
 
     def topic(self, name: str, kv: bool = False) -> Topic:
         if self.catalog_version < 0:
@@ -369,12 +372,27 @@ class FrontDoorState:
         self.pending[corr] = Waiting(identity, rid, deadline, assign)
         return corr
 
-    def forget_waits(self, first: int) -> None:
+    def forget_waits(self, first: int) -> list[Out]:
         """Forget the waits a request registered (from correlation id ``first`` on) before
         it failed: its answer is its error, and nothing it would have sent went out. Left,
-        each was answered a second time, TIMEOUT, when it expired."""
+        each was answered a second time, TIMEOUT, when it expired. What each wait holds is
+        given back as ``fail`` does (a forward's place, a commit's namespaces, a key's
+        write or load), without answering it; returns what that lets go on."""
+        out: list[Out] = []
         for corr in range(first, self.next_corr):
-            self.pending.pop(corr, None)
+            w = self.pending.pop(corr, None)
+            if w is None:
+                continue
+            if w.peer:
+                self.forwards_open -= 1
+            if w.commit is not None:
+                out += self.commit_done(w)
+            if w.kv is not None:
+                out += self.kv_failed(corr, w.kv, timed_out=False)
+            if w.kv_read is not None and w.kv_read.kind == "load":
+                out += self.kv_load_failed(w.kv_read, (ErrorCode.UNAVAILABLE,
+                                                       "the request that loaded it failed"))
+        return out
 
     def route(self, identity: bytes, rid: int, op: str, req: dict[str, Any],
               now: float) -> list[Out]:

@@ -473,3 +473,19 @@ def test_a_batch_whose_records_all_land_here_is_split_once_and_logged(tmp_path: 
     (rep,) = s.ack(out.corr, 4, parts)
     reply = answer_of(rep)
     assert reply["id"] == 9 and reply["assign"] == assign == [0, 3, 0, 3]
+
+
+def test_a_split_batch_refused_busy_gives_back_the_forward_it_took(tmp_path: Path) -> None:
+    """A batch split over two other members takes a forward for each; refused BUSY at the
+    second (the bound), the first's place is given back with its wait. It stayed taken,
+    and the member refused every forward after it, BUSY, for good."""
+    s = member(tmp_path, 1)
+    s.forwards_max = 1
+    records = msgpack.packb([r for r in keyed(60) if zlib.crc32(r[1]) % 6 in (1, 2)])
+    (busy,) = s.request(ID, frame("produce", 9, topic="events", producer_id=5, seq=3,
+                                  records=records), now=0.0)
+    assert answer_of(busy)["code"] == ErrorCode.BUSY
+    assert not s.pending and s.forwards_open == 0
+    read = {"topic": "events", "partition": 1, "offset": 0, "max_records": 1}
+    (forwarded,) = s.request(ID, frame("read", 10, **read), now=0.0)
+    assert isinstance(forwarded, ToPeer)

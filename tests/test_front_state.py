@@ -600,3 +600,16 @@ def test_a_request_that_fails_after_it_registered_a_wait_is_answered_once(
                                      else ErrorCode.BUSY)
     assert not s.pending
     assert s.expire(1e9) == []
+
+
+def test_a_write_to_a_new_namespace_at_the_pending_bound_is_answered_busy() -> None:
+    """A put to a namespace not yet known creates it first (``kv_unknown``), which waits
+    for the creation: at the bound of requests waiting, that wait's BUSY is the answer. It
+    escaped the front door's request handling (and would have ended the actor)."""
+    s = state(pending_requests_max=1)
+    (held,) = s.request(ID, produce([b"a"], partition=0), now=0.0)
+    assert isinstance(held, Produce)
+    (rep,) = s.request(ID, req("kv_put", rid=2, namespace="new", key=b"k", value=b"v",
+                               producer_id=1, seq=0), now=0.0)
+    assert reply_of(rep)["code"] == ErrorCode.BUSY
+    assert list(s.pending) == [held.corr]
