@@ -330,13 +330,17 @@ class NodeClient:
                     raise RequestTimeout(f"no reply from {self._name(sock)} within "
                                          f"{self.timeout_ms} ms{note}")
                 continue
-            for reply in unpack_replies(sock.recv()):
-                if reply.get("id") != rid:
+            mine = None
+            for reply in unpack_replies(sock.recv()):  # the whole frame: others' too
+                if reply.get("id") == rid:
+                    mine = reply
+                else:
                     self.hand_over(reply)  # a transaction's or a pipeline's, or a late one
-                    continue
-                if not reply.get("ok"):
-                    raise error_for(reply.get("code", 0), reply.get("error", ""))
-                return reply
+            if mine is None:
+                continue
+            if not mine.get("ok"):
+                raise error_for(mine.get("code", 0), mine.get("error", ""))
+            return mine
 
     def hand_over(self, reply: dict[str, Any]) -> None:
         """Give an answer read from a socket by someone it is not for to the transaction or

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgpack
 import pytest
+import zmq
 
 from actors.front_state import FrontDoorState, Out
 from actors.instructions import Produce, Reply, Request
@@ -245,3 +246,42 @@ def test_error_replies_keep_their_bytes(front: FrontDoorState) -> None:
     assert isinstance(out, Reply)
     assert out.frame == (b"\x84\xa2id\"\xa2ok\xc2\xa4code\x01\xa5error\xd9,read_by_key: "
                          b"field 'key' is longer than 4096")
+
+
+class JoiningSocket(RecordingSocket):
+    """Answers a call once, in one frame with the answers of two pipelined requests around
+    it, as the front door joins the replies of one burst to one client."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.answered = False
+
+    def poll(self, *_args: Any, **_kw: Any) -> int:
+        return 0 if self.answered else 1
+
+    def recv(self, *_args: Any, **_kw: Any) -> bytes:
+        if self.answered:
+            raise zmq.Again
+        self.answered = True
+        *piped, call = [m["id"] for frame in self.sent for m in unpack_replies(frame)]
+        first, second = piped[0], piped[-1]
+        return b"".join(msgpack.packb(m, use_bin_type=True) for m in (
+            {"lsn": 4, "parts": [[0, 10, 1]], "id": first, "ok": True},
+            {"topics": [], "id": call, "ok": True},
+            {"lsn": 4, "parts": [[0, 11, 1]], "id": second, "ok": True}))
+
+
+def test_a_call_hands_the_answers_around_its_own_in_a_frame_to_their_waiters() -> None:
+    """A frame may hold others' answers after the call's own: each goes to its pipeline
+    (the call returned at its own, and the pipeline's second answer was lost for good)."""
+    c = NodeClient("tcp://127.0.0.1:1", producer_id=77)
+    c.sock.close(0)
+    sock = JoiningSocket()
+    c.sock = sock  # type: ignore[assignment]  # a stand-in for the zmq socket, on purpose
+    pipe = c.pipeline()
+    ids = [pipe.submit("events", [b"a"], partition=0), pipe.submit("events", [b"b"], partition=0)]
+    pipe.flush()
+    assert c.list_topics() == []
+    answers = pipe.poll(0)
+    assert sorted(rid for rid, _out in answers) == ids
+    assert not pipe.in_flight and not c._waiters
