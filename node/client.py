@@ -36,7 +36,7 @@ import zmq
 
 from actors.curve import curve_client, read_keypair, read_public_key
 from actors.roles import key_partition
-from node.handshake import PROBE_AFTER_MS, HandshakeFailed, probe
+from node.handshake import PROBE_AFTER_MS, PROBE_TIMEOUT_MS, HandshakeFailed, probe
 from node.pipeline import PIPELINE_IN_FLIGHT_MAX, Pipeline, expand_offsets
 from node.transaction import Transaction, TxnInfo, TxnResult, result_of
 from wire.errors import (
@@ -150,7 +150,8 @@ class NodeClient:
         self._branches: weakref.WeakValueDictionary[Xid, Transaction] = weakref.WeakValueDictionary()
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._member_keys: dict[str, bytes] = {}  # endpoint → its CURVE key, from the map
-        self._probed = ""  # what the last probe of a handshake said (node/handshake.py)
+        # What the probe of a handshake said in the call under way (node/handshake.py).
+        self._probed: str | None = None
         self.sock = self._socket(endpoint)
         # A cluster (routed): member id → endpoint, topic → owners, endpoint → socket.
         self._members: dict[int, str] = {}
@@ -218,12 +219,19 @@ class NodeClient:
 
     def _call_on(self, sock: zmq.Socket[bytes], op: str, fields: dict[str, Any]
                  ) -> dict[str, Any]:
+        self._probed = None  # the node's handshake is probed at most once a call
+        try:
+            return self._attempts(sock, op, fields)
+        finally:
+            self._probed = None
+
+    def _attempts(self, sock: zmq.Socket[bytes], op: str, fields: dict[str, Any]
+                  ) -> dict[str, Any]:
         attempts = self.retries + 1 if op in OPS and OPS[op].retry else 1
         backoff_s = 0.01
         last: NodeError | None = None
         start = time.monotonic()
         answered = False  # whether the node answered any attempt
-        self._probed = ""
         for _ in range(attempts):
             rid = next(self._ids)
             try:
@@ -279,11 +287,15 @@ class NodeClient:
     def probe(self, sock: zmq.Socket[bytes]) -> str:
         """Probe the handshake with ``sock``'s node (node/handshake.py): raise
         ``HandshakeFailed`` for a refusal no retry can mend; else what it saw, for a
-        timeout's message ("" if the handshake succeeded)."""
+        timeout's message ("" if the handshake succeeded). Once a call: its retries and
+        ``not_connected`` take what it said. It watches no longer than ``timeout_ms``."""
+        if self._probed is not None:
+            return self._probed
         endpoint = self._endpoint_of(sock)
         verdict = probe(self._ctx, endpoint,
                         lambda s: self._secure(s, self._member_keys.get(endpoint)),
-                        curve=self.client_keys is not None)
+                        curve=self.client_keys is not None,
+                        timeout_ms=min(PROBE_TIMEOUT_MS, self.timeout_ms))
         verdict.raise_final()
         self._probed = verdict.text
         return verdict.text

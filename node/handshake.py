@@ -34,8 +34,9 @@ PROBE_TIMEOUT_MS = 2000  # how long a probe watches its handshake
 # close the connection before the client has read why (a failure with no detail), and the
 # next attempt (libzmq reconnects after 100 ms) may read it.
 PROBE_FAILURES_MAX = 3
-EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-          | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+          | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+          | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 ZAP_REFUSED = 400  # the ZAP status of a key the node does not allow (RFC 27)
 # The protocol error of peers whose security mechanisms differ (CURVE against NULL).
 MECHANISM_MISMATCH = 0x11000002  # ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
@@ -89,12 +90,13 @@ def probe(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str,
     are, and say how its handshake went within ``timeout_ms``."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    secure(sock)
-    monitor = sock.get_monitor_socket(EVENTS)
+    monitor: zmq.Socket[bytes] | None = None
     connected = False
     unclear: Verdict | None = None  # the last failure that no retry is known not to mend
     failures = 0
     try:
+        secure(sock)
+        monitor = sock.get_monitor_socket(EVENTS)
         sock.connect(endpoint)
         deadline = time.monotonic() + timeout_ms / 1000
         while (left_ms := (deadline - time.monotonic()) * 1000) > 0:
@@ -104,9 +106,8 @@ def probe(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str,
             kind, value = event["event"], event["value"]
             if kind == zmq.EVENT_CONNECTED:
                 connected = True
-            elif kind == zmq.EVENT_CONNECT_RETRIED:  # the connection was refused
-                return unclear or Verdict("nothing accepted a connection there (is a node "
-                                          "running?)")
+            elif kind == zmq.EVENT_CONNECT_RETRIED and not connected:  # refused
+                return Verdict("nothing accepted a connection there (is a node running?)")
             elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 return Verdict("")
             else:
@@ -116,8 +117,9 @@ def probe(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str,
                     return verdict
                 unclear = verdict
     finally:
-        sock.disable_monitor()
-        monitor.close(0)
+        if monitor is not None:
+            sock.disable_monitor()
+            monitor.close(0)
         sock.close(0)
     if unclear is not None:
         return unclear

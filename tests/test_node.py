@@ -8,7 +8,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -356,3 +356,34 @@ def test_a_timeout_says_what_the_handshake_with_the_port_showed() -> None:
         with NodeClient(other, timeout_ms=300, retries=0) as c, \
                 pytest.raises(RequestTimeout, match="is a shardnode node listening there"):
             c.list_topics()
+
+
+def test_a_call_probes_the_handshake_once_whatever_its_retries(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port that takes connections and never speaks (a frozen process, or not a node):
+    the call's retries take the first probe's verdict, and each probe watches no longer
+    than the client's timeout (a probe per attempt, of up to 2 s each, made a call of
+    four 200 ms attempts take 9 s)."""
+    import socket
+
+    import node.client
+    from node import handshake
+    from node.client import NodeClient
+    from wire.errors import RequestTimeout
+
+    probes: list[int] = []
+    real = handshake.probe
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        probes.append(kw["timeout_ms"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(node.client, "probe", counted)
+    with socket.socket() as listener:  # the kernel accepts; nobody reads or writes
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        endpoint = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+        with NodeClient(endpoint, timeout_ms=200, retries=3) as c, \
+                pytest.raises(RequestTimeout, match="no ZeroMQ handshake completed"):
+            c.list_topics()
+    assert probes == [200]
