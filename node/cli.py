@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
 import json
 import logging
 import os
@@ -118,21 +117,6 @@ def _check_listening(host: str, port: int, timeout_s: float) -> None:
         pass
 
 
-def port_in_use(host: str, port: int) -> bool:
-    """Whether another socket holds ``host:port``: bound as ZeroMQ binds (SO_REUSEADDR, so
-    a port left in TIME_WAIT by a node that stopped is free), then closed. Only EADDRINUSE
-    counts; any other failure is left to the front door's own bind."""
-    bind_host = "" if host == "*" else host.strip("[]")
-    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((bind_host, port))
-        except OSError as exc:
-            return exc.errno == errno.EADDRINUSE
-    return False
-
-
 def _client(args: argparse.Namespace, **kw: Any) -> NodeClient:
     """A client of the node the command names, with its CURVE keys when given. Raises
     ``Unavailable`` at once when nothing listens on the node's port."""
@@ -207,6 +191,8 @@ def cmd_start(args: argparse.Namespace) -> int:
         return 2
     # Told here, before any actor starts; a port taken after this check still fails the
     # front door's bind, and the start with it.
+    from node.local import port_in_use
+
     if port_in_use(cfg.node.host, cfg.node.port):
         err_console.print(f"[red]cannot start:[/red] port {cfg.node.port} is in use on "
                           f"{escape(cfg.node.host)} (another node?): choose another with --port",

@@ -147,6 +147,7 @@ class PipelinedProducer(Producer):
                         continue  # resent in the next attempt
                     (pos,) = out
                     self.ledger.acked[todo.pop(seq)] = pos
+            pipe.close()  # what it did not answer is sent again by the next attempt
 
 
 class CheckFailed(AssertionError):

@@ -9,6 +9,7 @@ and the crash test.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import random
@@ -46,16 +47,19 @@ def _ephemeral_low() -> int:
         return 32_768  # Linux's default
 
 
-def _bindable(port: int) -> bool:
-    """Whether a listener can bind ``port`` as ZeroMQ binds (SO_REUSEADDR: a port left in
-    TIME_WAIT is free)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+def port_in_use(host: str, port: int) -> bool:
+    """Whether another socket holds ``host:port``: bound as ZeroMQ binds (SO_REUSEADDR, so
+    a port left in TIME_WAIT by a node that stopped is free), then closed. Only EADDRINUSE
+    counts; any other failure is left to the front door's own bind."""
+    bind_host = "" if host == "*" else host.strip("[]")
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+            s.bind((bind_host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
 
 
 def free_port(span: int = 1) -> int:
@@ -66,13 +70,13 @@ def free_port(span: int = 1) -> int:
     pick = random.SystemRandom()
     for _ in range(PORT_PICKS_MAX if high > PORTS_LOW else 0):
         port = pick.randrange(PORTS_LOW, high)
-        if all(_bindable(port + i) for i in range(span)):
+        if all(not port_in_use("127.0.0.1", port + i) for i in range(span)):
             return port
     for _ in range(PORT_PICKS_MAX):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
-        if all(_bindable(port + i) for i in range(span)):
+        if port + span <= 65536 and all(not port_in_use("127.0.0.1", port + i) for i in range(span)):
             return port
     raise RuntimeError(f"no {span} free ports in a row found on 127.0.0.1")
 
@@ -256,8 +260,8 @@ class LocalCluster:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.file = self.root / "cluster.toml"
-        ports = ([free_port() for _ in range(n)] if base_port is None
-                 else [base_port + i for i in range(n)])
+        first = free_port(span=n) if base_port is None else base_port
+        ports = [first + i for i in range(n)]
         members = [Member(i + 1, f"tcp://127.0.0.1:{port}") for i, port in enumerate(ports)]
         self.file.write_text(cluster_text(members))
         self.nodes = {

@@ -61,7 +61,7 @@ class Pipeline:
     requests are queued and sent as frames of their own. A request that cannot be sent
     (its member is down: sockets are ``IMMEDIATE``) is answered ``Unavailable`` by the next
     ``poll``; sending it again under its sequence number is safe. A topic's owners are
-    learned by a call to the cluster at its first submit.
+    learned by a call to the cluster at a submit that needs them.
 
     A pipeline shares its client's sockets with the client's calls and transactions: what
     one of them reads that is another's is handed to it (``NodeClient.hand_over``).
@@ -107,10 +107,10 @@ class Pipeline:
             fields["partition"] = partition
         frame = pack_map(fields)
         if c.routed:
-            self.queue_routed(rid, frame, self.member_socket(topic, records, partition, blob,
-                                                             seq))
-            self.in_flight[rid] = len(records)
+            sock = self.member_socket(topic, records, partition, blob, seq)
+            self.in_flight[rid] = len(records)  # before a send its queue may make fails
             c._waiters[rid] = self
+            self.queue_routed(rid, frame, sock)
             return rid
         if self.queued and self.queued_bytes + len(frame) > self.SUBMIT_QUEUE_BYTES_MAX:
             self.flush()
@@ -231,6 +231,14 @@ class Pipeline:
             out.append((rid, expand_offsets(reply, count) if offsets else []))
         else:
             out.append((rid, error_for(reply.get("code", 0), reply.get("error", ""))))
+
+    def close(self) -> None:
+        """Give up the requests still unanswered: their answers, if they come, are dropped
+        (a pipeline given up on would be kept, with them, by its client)."""
+        for rid in self.in_flight:
+            self.client._waiters.pop(rid, None)
+        self.in_flight.clear()
+        self.handed.clear()
 
     def take(self, rid: int, reply: dict[str, Any]) -> None:
         """An answer to one of this pipeline's requests that another reader of the socket

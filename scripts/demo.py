@@ -41,9 +41,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
-from node.cli import port_in_use
 from node.client import NodeClient
-from node.local import LocalCluster
+from node.local import LocalCluster, port_in_use
 from node.spark import register
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,8 +130,6 @@ class Check:
         if self.bad:
             out.append(f"{self.bad:,} rows with a key, value or timestamp other than written")
         return out
-
-
 
 
 def progress_bar() -> Progress:

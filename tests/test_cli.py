@@ -22,7 +22,7 @@ import pytest
 
 from node import cli
 from node.client import Record
-from node.local import LocalNode, free_port
+from node.local import LocalNode, free_port, port_in_use
 from wire.xid import Xid
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,10 +153,10 @@ def test_a_port_left_by_a_closed_listener_is_free() -> None:
         port = server.getsockname()[1]
         client = socket.create_connection(("127.0.0.1", port))
         accepted, _ = server.accept()
-        assert cli.port_in_use("127.0.0.1", port)
+        assert port_in_use("127.0.0.1", port)
         accepted.close()  # the server's side closes first: TIME_WAIT on the port
         client.close()
-    assert not cli.port_in_use("127.0.0.1", port)
+    assert not port_in_use("127.0.0.1", port)
 
 
 # ---- with a node ---------------------------------------------------------------------
