@@ -235,6 +235,13 @@ class FrontDoorState:
         # Transactions' compare-and-sets (txn_kv with `expected`), checked at their commit:
         # the conditions by transaction, and the commits waiting to be decided, one at a time.
         self.kv_conds: dict[int, list[tuple[int, bytes, bytes | None]]] = {}
+        # When each transaction's first condition was remembered, oldest first. A
+        # transaction is rolled back by its timeout, at most txn.timeout_ms_max after its
+        # begin: its conditions are forgotten twice that long after the first (a commit
+        # then goes unchecked, which the transaction manager refuses), so transactions
+        # their clients gave up on do not fill the table for good.
+        self.kv_cond_since: dict[int, float] = {}
+        self.kv_cond_horizon_s = 2 * cfg.txn.timeout_ms_max / 1000
         self.kv_xa: set[int] = set()  # XA branches' transaction ids: no compare-and-set
         self.kv_commits: collections.deque[tuple[int, int, int, list[tuple[int, bytes, bytes | None]]]] = collections.deque()
         self.kv_deciding = False  # the first of kv_commits is being decided or committed
@@ -1174,6 +1181,7 @@ class FrontDoorState:
         if self.kv_commits and any((tid, key) == k for tid, key, _e in self.kv_commits[0][3]):
             corr, txn, _writes, conds = self.kv_commits.popleft()
             self.kv_conds[txn] = conds + self.kv_conds.get(txn, [])
+            self.kv_cond_since.setdefault(txn, self.clock)
             w = self.pending.pop(corr, None)
             if w is not None:
                 out += self.settle(w, None, failure)
@@ -1246,23 +1254,52 @@ class FrontDoorState:
         if txn in self.kv_txns:
             self.kv_txns[txn].add(tid)
         conditional = "expected" in req
-        if conditional and txn in self.kv_xa:
-            raise NodeError("a compare-and-set in a transaction needs a local transaction "
-                            "(an XA branch's commit is its coordinator's)",
-                            ErrorCode.BAD_REQUEST)
+        conds = self.kv_conds.get(txn) if conditional else None
+        if conditional:
+            self.kv_cond_room(txn, conds, now)
         blob = pack(((key, value),))
         corr = self.wait(identity, rid, now)
         if conditional:
             # Remembered as it is sent, so that a commit sent behind it (in the same frame)
             # is checked against it; forgotten if the transaction manager refuses the write.
-            conds = self.kv_conds.setdefault(txn, [])
-            if len(conds) < self.lim.batch_records_max and len(self.kv_conds) <= TXNS_REMEMBERED_MAX:
-                conds.append((tid, key, req["expected"]))
-                self.pending[corr].cond = (txn, tid, key, req["expected"])
-            # else: not remembered, so its commit goes unchecked and the transaction
-            # manager refuses it (TXN_CONFLICT): never committed without its check.
+            if conds is None:
+                conds = self.kv_conds[txn] = []
+                self.kv_cond_since[txn] = now
+            conds.append((tid, key, req["expected"]))
+            self.pending[corr].cond = (txn, tid, key, req["expected"])
         return Request(TRANSACTION_MANAGER, corr,
                        TxnWrite(corr, txn, seq, [(tid, 0, 1, blob)], (), conditional))
+
+    def kv_cond_room(self, txn: int, conds: list[tuple[int, bytes, bytes | None]] | None,
+                     now: float) -> None:
+        """Refuse a compare-and-set whose condition could not be remembered, before it is
+        staged: every staged one is checked at the commit. (Past these bounds they went
+        unremembered, and a commit was sent checked against the others, or none.)"""
+        if txn in self.kv_xa:
+            raise NodeError("a compare-and-set in a transaction needs a local transaction "
+                            "(an XA branch's commit is its coordinator's)",
+                            ErrorCode.BAD_REQUEST)
+        if conds is not None:
+            if len(conds) >= self.lim.batch_records_max:
+                raise NodeError(f"a transaction holds at most {self.lim.batch_records_max} "
+                                f"compare-and-sets (limits.batch_records_max)",
+                                ErrorCode.TXN_LIMIT)
+            return
+        horizon = now - self.kv_cond_horizon_s
+        while self.kv_cond_since:
+            oldest, since = next(iter(self.kv_cond_since.items()))
+            if since > horizon:
+                break
+            self.kv_conds_forget(oldest)
+        if len(self.kv_conds) >= TXNS_REMEMBERED_MAX:
+            raise NodeError(f"{len(self.kv_conds)} transactions with compare-and-sets are "
+                            f"open here, the most there may be; retry when some have "
+                            f"ended", ErrorCode.TXN_LIMIT)
+
+    def kv_conds_forget(self, txn: int) -> list[tuple[int, bytes, bytes | None]]:
+        """A transaction's conditions, taken out of the table (empty if it had none)."""
+        self.kv_cond_since.pop(txn, None)
+        return self.kv_conds.pop(txn, [])
 
     def kv_cond_refused(self, cond: KvCond) -> None:
         """A compare-and-set the transaction manager refused (an unknown transaction, a
@@ -1274,7 +1311,7 @@ class FrontDoorState:
         if conds is not None and (tid, key, expected) in conds:
             conds.remove((tid, key, expected))
             if not conds:
-                del self.kv_conds[txn]
+                self.kv_conds_forget(txn)
 
     def kv_conditional_commit(self, identity: bytes, rid: int, req: dict[str, Any],
                               now: float) -> list[Out]:
@@ -1285,7 +1322,7 @@ class FrontDoorState:
         back and the commit answered TXN_CONFLICT."""
         txn = req["txn"]
         corr = self.wait(identity, rid, now)
-        self.kv_commits.append((corr, txn, req.get("writes", -1), self.kv_conds.pop(txn)))
+        self.kv_commits.append((corr, txn, req.get("writes", -1), self.kv_conds_forget(txn)))
         return self.kv_commit_next()
 
     def kv_commit_next(self) -> list[Out]:
@@ -1350,7 +1387,7 @@ class FrontDoorState:
         if xid is not None:
             txn = self.kv_xids.pop(xid, 0)
             self.kv_xa.discard(txn)
-        self.kv_conds.pop(txn, None)  # rolled back, or (a retry) committed already
+        self.kv_conds_forget(txn)  # rolled back, or (a retry) committed already
         tids = self.kv_txns.pop(txn, None) if txn else None
         if op not in COMMIT_OPS:
             return  # rolled back: nothing of it becomes visible

@@ -613,3 +613,38 @@ def test_a_write_to_a_new_namespace_at_the_pending_bound_is_answered_busy() -> N
                                producer_id=1, seq=0), now=0.0)
     assert reply_of(rep)["code"] == ErrorCode.BUSY
     assert list(s.pending) == [held.corr]
+
+
+def test_compare_and_sets_past_the_bounds_are_refused_never_committed_unchecked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every compare-and-set staged is checked at its commit: one that could not be
+    remembered (past a transaction's limits.batch_records_max, or with the table of
+    transactions full) is refused before it is staged. They went unremembered, and the
+    commit was sent checked against the others, or against none."""
+    from actors import front_state
+
+    s = state(batch_records_max=2, read_records_max=200)
+    for seq, key in enumerate((b"a", b"b")):
+        (write,) = s.request(ID, req("txn_kv", rid=seq + 1, txn=5, seq=seq, namespace="cfg",
+                                     key=key, value=b"new", expected=b"old"), now=0.0)
+        assert isinstance(write, Request)
+    (third,) = s.request(ID, req("txn_kv", rid=3, txn=5, seq=2, namespace="cfg", key=b"c",
+                                 value=b"new", expected=b"old"), now=0.0)
+    assert reply_of(third)["code"] == ErrorCode.TXN_LIMIT
+    assert s.kv_conds[5] == [(3, b"a", b"old"), (3, b"b", b"old")]
+
+    monkeypatch.setattr(front_state, "TXNS_REMEMBERED_MAX", 1)
+    (other,) = s.request(ID, req("txn_kv", rid=4, txn=6, seq=0, namespace="cfg", key=b"a",
+                                 value=b"new", expected=b"old"), now=1.0)
+    assert reply_of(other)["code"] == ErrorCode.TXN_LIMIT
+    assert list(s.kv_conds) == [5]  # no empty entry left for the refused one
+    # Past twice the longest transaction timeout, transaction 5 was rolled back by the
+    # transaction manager: its conditions make room, and its commit goes unchecked (the
+    # transaction manager refuses it).
+    later = s.kv_cond_horizon_s + 1
+    (taken,) = s.request(ID, req("txn_kv", rid=5, txn=6, seq=0, namespace="cfg", key=b"a",
+                                 value=b"new", expected=b"old"), now=later)
+    assert isinstance(taken, Request) and list(s.kv_conds) == [6]
+    (commit,) = s.request(ID, req("txn_commit", rid=6, txn=5), now=later)
+    assert isinstance(commit, Request) and isinstance(commit.msg, TxnStep)
+    assert commit.msg.checked is False
