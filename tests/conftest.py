@@ -6,6 +6,7 @@ the node's processes is left behind.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -54,3 +55,20 @@ def make_node(tmp_path: Path) -> Iterator[MakeNode]:
 @pytest.fixture
 def node(make_node: MakeNode) -> LocalNode:
     return make_node()
+
+
+@contextlib.contextmanager
+def module_node(tmp_path_factory: pytest.TempPathFactory, name: str,
+                config_text: str | None = None) -> Iterator[LocalNode]:
+    """A node one test module shares (a module-scoped fixture yields from it): started on a
+    fresh directory with ``config_text`` as its config, stopped when the module is done."""
+    base = tmp_path_factory.mktemp(name)
+    cfg = None
+    if config_text is not None:
+        cfg = base / "node.toml"
+        cfg.write_text(config_text)
+    n = LocalNode(base / "data", config=cfg, log_file=base / "node.log").start()
+    try:
+        yield n
+    finally:
+        n.stop()

@@ -12,6 +12,7 @@ import pytest
 import zmq
 
 from node.local import LocalNode
+from tests.conftest import module_node
 from wire.errors import ErrorCode
 from wire.protocol import unpack_replies
 
@@ -26,14 +27,10 @@ value_bytes_max = 1000
 
 @pytest.fixture(scope="module")
 def small_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNode]:
-    base = tmp_path_factory.mktemp("bad")
-    cfg = base / "node.toml"
-    cfg.write_text(CONFIG)
-    n = LocalNode(base / "data", config=cfg, log_file=base / "node.log").start()
-    with n.client() as c:
-        c.create_topic("t", partitions=2)
-    yield n
-    n.stop()
+    with module_node(tmp_path_factory, "bad", CONFIG) as n:
+        with n.client() as c:
+            c.create_topic("t", partitions=2)
+        yield n
 
 
 @pytest.fixture

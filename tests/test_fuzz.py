@@ -40,6 +40,7 @@ import pytest
 import zmq
 
 from node.local import LocalNode
+from tests.conftest import module_node
 from wire.errors import ErrorCode
 from wire.protocol import KV_PREFIX, OFFSET_MAX, OPS, Field, unpack_replies
 from wire.records import (
@@ -691,12 +692,8 @@ class Exchange:
 
 @pytest.fixture(scope="module")
 def fuzz_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNode]:
-    base = tmp_path_factory.mktemp("fuzz")
-    cfg = base / "node.toml"
-    cfg.write_text(CONFIG)
-    n = LocalNode(base / "data", config=cfg, log_file=base / "node.log").start()
-    yield n
-    n.stop()
+    with module_node(tmp_path_factory, "fuzz", CONFIG) as n:
+        yield n
 
 
 @pytest.mark.parametrize("seed", SEEDS, ids=lambda s: f"seed-{s}")

@@ -18,6 +18,7 @@ import pytest
 
 from config import load_config
 from node.client import NodeClient
+from tests.conftest import module_node
 from tests.linearizable import Call, check, linearizable
 from wire.errors import BadRequest, NodeError, TransactionConflict
 from wire.protocol import KV_KEY_BYTES_MAX
@@ -33,13 +34,8 @@ WORKER = ROOT / "tests" / "kv_worker.py"
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNode]:
     """One node for the tests that neither kill nor restart it (each its own namespaces)."""
-    from node.local import LocalNode
-
-    root = tmp_path_factory.mktemp("kv")
-    n = LocalNode(root / "data", log_file=root / "node.log")
-    n.start()
-    yield n
-    n.stop()
+    with module_node(tmp_path_factory, "kv") as n:
+        yield n
 
 
 def start_workers(endpoint: str, mode: str, n: int, count: int, *extra: str
