@@ -23,11 +23,13 @@ key pair, Z85 as ``shardnode keygen`` writes them:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import math
 import random
 import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,8 +152,10 @@ class NodeClient:
         self._branches: weakref.WeakValueDictionary[Xid, Transaction] = weakref.WeakValueDictionary()
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._member_keys: dict[str, bytes] = {}  # endpoint → its CURVE key, from the map
-        # What the probe of a handshake said in the call under way (node/handshake.py).
+        # What the probe of a handshake said in the call under way (node/handshake.py),
+        # kept only within ``_one_probe``.
         self._probed: str | None = None
+        self._probe_once = False
         self.sock = self._socket(endpoint)
         # A cluster (routed): member id → endpoint, topic → owners, endpoint → socket.
         self._members: dict[int, str] = {}
@@ -219,11 +223,18 @@ class NodeClient:
 
     def _call_on(self, sock: zmq.Socket[bytes], op: str, fields: dict[str, Any]
                  ) -> dict[str, Any]:
-        self._probed = None  # the node's handshake is probed at most once a call
-        try:
+        with self._one_probe():
             return self._attempts(sock, op, fields)
+
+    @contextlib.contextmanager
+    def _one_probe(self) -> Iterator[None]:
+        """Within it, the node's handshake is probed at most once (``probe``): a call's
+        retries, and ``not_connected``, take what it said."""
+        self._probed, self._probe_once = None, True
+        try:
+            yield
         finally:
-            self._probed = None
+            self._probed, self._probe_once = None, False
 
     def _attempts(self, sock: zmq.Socket[bytes], op: str, fields: dict[str, Any]
                   ) -> dict[str, Any]:
@@ -272,17 +283,28 @@ class NodeClient:
         except zmq.Again:
             pass
         start = time.monotonic()
-        deadline = start + self.send_timeout_ms() / 1000
-        probe_at: float | None = start + PROBE_AFTER_MS / 1000
-        while (left := deadline - time.monotonic()) > 0:
-            wait = left if probe_at is None else min(left, probe_at - time.monotonic())
-            if sock.poll(max(int(wait * 1000), 0) + 1, zmq.POLLOUT):
-                sock.send(frame, zmq.NOBLOCK)
-                return
-            if probe_at is not None and time.monotonic() >= probe_at:
-                probe_at = None
+        timeout_ms = self.send_timeout_ms()
+        # A member of a cluster is passed over (SEND_TIMEOUT_MS_MAX) before a probe is due.
+        probe_at = start + PROBE_AFTER_MS / 1000 if timeout_ms > PROBE_AFTER_MS else math.inf
+        if not self._poll(sock, zmq.POLLOUT, start + timeout_ms / 1000, probe_at):
+            raise zmq.Again
+        sock.send(frame, zmq.NOBLOCK)
+
+    def _poll(self, sock: zmq.Socket[bytes], event: int, deadline: float,
+              probe_at: float) -> bool:
+        """Wait for ``event`` on ``sock`` until ``deadline`` (False then); not come by
+        ``probe_at``, probe the node's handshake, once a call (``probe``: raises a refusal
+        no retry can mend)."""
+        while True:
+            due = deadline if self._probed is not None else min(deadline, probe_at)
+            wait_ms = (due - time.monotonic()) * 1000
+            if sock.poll(int(wait_ms) + 1 if wait_ms > 0 else 0, event):
+                return True
+            now = time.monotonic()
+            if self._probed is None and now >= probe_at:
                 self.probe(sock)
-        raise zmq.Again
+            elif now >= deadline:
+                return False
 
     def probe(self, sock: zmq.Socket[bytes]) -> str:
         """Probe the handshake with ``sock``'s node (node/handshake.py): raise
@@ -297,7 +319,8 @@ class NodeClient:
                         curve=self.client_keys is not None,
                         timeout_ms=min(PROBE_TIMEOUT_MS, self.timeout_ms))
         verdict.raise_final()
-        self._probed = verdict.text
+        if self._probe_once:
+            self._probed = verdict.text
         return verdict.text
 
     def not_connected(self, sock: zmq.Socket[bytes]) -> RequestTimeout:
@@ -326,22 +349,13 @@ class NodeClient:
         sock = self.sock if sock is None else sock
         start = time.monotonic()
         deadline = start + self.timeout_ms / 1000
-        # Unanswered this long, the node's handshake is probed once (node/handshake.py).
-        probe_at: float | None = start + min(PROBE_AFTER_MS, self.timeout_ms) / 1000
-        note = ""
+        # Unanswered this long, the node's handshake is probed (node/handshake.py).
+        probe_at = start + min(PROBE_AFTER_MS, self.timeout_ms) / 1000
         while True:
-            now = time.monotonic()
-            wait = deadline - now if probe_at is None else min(deadline, probe_at) - now
-            if not sock.poll(max(int(wait * 1000) + 1, 0) if wait > 0 else 0, zmq.POLLIN):
-                if probe_at is not None and time.monotonic() >= probe_at:
-                    probe_at = None
-                    text = self.probe(sock)  # raises a refusal no retry can mend
-                    note = f"; {text}" if text else ""
-                    continue
-                if time.monotonic() >= deadline:
-                    raise RequestTimeout(f"no reply from {self._name(sock)} within "
-                                         f"{self.timeout_ms} ms{note}")
-                continue
+            if not self._poll(sock, zmq.POLLIN, deadline, probe_at):
+                note = f"; {self._probed}" if self._probed else ""
+                raise RequestTimeout(f"no reply from {self._name(sock)} within "
+                                     f"{self.timeout_ms} ms{note}")
             mine = None
             for reply in unpack_replies(sock.recv()):  # the whole frame: others' too
                 if reply.get("id") == rid:
@@ -460,7 +474,8 @@ class NodeClient:
             reply: dict[str, Any] | None = None
             if rid is not None:
                 try:
-                    reply = self._await(rid, sock)
+                    with self._one_probe():
+                        reply = self._await(rid, sock)
                     check_reply("produce", reply)
                 except NodeError as exc:
                     if exc.code not in _RETRYABLE:
