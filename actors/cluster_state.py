@@ -9,7 +9,7 @@ request names a topic they do not know. A request for a partition another member
 forwarded to it and its answer relayed; a produce split by key over partitions of several
 members is sent to each as its part, and the answers joined (``join_produce``); end offsets
 are gathered from every owner (``join_offsets``). The front door's logic
-(``actors/front_state.py``) uses these; its shell owns the sockets to the other members.
+(``actors/front_cluster.py``) uses these; its shell owns the sockets to the other members.
 """
 
 from __future__ import annotations

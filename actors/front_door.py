@@ -117,7 +117,7 @@ class FrontDoor(Actor):
     def on_start(self) -> None:
         self.send(LOG_MANAGER, Hello(self.role), wait_ms=100)
         if self.state.cluster is not None:
-            for member in self.state.cluster.others():  # connected before they are needed
+            for member in self.state.cluster.view.others():  # connected before they are needed
                 self.member_socket(member)
         log.info("listening on %s", self.cfg.endpoint)
 
@@ -165,8 +165,8 @@ class FrontDoor(Actor):
         that is down fails at once, and the request is answered UNAVAILABLE."""
         sock = self.peers.get(member)
         if sock is None:
-            cluster = self.state.cluster
-            assert cluster is not None
+            assert self.state.cluster is not None
+            cluster = self.state.cluster.view
             lim = self.cfg.limits
             sock = self.zctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
@@ -196,8 +196,8 @@ class FrontDoor(Actor):
         whose member stayed unreachable for ``PEER_CONNECT_WAIT_S``."""
         unsent, self.unsent = self.unsent, []
         now = time.monotonic()
-        cluster = self.state.cluster
-        assert cluster is not None
+        assert self.state.cluster is not None
+        cluster = self.state.cluster.view
         for member, corr, frame, give_up_at in unsent:
             if corr not in self.state.pending:
                 continue  # answered meanwhile (timed out)
@@ -332,9 +332,9 @@ class FrontDoor(Actor):
             "errors": s.errors,
             "timeouts": s.timeouts,
             "replies_dropped": self.replies_dropped,
-            "forwarded": s.forwarded,
-            "kv_gets_cached": s.kv_gets_cached,
-            **s.kv.figures(),
+            "forwarded": 0 if s.cluster is None else s.cluster.forwarded,
+            "kv_gets_cached": s.kv.gets_cached,
+            **s.kv.state.figures(),
             **s.memory.figures(),
         }
 

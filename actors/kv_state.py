@@ -27,7 +27,7 @@ asking the writer:
   that may touch a namespace is in flight, gets in it go to the writer, CAS in it waits,
   and no fill is taken; its answer drops the namespace's entries (a new generation).
 
-The front door (``actors/front_state.py``) turns the steps returned here into messages.
+The front door (``actors/front_kv.py``) turns the steps returned here into messages.
 """
 
 from __future__ import annotations

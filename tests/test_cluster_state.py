@@ -16,6 +16,7 @@ import pytest
 import zmq
 
 from actors.cluster_state import PEER_PREFIX, catalog_changes
+from actors.front_cluster import ClusterDoor
 from actors.front_state import FrontDoorState
 from actors.instructions import Produce, Reply, Request, ToPeer
 from config import ConfigError, load_config
@@ -110,6 +111,12 @@ def member(tmp_path: Path, me: int, topics: list[Topic] | None = None) -> FrontD
     s = FrontDoorState(cfg)
     s.catalog(Catalog(7, topics if topics is not None else [EVENTS], 7))
     return s
+
+
+def cluster_of(s: FrontDoorState) -> ClusterDoor:
+    """A member's part of the front door that forwards, gathers and copies the catalog."""
+    assert s.cluster is not None
+    return s.cluster
 
 
 def frame(op: str, rid: int = 1, **fields: Any) -> list[bytes]:
@@ -366,12 +373,12 @@ def test_a_split_batch_with_a_silent_member_fails_naming_it(tmp_path: Path) -> N
     reply = answer_of(rep)
     assert reply["id"] == 9 and reply["code"] == ErrorCode.UNAVAILABLE
     assert "did not answer in time" in reply["error"] and "node " in reply["error"]
-    assert not s.pending and s.forwards_open == 0
+    assert not s.pending and cluster_of(s).forwards_open == 0
 
 
 def test_forwarded_requests_are_bounded(tmp_path: Path) -> None:
     s = member(tmp_path, 1)
-    s.forwards_max = 2
+    cluster_of(s).forwards_max = 2
     read = {"topic": "events", "partition": 1, "offset": 0, "max_records": 1}
     first, second = (s.request(ID, frame("read", i, **read), now=0.0)[0] for i in (1, 2))
     assert isinstance(first, ToPeer) and isinstance(second, ToPeer)
@@ -405,9 +412,9 @@ def test_a_transactional_batch_with_no_partition_is_judged_by_where_it_lands(
 def test_the_catalog_copy_is_not_counted_as_forwarded(tmp_path: Path) -> None:
     s = member(tmp_path, 2)
     (pull,) = s.tick(now=100.0)
-    assert isinstance(pull, ToPeer) and s.forwarded == 0
+    assert isinstance(pull, ToPeer) and cluster_of(s).forwarded == 0
     s.request(ID, read_req(5, "events", 0, 1), now=100.0)
-    assert s.forwarded == 1
+    assert cluster_of(s).forwarded == 1
 
 
 # ---- a routed client and a member that says it is not the owner ---------------------------
@@ -480,12 +487,12 @@ def test_a_split_batch_refused_busy_gives_back_the_forward_it_took(tmp_path: Pat
     second (the bound), the first's place is given back with its wait. It stayed taken,
     and the member refused every forward after it, BUSY, for good."""
     s = member(tmp_path, 1)
-    s.forwards_max = 1
+    cluster_of(s).forwards_max = 1
     records = msgpack.packb([r for r in keyed(60) if zlib.crc32(r[1]) % 6 in (1, 2)])
     (busy,) = s.request(ID, frame("produce", 9, topic="events", producer_id=5, seq=3,
                                   records=records), now=0.0)
     assert answer_of(busy)["code"] == ErrorCode.BUSY
-    assert not s.pending and s.forwards_open == 0
+    assert not s.pending and cluster_of(s).forwards_open == 0
     read = {"topic": "events", "partition": 1, "offset": 0, "max_records": 1}
     (forwarded,) = s.request(ID, frame("read", 10, **read), now=0.0)
     assert isinstance(forwarded, ToPeer)

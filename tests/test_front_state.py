@@ -9,7 +9,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from actors.front_state import KV_OPS, WRITER_OPS, FrontDoorState, Out
+from actors.front_kv import KV_OPS
+from actors.front_state import WRITER_OPS, FrontDoorState, Out
 from actors.instructions import Produce, Reply, Request
 from actors.roles import LOG_MANAGER, TRANSACTION_MANAGER
 from config import load_config
@@ -510,7 +511,7 @@ def test_a_value_over_the_limit_is_refused_in_a_namespace_that_does_not_exist(
     reply = reply_of(rep)
     assert (reply["ok"], reply["code"]) == (False, ErrorCode.BAD_REQUEST), reply
     assert "1001 bytes" in reply["error"]
-    assert not s.pending and not s.kv_creating
+    assert not s.pending and not s.kv.creating
 
 
 def test_a_commit_whose_compare_and_set_cannot_load_its_key_fails_and_stays_open() -> None:
@@ -533,7 +534,7 @@ def test_a_commit_whose_compare_and_set_cannot_load_its_key_fails_and_stays_open
                                      "no shard t3-p0 (topic deleted?)"))
         reply = reply_of(rep)
         assert (reply["id"], reply["code"]) == (rid, ErrorCode.UNKNOWN_TOPIC), reply
-        assert not s.pending and not s.kv_commits
+        assert not s.pending and not s.kv.commits
 
 
 def test_a_compare_and_set_sent_before_its_transaction_began_still_blocks_its_namespace() -> None:
@@ -555,10 +556,10 @@ def test_a_compare_and_set_sent_before_its_transaction_began_still_blocks_its_na
     assert isinstance(load, Request) and isinstance(load.msg, KvGet)
     (commit,) = s.answer(RecordsReply(load.corr, msgpack.packb([[b"k", b"old"]]), 4))
     assert isinstance(commit, Request)
-    assert s.kv.blocked(3)  # the namespace "cfg" waits for the commit's answer
+    assert s.kv.state.blocked(3)  # the namespace "cfg" waits for the commit's answer
     (rep,) = s.answer(TxnCommitted(commit.corr, 6, []))
     assert reply_of(rep)["ok"] is True
-    assert (s.kv.commits_anywhere, s.kv.committing) == (0, {})
+    assert (s.kv.state.commits_anywhere, s.kv.state.committing) == (0, {})
 
 
 def test_a_refused_compare_and_set_is_forgotten_and_does_not_fill_the_table() -> None:
@@ -570,11 +571,11 @@ def test_a_refused_compare_and_set_is_forgotten_and_does_not_fill_the_table() ->
     for txn in range(1, 4):
         (write,) = s.request(ID, req("txn_kv", rid=txn, txn=txn, seq=0, namespace="cfg",
                                      key=b"k", value=b"new", expected=b"old"), now=0.0)
-        assert isinstance(write, Request) and s.kv_conds[txn] == [(3, b"k", b"old")]
+        assert isinstance(write, Request) and s.kv.conds[txn] == [(3, b"k", b"old")]
         code = ErrorCode.TXN_UNKNOWN if txn < 3 else ErrorCode.TIMEOUT
         (rep,) = s.answer(ErrorReply(write.corr, code, "no such transaction"))
         assert reply_of(rep)["code"] == code
-    assert list(s.kv_conds) == [3]  # a timeout does not say it was not staged: it stays
+    assert list(s.kv.conds) == [3]  # a timeout does not say it was not staged: it stays
     (begin,) = s.request(ID, req("txn_begin", rid=9, txn=1), now=0.0)
     assert isinstance(begin, Request)
     s.answer(TxnId(begin.corr, 1))
@@ -621,7 +622,7 @@ def test_compare_and_sets_past_the_bounds_are_refused_never_committed_unchecked(
     remembered (past a transaction's limits.batch_records_max, or with the table of
     transactions full) is refused before it is staged. They went unremembered, and the
     commit was sent checked against the others, or against none."""
-    from actors import front_state
+    from actors import front_kv
 
     s = state(batch_records_max=2, read_records_max=200)
     for seq, key in enumerate((b"a", b"b")):
@@ -631,20 +632,20 @@ def test_compare_and_sets_past_the_bounds_are_refused_never_committed_unchecked(
     (third,) = s.request(ID, req("txn_kv", rid=3, txn=5, seq=2, namespace="cfg", key=b"c",
                                  value=b"new", expected=b"old"), now=0.0)
     assert reply_of(third)["code"] == ErrorCode.TXN_LIMIT
-    assert s.kv_conds[5] == [(3, b"a", b"old"), (3, b"b", b"old")]
+    assert s.kv.conds[5] == [(3, b"a", b"old"), (3, b"b", b"old")]
 
-    monkeypatch.setattr(front_state, "TXNS_REMEMBERED_MAX", 1)
+    monkeypatch.setattr(front_kv, "TXNS_REMEMBERED_MAX", 1)
     (other,) = s.request(ID, req("txn_kv", rid=4, txn=6, seq=0, namespace="cfg", key=b"a",
                                  value=b"new", expected=b"old"), now=1.0)
     assert reply_of(other)["code"] == ErrorCode.TXN_LIMIT
-    assert list(s.kv_conds) == [5]  # no empty entry left for the refused one
+    assert list(s.kv.conds) == [5]  # no empty entry left for the refused one
     # Past twice the longest transaction timeout, transaction 5 was rolled back by the
     # transaction manager: its conditions make room, and its commit goes unchecked (the
     # transaction manager refuses it).
-    later = s.kv_cond_horizon_s + 1
+    later = s.kv.cond_horizon_s + 1
     (taken,) = s.request(ID, req("txn_kv", rid=5, txn=6, seq=0, namespace="cfg", key=b"a",
                                  value=b"new", expected=b"old"), now=later)
-    assert isinstance(taken, Request) and list(s.kv_conds) == [6]
+    assert isinstance(taken, Request) and list(s.kv.conds) == [6]
     (commit,) = s.request(ID, req("txn_commit", rid=6, txn=5), now=later)
     assert isinstance(commit, Request) and isinstance(commit.msg, TxnStep)
     assert commit.msg.checked is False

@@ -193,7 +193,7 @@ def _placed(topic: str, rows: pa.RecordBatch, owners: tuple[int, ...] | None
     # The partition of each row: the one it names, its key's for a keyed row, null for a
     # keyless one (spread). A keyed row's partition is named in its request too: a member
     # given keyed records without one checks only partition 0 for a transaction
-    # (``actors/front_state.py``, ``route_in_cluster``) and refuses a request of keys all
+    # (``actors/front_cluster.py``, ``ClusterDoor.route``) and refuses a request of keys all
     # in one partition of its own as CROSS_NODE when another member owns partition 0.
     slots = parts if parts is not None else pa.nulls(rows.num_rows, pa.int64())
     if "key" in names:

@@ -1,0 +1,574 @@
+"""The front door's key/value requests, with no I/O: the ``kv_*`` ops, reads by key from its
+cache, and transactions' compare-and-sets, decided at their commit.
+
+``actors/kv_state.py`` decides: what a key's value is, which write of a key goes next, when
+a compare-and-set matches. ``KvDoor`` carries its steps out with the front door's waits
+(``FrontDoorState``, ``actors/front_state.py``, which owns this part and routes the ops
+here): a write becomes a ``Produce`` answered by its acknowledgement, a read or a load of a
+key a request to the namespace's shard writer, and answers go back to ``KvState``. It also
+remembers what the cache must not serve while a commit is in flight: the transactions
+begun here and the namespaces they write (``track_txn``), and each transaction's
+compare-and-sets, checked one commit at a time (``conditional_commit``).
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, assert_never
+
+import msgpack
+
+from actors.cluster_state import PARKED_MAX
+from actors.instructions import Produce, Reply, Request
+from actors.kv_state import Generation, KeyOp, KvState, Load, Refused, Send, Step
+from actors.roles import TRANSACTION_MANAGER
+from config import NodeConfig
+from wire import protocol
+from wire.errors import ErrorCode, NodeError
+from wire.messages import (
+    Answer,
+    CreateTopic,
+    DeleteTopic,
+    ErrorReply,
+    KvGet,
+    KvScan,
+    ReadByKey,
+    RecordsReply,
+    TxnStep,
+    TxnWrite,
+)
+from wire.packer import pack
+from wire.placement import place
+from wire.protocol import kv_topic
+
+if TYPE_CHECKING:
+    from actors.front_state import Failure, Fields, FrontDoorState, Out, Target, Then, Waiting
+
+# Key/value ops (a namespace is the one-partition topic ``kv_topic(namespace)``): in a
+# cluster, the namespace's owner answers them; ``KV_CREATING_OPS`` create it when it is new.
+KV_OPS = frozenset({"kv_put", "kv_get", "kv_delete", "kv_scan", "kv_cas"})
+KV_CREATING_OPS = frozenset({"kv_put", "kv_cas", "txn_kv"})
+# Commits: a namespace they may change is not answered from the cache meanwhile.
+COMMIT_OPS = frozenset({"txn_commit", "xa_commit"})
+TXN_TRACKED_OPS = COMMIT_OPS | {"txn_begin", "xa_start", "txn_abort", "xa_rollback"}
+TXNS_REMEMBERED_MAX = 65536  # transactions begun here whose KV namespaces the front door knows
+
+KvCond = tuple[int, int, bytes, bytes | None]  # a compare-and-set's txn, topic id, key, expected
+Cond = tuple[int, bytes, bytes | None]  # a transaction's compare-and-set: topic id, key, expected
+Keys = tuple[tuple[int, bytes], ...]
+Parked = tuple[bytes, int, str, dict[str, Any]]  # a client's request: identity, id, op, fields
+
+
+@dataclass(frozen=True, slots=True)
+class KvRead:
+    """A KV read sent to a shard writer: a client's get or scan, or the front door's own
+    load of a value a compare-and-set needs."""
+
+    kind: str  # "get", "scan" or "load"; "rbk": a topic's read_by_key
+    tid: int
+    key: bytes
+    generation: Generation
+    limit: int = 0  # a scan's, as the client asked (the writer is asked for one more)
+    partition: int = 0  # read_by_key's
+
+
+class KvDoor:
+    def __init__(self, door: FrontDoorState, cfg: NodeConfig) -> None:
+        self.door = door
+        # The cache and each key's writes (actors/kv_state.py).
+        self.state = KvState(cfg.limits.kv_cache_bytes_max)
+        self.late: dict[int, KeyOp] = {}  # KV writes sent that timed out: their answers
+        self.creating: dict[str, list[Parked]] = {}  # namespaces being created: their requests
+        # Transactions begun here (their KV namespaces, maybe none), and XA branches by xid:
+        # a commit of one not known may change any namespace.
+        self.txns: dict[int, set[int]] = {}
+        self.xids: dict[tuple[Any, ...], int] = {}
+        self.xa: set[int] = set()  # XA branches' transaction ids: no compare-and-set
+        self.gets_cached = 0
+        # Transactions' compare-and-sets (txn_kv with `expected`), checked at their commit:
+        # the conditions by transaction, and the commits waiting to be decided, one at a time.
+        self.conds: dict[int, list[Cond]] = {}
+        # When each transaction's first condition was remembered, oldest first. A
+        # transaction is rolled back by its timeout, at most txn.timeout_ms_max after its
+        # begin: its conditions are forgotten twice that long after the first (a commit
+        # then goes unchecked, which the transaction manager refuses), so transactions
+        # their clients gave up on do not fill the table for good.
+        self.cond_since: dict[int, float] = {}
+        self.cond_horizon_s = 2 * cfg.txn.timeout_ms_max / 1000
+        # Commits to decide: (corr, txn, writes, conditions).
+        self.commits: collections.deque[tuple[int, int, int, list[Cond]]] = collections.deque()
+        self.deciding = False  # the first of commits is being decided or committed
+        self.late_bars: dict[int, Keys] = {}  # commits that timed out: the keys they hold
+        # The last commit answered here: a read reflecting a later one saw a commit this
+        # front door did not send (it restarted meanwhile), so the cache forgets everything.
+        self.commit_lsn = 0
+
+    # ---- requests ---------------------------------------------------------------------
+
+    def create(self, req: dict[str, Any]) -> Target:
+        ns = req["namespace"]
+        protocol.check_name("namespace", ns)
+        owners: list[int] = []
+        cluster = self.door.cluster
+        if cluster is not None:
+            owners = list(place(kv_topic(ns), 1, cluster.view.members))
+        return self.door.writes_to, lambda c: CreateTopic(c, kv_topic(ns), 1, owners)
+
+    def drop(self, req: dict[str, Any]) -> Target:
+        name = kv_topic(req["namespace"])
+        self.door.topic(name, kv=True)
+        return self.door.writes_to, lambda c: DeleteTopic(c, name)
+
+    def request(self, identity: bytes, rid: int, op: str, req: dict[str, Any],
+                now: float) -> list[Out]:
+        d = self.door
+        ns, key = req["namespace"], req.get("key", b"")
+        new = req.get("new") if op == "kv_cas" else req.get("value")
+        if new is not None and len(new) > d.lim.value_bytes_max:
+            # Before the namespace is looked up: refused whether it exists or not (a
+            # compare-and-set in a new one was answered "not swapped", a put created it).
+            raise NodeError(f"value of {len(new)} bytes; at most {d.lim.value_bytes_max} "
+                            f"(limits.value_bytes_max)", ErrorCode.BAD_REQUEST)
+        t = d.topics.get(kv_topic(ns))
+        if t is None:  # (an existing namespace's name was checked when it was created)
+            protocol.check_name("namespace", ns)
+            t = d.topic(kv_topic(ns), kv=True)
+        tid = t.topic_id
+        writer = d.writer_of(tid, 0)
+        if op == "kv_get":
+            hit, value = self.state.cached(tid, key)
+            if hit:
+                self.gets_cached += 1
+                return [Reply(identity, protocol.ok(rid, value=value))]
+            corr = d.wait(identity, rid, now)
+            d.pending[corr].kv_read = KvRead("get", tid, key, self.state.read_generation(tid))
+            return [Request(writer, corr, KvGet(corr, tid, 0, key, d.lsn_seen))]
+        if op == "kv_scan":
+            limit = min(req.get("limit", d.lim.read_records_max), d.lim.read_records_max)
+            corr = d.wait(identity, rid, now)
+            d.pending[corr].kv_read = KvRead("scan", tid, b"", (0, 0, 0), limit)
+            return [Request(writer, corr, KvScan(corr, tid, 0, req.get("prefix", b""),
+                                                 req.get("start_after"), limit + 1,
+                                                 d.lsn_seen))]
+        corr = d.wait(identity, rid, now)
+        kop = KeyOp(corr, tid, key, new, cas=op == "kv_cas", expected=req.get("expected"),
+                    producer=(req.get("producer_id", 0), req.get("seq", 0)))
+        d.pending[corr].kv = kop
+        return self.steps(self.state.write(kop))
+
+    def read_by_key(self, identity: bytes, rid: int, req: dict[str, Any],
+                    now: float) -> list[Out]:
+        """``read_by_key`` from the cache when it holds the answer (kept like a KV value,
+        dropped when the partition is written: actors/kv_state.py), else from the shard
+        writer, whose answer fills it."""
+        d = self.door
+        tid, p = d.partition(req["topic"], req["partition"])
+        key = req["key"]
+        settings = d.topics[req["topic"]].settings
+        if "retention_ms" in settings or "retention_bytes" in settings:
+            # Retention deletes in the background, unseen here: never from the cache.
+            corr = d.wait(identity, rid, now)
+            return [Request(d.writer_of(tid, p), corr, ReadByKey(corr, tid, p, key,
+                                                                  d.lsn_seen))]
+        hit, records = self.state.read_cached(tid, p, key)
+        if hit:
+            self.gets_cached += 1
+            return [Reply(identity, protocol.ok(rid, records=records))]
+        corr = d.wait(identity, rid, now)
+        d.pending[corr].kv_read = KvRead("rbk", tid, key, self.state.read_generation(tid, p),
+                                         partition=p)
+        return [Request(d.writer_of(tid, p), corr, ReadByKey(corr, tid, p, key, d.lsn_seen))]
+
+    def unknown(self, identity: bytes, rid: int, op: str, req: dict[str, Any],
+                now: float) -> list[Out]:
+        """A KV request naming a namespace that does not exist: a read finds nothing, a
+        delete has nothing to do, a write creates the namespace first."""
+        d = self.door
+        if op == "kv_get":
+            return [Reply(identity, protocol.ok(rid, value=None))]
+        if op == "kv_scan":
+            return [Reply(identity, protocol.ok(rid, pairs=msgpack.packb([]), more=False))]
+        if op == "kv_delete":
+            return [Reply(identity, protocol.ok(rid, lsn=d.lsn_seen))]
+        if op == "kv_cas" and req["expected"] is not None:
+            return [Reply(identity, protocol.ok(rid, swapped=False, lsn=0, value=None))]
+        if op not in KV_CREATING_OPS:
+            return [Reply(identity, protocol.error(
+                rid, ErrorCode.UNKNOWN_TOPIC,
+                f"KV namespace {req['namespace']!r} does not exist"))]
+        ns = req["namespace"]
+        waiting = self.creating.get(ns)
+        if waiting is not None:  # being created: go on once it is
+            if len(waiting) >= PARKED_MAX:
+                raise NodeError(f"{len(waiting)} requests wait for namespace {ns!r} to be "
+                                f"created; retry later", ErrorCode.BUSY)
+            waiting.append((identity, rid, op, req))
+            return []
+        self.creating[ns] = [(identity, rid, op, req)]
+        create = {"namespace": ns, "op": "kv_create"}
+        then = self.created(ns)
+        if d.cluster is not None and not d.cluster.view.is_catalog:
+            return d.cluster.forward(b"", 0, create, now, d.cluster.view.catalog_id, then=then)
+        role, make = self.create(create)
+        corr = d.wait(b"", 0, now)
+        d.pending[corr].then = then
+        return [Request(role, corr, make(corr))]
+
+    def created(self, ns: str) -> Then:
+        def done(_w: Waiting, _ok: Fields | None, err: Failure | None) -> list[Out]:
+            d = self.door
+            waiting = self.creating.pop(ns, [])
+            if err is not None and err[0] != ErrorCode.TOPIC_EXISTS:
+                d.errors += len(waiting)
+                return [Reply(identity, protocol.error(rid, *err))
+                        for identity, rid, _op, _req in waiting]
+            if d.cluster is not None and not d.cluster.view.is_catalog:
+                # Known here once the catalog is copied: then they are routed again.
+                return d.cluster.park_all(waiting)
+            out: list[Out] = []
+            for identity, rid, op, req in waiting:
+                out += d.one(identity, rid, op, req, d.clock, may_park=False)
+            return out
+        return done
+
+    # ---- carrying out KvState's steps, and its answers --------------------------------
+
+    def steps(self, steps: list[Step]) -> list[Out]:
+        """Carry out what the KV state decided."""
+        d = self.door
+        out: list[Out] = []
+        for step in steps:
+            match step:
+                case Send(op):
+                    op.sent = True
+                    blob = pack(((op.key, op.new),))
+                    pid, seq = op.producer
+                    out.append(Produce(op.corr, (pid, seq, [(op.tid, 0, 1, blob)])))
+                case Refused(corr, found):
+                    w = d.pending.pop(corr, None)
+                    if w is not None:
+                        out.append(Reply(w.identity, protocol.ok(
+                            w.rid, swapped=False, lsn=0, value=found)))
+                case Load(tid, key, generation):
+                    # Not bounded by pending_requests_max: one per key with a CAS waiting,
+                    # which is a request already counted.
+                    corr = d.wait(b"", 0, d.clock, bounded=False)
+                    d.pending[corr].kv_read = KvRead("load", tid, key, generation)
+                    out.append(Request(d.writer_of(tid, 0), corr,
+                                       KvGet(corr, tid, 0, key, d.lsn_seen)))
+                case _:
+                    assert_never(step)
+        if self.commits and not self.deciding:  # a commit waiting for these keys
+            out += self.commit_next()
+        return out
+
+    def written(self, w: Waiting, op: KeyOp, lsn: int) -> list[Out]:
+        """A KV write is durable: its reply, and what waited behind it."""
+        out = self.steps(self.state.written(op, lsn))
+        fields: Fields = {"swapped": True, "lsn": lsn} if op.cas else {"lsn": lsn}
+        return [*out, *self.door.settle(w, fields, None)]
+
+    def late_ack(self, corr: int, lsn: int) -> list[Out]:
+        """An acknowledgement nobody waits for: a KV write that timed out is durable now."""
+        late = self.late.pop(corr, None)
+        return [] if late is None else self.steps(self.state.written(late, lsn))
+
+    def late_answer(self, corr: int) -> list[Out]:
+        """An answer nobody waits for: a commit that timed out has ended, or a KV write
+        that timed out was refused."""
+        bars = self.late_bars.pop(corr, None)
+        if bars is not None:
+            return self.unbar(bars)
+        late = self.late.pop(corr, None)
+        return [] if late is None else self.steps(self.state.written(late, None))
+
+    def answer(self, w: Waiting, msg: Answer) -> list[Out]:
+        """An answer to a KV write (one that failed: durable ones are acks) or read."""
+        d = self.door
+        failure: Failure | None = None
+        if isinstance(msg, ErrorReply):
+            failure = (msg.code, msg.text)
+        elif not isinstance(msg, RecordsReply):
+            failure = (ErrorCode.INTERNAL, f"unexpected answer {type(msg).__name__}")
+        if w.kv is not None:
+            out = self.steps(self.state.written(w.kv, None))
+            return out + d.settle(w, None, failure or (ErrorCode.INTERNAL, "no answer"))
+        r = w.kv_read
+        assert r is not None
+        if failure is not None or not isinstance(msg, RecordsReply):
+            assert failure is not None
+            if r.kind != "load":
+                return d.settle(w, None, failure)
+            return self.load_failed(r, failure)
+        self.saw_commit(msg.commit_lsn)
+        if r.kind == "rbk":
+            self.state.read_filled(r.tid, r.partition, r.key, msg.records, msg.lsn, r.generation)
+            return d.settle(w, {"records": msg.records}, None)
+        pairs = msgpack.unpackb(msg.records, raw=False)
+        if r.kind == "scan":
+            more = len(pairs) > r.limit
+            records = pack(pairs[:r.limit]) if more else msg.records
+            return d.settle(w, {"pairs": records, "more": more}, None)
+        value = pairs[0][1] if pairs else None
+        if r.kind == "get":
+            self.state.read_answered(r.tid, r.key, value, msg.lsn, r.generation)
+            return d.settle(w, {"value": value}, None)
+        return self.steps(self.state.loaded(r.tid, r.key, value, msg.lsn, r.generation))
+
+    def give_back(self, corr: int, w: Waiting, failure: Failure, timed_out: bool
+                  ) -> list[Out]:
+        """What a wait that failed or was forgotten holds of KV state, given back: a
+        commit's namespaces and keys, a key's write, a key's load (``failure`` fails what
+        waits on it)."""
+        out: list[Out] = []
+        if w.commit is not None:
+            out += self.commit_done(w, late_corr=corr if timed_out else 0)
+        if w.kv is not None:
+            out += self.failed(corr, w.kv, timed_out)
+        if w.kv_read is not None and w.kv_read.kind == "load":
+            out += self.load_failed(w.kv_read, failure)
+        return out
+
+    def failed(self, corr: int, op: KeyOp, timed_out: bool) -> list[Out]:
+        """A KV write answered with an error by the front door: one that timed out in flight
+        may still be logged (its late answer is awaited); any other was not sent, or never
+        will be."""
+        if not op.sent:
+            self.state.cancel({corr})
+            return []
+        if timed_out and len(self.late) < self.door.lim.pending_requests_max:
+            self.state.lost(op)
+            self.late[corr] = op
+            return []
+        return self.steps(self.state.written(op, None))
+
+    def load_failed(self, r: KvRead, failure: Failure) -> list[Out]:
+        """A key's value could not be loaded: the compare-and-sets waiting on it fail with
+        that, and so does the commit to be decided on it (``commit_next``), whose
+        transaction stays open with its compare-and-sets, for a retry to decide again. (The
+        commit loaded the key again at once, until it timed out: under a namespace dropped
+        meanwhile, thousands of failed loads a second.)"""
+        d = self.door
+        out: list[Out] = []
+        for corr in self.state.load_failed(r.tid, r.key):
+            w = d.pending.pop(corr, None)
+            if w is not None:
+                out += d.settle(w, None, failure)
+        k = (r.tid, r.key)
+        if self.commits and any((tid, key) == k for tid, key, _e in self.commits[0][3]):
+            corr, txn, _writes, conds = self.commits.popleft()
+            self.conds[txn] = conds + self.conds.get(txn, [])
+            self.cond_since.setdefault(txn, d.clock)
+            w = d.pending.pop(corr, None)
+            if w is not None:
+                out += d.settle(w, None, failure)
+        line = self.state.lines.get(k)
+        if line is not None:
+            out += self.steps(self.state.pump(k, line))
+        elif self.commits and not self.deciding:
+            out += self.commit_next()
+        return out
+
+    # ---- transactions: their namespaces, their compare-and-sets -----------------------
+
+    def txn_wrote(self, txn: int, tid: int) -> None:
+        """A transaction begun here writes topic (or namespace) ``tid``: its commit makes
+        cached reads of it stale."""
+        if txn in self.txns:
+            self.txns[txn].add(tid)
+
+    def txn_kv(self, identity: bytes, rid: int, req: dict[str, Any], now: float) -> Request:
+        d = self.door
+        ns, key, value, txn, seq = (req["namespace"], req["key"], req["value"], req["txn"],
+                                    req["seq"])
+        protocol.check_name("namespace", ns)
+        if value is not None and len(value) > d.lim.value_bytes_max:
+            raise NodeError(f"value of {len(value)} bytes; at most {d.lim.value_bytes_max} "
+                            f"(limits.value_bytes_max)", ErrorCode.BAD_REQUEST)
+        tid = d.topic(kv_topic(ns), kv=True).topic_id
+        self.txn_wrote(txn, tid)
+        conditional = "expected" in req
+        conds = self.conds.get(txn) if conditional else None
+        if conditional:
+            self.cond_room(txn, conds, now)
+        blob = pack(((key, value),))
+        corr = d.wait(identity, rid, now)
+        if conditional:
+            # Remembered as it is sent, so that a commit sent behind it (in the same frame)
+            # is checked against it; forgotten if the transaction manager refuses the write.
+            if conds is None:
+                conds = self.conds[txn] = []
+                self.cond_since[txn] = now
+            conds.append((tid, key, req["expected"]))
+            d.pending[corr].cond = (txn, tid, key, req["expected"])
+        return Request(TRANSACTION_MANAGER, corr,
+                       TxnWrite(corr, txn, seq, [(tid, 0, 1, blob)], (), conditional))
+
+    def cond_room(self, txn: int, conds: list[Cond] | None, now: float) -> None:
+        """Refuse a compare-and-set whose condition could not be remembered, before it is
+        staged: every staged one is checked at the commit. (Past these bounds they went
+        unremembered, and a commit was sent checked against the others, or none.)"""
+        lim = self.door.lim
+        if txn in self.xa:
+            raise NodeError("a compare-and-set in a transaction needs a local transaction "
+                            "(an XA branch's commit is its coordinator's)",
+                            ErrorCode.BAD_REQUEST)
+        if conds is not None:
+            if len(conds) >= lim.batch_records_max:
+                raise NodeError(f"a transaction holds at most {lim.batch_records_max} "
+                                f"compare-and-sets (limits.batch_records_max)",
+                                ErrorCode.TXN_LIMIT)
+            return
+        horizon = now - self.cond_horizon_s
+        while self.cond_since:
+            oldest, since = next(iter(self.cond_since.items()))
+            if since > horizon:
+                break
+            self.conds_forget(oldest)
+        if len(self.conds) >= TXNS_REMEMBERED_MAX:
+            raise NodeError(f"{len(self.conds)} transactions with compare-and-sets are "
+                            f"open here, the most there may be; retry when some have "
+                            f"ended", ErrorCode.TXN_LIMIT)
+
+    def conds_forget(self, txn: int) -> list[Cond]:
+        """A transaction's conditions, taken out of the table (empty if it had none)."""
+        self.cond_since.pop(txn, None)
+        return self.conds.pop(txn, [])
+
+    def cond_refused(self, cond: KvCond) -> None:
+        """A compare-and-set the transaction manager refused (an unknown transaction, a
+        limit): its condition no longer gates the transaction's commit. Remembered, those
+        of writes to transactions that never existed filled the table, and every
+        compare-and-set after them went unremembered, its commit refused TXN_CONFLICT."""
+        txn, tid, key, expected = cond
+        conds = self.conds.get(txn)
+        if conds is not None and (tid, key, expected) in conds:
+            conds.remove((tid, key, expected))
+            if not conds:
+                self.conds_forget(txn)
+
+    def conditional_commit(self, identity: bytes, rid: int, req: dict[str, Any],
+                           now: float) -> list[Out]:
+        """The commit of a transaction with compare-and-sets: decided here, one such commit
+        at a time, on its keys' values when nothing of them is in flight. Matching, it is
+        sent with their keys held (no write of them goes out until its answer, so none is
+        logged between the check and the commit); not matching, the transaction is rolled
+        back and the commit answered TXN_CONFLICT."""
+        txn = req["txn"]
+        corr = self.door.wait(identity, rid, now)
+        self.commits.append((corr, txn, req.get("writes", -1), self.conds_forget(txn)))
+        return self.commit_next()
+
+    def commit_next(self) -> list[Out]:
+        d = self.door
+        out: list[Out] = []
+        while self.commits and not self.deciding:
+            corr, txn, writes, conds = self.commits[0]
+            w = d.pending.get(corr)
+            if w is None:  # timed out waiting
+                self.commits.popleft()
+                continue
+            keys = tuple(dict.fromkeys((tid, key) for tid, key, _e in conds))
+            values, loads = self.state.settled(keys)
+            if values is None:
+                self.deciding = True  # no other decision while this one loads
+                out += self.steps(loads)
+                self.deciding = False
+                return out
+            self.commits.popleft()
+            if all(values[(tid, key)] == expected for tid, key, expected in conds):
+                tids = self.txns.pop(txn, None)
+                # With its compare-and-sets' namespaces: a write sent before its begin is not
+                # in ``txns``, and an empty set made the commit's end (``commit_done``,
+                # where () is "unknown") take back a commit anywhere that never started.
+                if tids is not None:
+                    tids |= {tid for tid, _key, _expected in conds}
+                commit = None if tids is None else tuple(sorted(tids))
+                self.state.commit_started(commit)
+                self.state.bar(keys)
+                w.commit, w.barred = (commit if commit is not None else ()), keys
+                self.deciding = True
+                out.append(Request(TRANSACTION_MANAGER, corr,
+                                   TxnStep(corr, txn, None, "commit", writes, checked=True)))
+                return out
+            self.txns.pop(txn, None)
+            w.then = self.conflict(txn)
+            out.append(Request(TRANSACTION_MANAGER, corr, TxnStep(corr, txn, None, "rollback")))
+        return out
+
+    def conflict(self, txn: int) -> Then:
+        def done(w: Waiting, _ok: Fields | None, err: Failure | None) -> list[Out]:
+            self.door.errors += 1
+            text = (f"transaction {txn}: a key's value was not what its compare-and-set "
+                    f"expected; rolled back")
+            if err is not None:
+                text += f" (the rollback failed: {err[1]})"
+            return [Reply(w.identity, protocol.error(w.rid, ErrorCode.TXN_CONFLICT, text))]
+        return done
+
+    def track_txn(self, op: str, req: dict[str, Any], w: Waiting) -> None:
+        """Remember the transactions begun here (their KV namespaces are learned from their
+        writes), and mark a commit with the namespaces it may change: none of them is
+        answered from the cache until the commit's answer (``commit_done``)."""
+        txn = req.get("txn", 0)
+        xid = tuple(req["xid"]) if "xid" in req else None
+        if op in ("txn_begin", "xa_start"):
+            if txn and len(self.txns) < TXNS_REMEMBERED_MAX:
+                self.txns.setdefault(txn, set())
+                if xid is not None:
+                    self.xids[xid] = txn
+                    self.xa.add(txn)
+            return
+        if xid is not None:
+            txn = self.xids.pop(xid, 0)
+            self.xa.discard(txn)
+        self.conds_forget(txn)  # rolled back, or (a retry) committed already
+        tids = self.txns.pop(txn, None) if txn else None
+        if op not in COMMIT_OPS:
+            return  # rolled back: nothing of it becomes visible
+        if tids is not None and not tids:
+            return  # known to write no KV namespace
+        commit = None if tids is None else tuple(sorted(tids))
+        self.state.commit_started(commit)
+        w.commit = commit if commit is not None else ()
+
+    def commit_started(self, w: Waiting, tids: tuple[int, ...]) -> None:
+        """A whole transaction (``txn_once``) writing topics ``tids`` is on its way: no read
+        of them is answered from the cache until its answer."""
+        w.commit = tids
+        self.state.commit_started(tids)
+
+    def committed(self, lsn: int) -> None:
+        """A commit answered here, at ``lsn``."""
+        self.commit_lsn = max(self.commit_lsn, lsn)
+
+    def saw_commit(self, commit_lsn: int) -> None:
+        """A read's answer reflects the commits up to ``commit_lsn``: every read after it
+        waits for them, and a commit not answered here leaves nothing cached."""
+        d = self.door
+        if commit_lsn > d.lsn_seen:
+            d.lsn_seen = commit_lsn
+        if commit_lsn > self.commit_lsn:
+            # Seen before its answer (if it is one of this front door's): one forget a
+            # commit at most, and only while transactions commit.
+            self.commit_lsn = commit_lsn
+            self.state.forget()
+
+    def commit_done(self, w: Waiting, late_corr: int = 0) -> list[Out]:
+        """A commit that may change KV namespaces was answered (or failed; ``late_corr``:
+        it timed out, and may still be committed: the keys it holds stay held until its
+        answer comes, ``unbar``)."""
+        commit, w.commit = w.commit, None
+        out = self.steps(self.state.commit_ended(commit or None))
+        if w.barred:
+            if late_corr:
+                self.late_bars[late_corr] = w.barred
+                return out
+            out += self.unbar(w.barred)
+        return out
+
+    def unbar(self, keys: Keys) -> list[Out]:
+        self.deciding = False
+        return self.steps(self.state.unbar(keys))
+
