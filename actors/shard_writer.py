@@ -32,12 +32,12 @@ from actors.flow import PROGRESS_BYTES_DIVISOR
 from actors.held_writes import HeldWrite, HeldWrites
 from actors.instructions import Apply, Flush, ReadLog, Send, Serve
 from actors.roles import FRONT_DOOR, LOG_MANAGER, shard_owner, writer_index
+from actors.shard_options import StoreMemory
 from actors.shard_store import (
     TOMBSTONE_SUFFIX,
     OutOfRange,
     ShardStore,
     StoreFormatError,
-    StoreMemory,
     parse_shard_dir,
     shard_dir,
 )

@@ -18,16 +18,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from actors.shard_store import (
-    CHUNK_KEY,
-    LargeValues,
-    ShardStore,
-    StoreMemory,
-    chunk_count,
-    join_chunks,
-    shard_dir,
-    split_value,
-)
+from actors.shard_options import LargeValues, StoreMemory, chunk_count, join_chunks, split_value
+from actors.shard_store import CHUNK_KEY, ShardStore, shard_dir
 from config import load_config
 from node.local import LocalNode
 from wire.errors import BadRequest, NodeError

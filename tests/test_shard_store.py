@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from actors import faults
+from actors.shard_options import StoreMemory
 from actors.shard_store import (
     BATCH_BYTES_MAX,
     CFS,
@@ -29,7 +30,6 @@ from actors.shard_store import (
     OutOfRange,
     ShardStore,
     StoreFormatError,
-    StoreMemory,
     shard_dir,
 )
 from config import load_config
@@ -401,7 +401,8 @@ import os
 import sys
 from actors import faults
 from pathlib import Path
-from actors.shard_store import ShardStore, StoreMemory
+from actors.shard_options import StoreMemory
+from actors.shard_store import ShardStore
 from config import load_config
 from wire.records import pack_batch
 cfg = load_config()
