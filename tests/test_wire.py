@@ -763,6 +763,16 @@ def test_a_reply_frame_cut_short_is_an_error() -> None:
         unpack_replies(frame[:-1])
 
 
+def test_a_reply_frame_holding_anything_but_maps_is_an_error() -> None:
+    """A node answers with maps only: a frame with any other value in it (a wrong peer, a
+    protocol bug) is not trusted, alone or among replies (such values used to be skipped)."""
+    reply = pack({"id": 1, "ok": True})
+    for frame, at in ((pack([1, 2]), 0), (reply + pack("stray"), len(reply)),
+                      (pack(7) + reply, 0), (pack(None), 0)):
+        with pytest.raises(ValueError, match=f"at byte {at}: not a reply map"):
+            unpack_replies(frame)
+
+
 # ---- wire/packer.py: msgpack with a Packer kept per thread ----------------------------------
 
 PACKED_SAMPLES: list[Any] = [

@@ -673,25 +673,37 @@ def check_reply(op: str, reply: Mapping[str, Any]) -> None:
 
 
 def unpack_replies(frame: bytes) -> list[dict[str, Any]]:
-    """Every reply map of a frame (the node may join several into one)."""
+    """Every reply map of a frame (the node may join several into one). A frame that does
+    not decode, ends inside a message, or holds anything but maps was not written by a node
+    (a wrong peer, or a protocol bug): ``ValueError``, naming what is wrong, and none of
+    the frame's replies is to be trusted."""
     try:  # most frames carry one reply: one call, without an Unpacker's set-up
         one = msgpack.unpackb(frame, raw=False)
-        return [one] if type(one) is dict else []
     except msgpack.ExtraData:
         pass
     except ValueError as exc:
         raise ValueError(f"reply frame does not decode: {exc}") from None
+    else:
+        if type(one) is not dict:
+            raise _not_a_reply(one, 0)
+        return [one]
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(frame) or 1)
     unpacker.feed(frame)
     replies = []
     end = 0
     for reply in unpacker:
+        if type(reply) is not dict:
+            raise _not_a_reply(reply, end)
         end = unpacker.tell()
-        if type(reply) is dict:
-            replies.append(reply)
+        replies.append(reply)
     if end != len(frame):
         raise ValueError("reply frame ends inside a message")
     return replies
+
+
+def _not_a_reply(value: object, at: int) -> ValueError:
+    return ValueError(f"reply frame holds {value!r:.60} ({type(value).__name__}) at byte "
+                      f"{at}: not a reply map")
 
 
 # ---- the docs ------------------------------------------------------------------------
