@@ -4,16 +4,21 @@ A ``Pipeline`` queues produce requests and sends them as one frame (the protocol
 several maps in a frame, as Redis pipelines commands on one stream), and reads their
 answers as they come, out of order. It shares its client's sockets: each request it has
 in flight is registered with the client, and whoever reads an answer hands it to the one
-waiting for it (``NodeClient.hand_over``).
+waiting for it (``NodeClient.hand_over``). No request waits longer than its client's
+``timeout_ms``: one unanswered by then is answered ``RequestTimeout`` by the pipeline.
 """
 
 from __future__ import annotations
 
+import math
+import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from wire.errors import Busy, NodeError, Unavailable, error_for
+from node.handshake import PROBE_AFTER_MS
+from wire.errors import Busy, NodeError, RequestTimeout, Unavailable, error_for
 from wire.packer import pack, pack_map
 from wire.protocol import Placed, unpack_replies
 from wire.records import Record, to_wire
@@ -65,6 +70,18 @@ class Pipeline:
 
     A pipeline shares its client's sockets with the client's calls and transactions: what
     one of them reads that is another's is handed to it (``NodeClient.hand_over``).
+
+    Every wait is bounded: a request unanswered ``timeout_ms`` (its client's) after it was
+    sent is given up, and answered ``RequestTimeout`` by the ``poll`` that finds it so
+    (its answer, if it comes later, is dropped; sending it again under its sequence number
+    is safe). The node may have lost it (its front door restarted), or never seen it: a
+    node that refuses this client's ZeroMQ handshake (a CURVE key it does not allow, CURVE
+    on one side only) never answers. So, as a ``NodeClient`` call does, a ``poll`` with
+    nothing to return probes the handshake (node/handshake.py) once a request has waited
+    ``PROBE_AFTER_MS`` while its node said nothing: a refusal no retry can mend raises
+    ``HandshakeFailed`` (the requests stay in flight: close the pipeline), and whatever
+    else the probe saw is said in the timeouts' message. At most one probe a ``poll``,
+    which may then take up to ``PROBE_TIMEOUT_MS`` longer than asked.
     """
 
     SUBMIT_QUEUE_MAX = 256
@@ -76,12 +93,23 @@ class Pipeline:
                              f"got {in_flight_max}")
         self.client = client
         self.in_flight_max = in_flight_max
-        self.in_flight: dict[int, int] = {}  # request id → record count
+        # Request id → record count; in the order submitted, which is the ids' order.
+        self.in_flight: dict[int, int] = {}
+        # When requests were sent: (the newest request a flush sent, when), oldest first;
+        # those before the oldest request in flight are dropped as it is looked up
+        # (``oldest``). One entry a flush, not one a request: the hot path stays cheap.
+        self.sends: deque[tuple[int, float]] = deque()
+        # What each socket's node last did: when it was last heard from (a frame read), and
+        # what a probe of its handshake said since (node/handshake.py).
+        self.heard: dict[zmq.Socket[bytes], float] = {}
+        self.probed: dict[zmq.Socket[bytes], str] = {}
         self.queued: list[bytes] = []  # packed requests not sent yet (a single node)
         self.queued_bytes = 0
-        # A routed client: the requests not sent yet, (id, packed), by the member's socket;
-        # and the answers of requests that could not be sent, for the next poll.
+        # A routed client: the requests not sent yet, (id, packed), by the member's socket,
+        # and the socket of each request in flight; the answers of requests that could not
+        # be sent, for the next poll.
         self.routed_queues: dict[zmq.Socket[bytes], list[tuple[int, bytes]]] = {}
+        self.routes: dict[int, zmq.Socket[bytes]] = {}
         self.unsent: list[tuple[int, list[tuple[int, int]] | NodeError]] = []
         # Answers another reader of the socket handed over (``take``): id, count, reply.
         self.handed: list[tuple[int, int, dict[str, Any]]] = []
@@ -109,6 +137,7 @@ class Pipeline:
         if c.routed:
             sock = self.member_socket(topic, records, partition, blob, seq)
             self.in_flight[rid] = len(records)  # before a send its queue may make fails
+            self.routes[rid] = sock
             c._waiters[rid] = self
             self.queue_routed(rid, frame, sock)
             return rid
@@ -158,6 +187,7 @@ class Pipeline:
     def flush(self) -> None:
         """Send the queued requests, as one frame (to each member, on a cluster)."""
         self.client.settle_transactions()  # the node sees requests in the order they were made
+        sending = bool(self.queued or self.routed_queues)
         if self.queued:
             frame = self.queued[0] if len(self.queued) == 1 else b"".join(self.queued)
             count, self.queued, self.queued_bytes = len(self.queued), [], 0
@@ -173,6 +203,8 @@ class Pipeline:
             queues, self.routed_queues, self.queued_bytes = self.routed_queues, {}, 0
             for sock, items in queues.items():
                 self.send_routed(sock, items)
+        if sending and self.in_flight:  # each request in flight is sent now, the newest too
+            self.sends.append((next(reversed(self.in_flight)), time.monotonic()))
 
     def send_routed(self, sock: zmq.Socket[bytes], items: list[tuple[int, bytes]]) -> None:
         frame = b"".join(f for _rid, f in items)
@@ -183,34 +215,121 @@ class Pipeline:
             for rid, _f in items:
                 if self.in_flight.pop(rid, None) is not None:
                     self.client._waiters.pop(rid, None)
+                    del self.routes[rid]
                     self.unsent.append((rid, down))
 
     def poll(self, timeout_ms: int, offsets: bool = True
              ) -> list[tuple[int, list[tuple[int, int]] | NodeError]]:
-        """Finished requests: each one's records' ``(partition, offset)``, or its error. With
-        ``offsets=False`` a success is an empty list: a caller that does not use them (the
-        Spark sink) saves building a pair per record."""
+        """Finished requests: each one's records' ``(partition, offset)``, or its error.
+        Waits up to ``timeout_ms`` for one (less when the oldest request's time is up
+        first): a request unanswered its client's ``timeout_ms`` after it was sent is
+        answered ``RequestTimeout``, and a node that refuses this client's handshake raises
+        ``HandshakeFailed`` (the class's docstring). With ``offsets=False`` a success is an
+        empty list: a caller that does not use them (the Spark sink) saves building a pair
+        per record."""
         self.flush()
         out, self.unsent = self.unsent, []
         if self.handed:
             handed, self.handed = self.handed, []
             for rid, count, reply in handed:
                 self.answer(out, rid, count, reply, offsets)
+        poller = None
         if self.client.routed:
             poller = zmq.Poller()
             for sock in self.client._socks.values():
                 poller.register(sock, zmq.POLLIN)
-            for sock, _ev in poller.poll(0 if out else timeout_ms):
-                self.drain(sock, out, offsets)
-            return out
-        sock = self.client.sock
-        if sock.poll(0 if out else timeout_ms, zmq.POLLIN):
-            self.drain(sock, out, offsets)
+        now = time.monotonic()
+        end = now if out else now + timeout_ms / 1000
+        may_probe = not out  # once a call, and with nothing to return (a probe may raise)
+        while True:
+            until, probe_at = end, math.inf
+            if self.in_flight:
+                sent_at, sock = self.oldest()
+                until = min(end, sent_at + self.client.timeout_ms / 1000)
+                if may_probe and sock not in self.probed:
+                    silent_since = max(sent_at, self.heard.get(sock, sent_at))
+                    probe_at = silent_since + min(PROBE_AFTER_MS, self.client.timeout_ms) / 1000
+            self.wait(poller, min(until, probe_at) - now, out, offsets)
+            now = time.monotonic()
+            if out:
+                break
+            if now >= probe_at:
+                self.probed[sock] = self.client.probe(sock)  # raises a refusal
+                may_probe = False
+                now = time.monotonic()
+            elif now >= until:
+                break  # the end of the wait, or the oldest request's time is up
+        self.give_up(out, now)
         return out
+
+    def wait(self, poller: zmq.Poller | None, wait_s: float,
+             out: list[tuple[int, list[tuple[int, int]] | NodeError]], offsets: bool) -> None:
+        """Wait up to ``wait_s`` for a frame on the client's socket (on ``poller``'s, routed)
+        and read what came: the answers to this pipeline's requests go to ``out``."""
+        wait_ms = int(wait_s * 1000) + 1 if wait_s > 0 else 0
+        if poller is None:
+            sock = self.client.sock
+            if sock.poll(wait_ms, zmq.POLLIN):
+                self.drain(sock, out, offsets)
+            return
+        for sock, _ev in poller.poll(wait_ms):
+            self.drain(sock, out, offsets)
+
+    def oldest(self) -> tuple[float, zmq.Socket[bytes]]:
+        """When the oldest request in flight was sent, and the socket it went on (there must
+        be one, sent: ``poll`` flushes first)."""
+        rid = next(iter(self.in_flight))
+        sends = self.sends
+        while sends[0][0] < rid:
+            sends.popleft()
+        return sends[0][1], self.routes.get(rid, self.client.sock)
+
+    def give_up(self, out: list[tuple[int, list[tuple[int, int]] | NodeError]],
+                now: float) -> None:
+        """Answer ``RequestTimeout`` to each request sent its client's ``timeout_ms`` ago or
+        more, and forget it: its answer, if it comes, is dropped (``NodeClient.hand_over``)."""
+        if not self.in_flight:
+            return
+        c = self.client
+        sent_by = now - c.timeout_ms / 1000
+        if self.oldest()[0] > sent_by:
+            return  # the common case: the oldest request has time left, so all have
+        expired = []
+        sends = self.sends
+        for rid in self.in_flight:  # oldest first
+            while sends[0][0] < rid:
+                sends.popleft()
+            if sends[0][1] > sent_by:
+                break
+            expired.append(rid)
+        errors: dict[zmq.Socket[bytes], RequestTimeout] = {}
+        for rid in expired:
+            del self.in_flight[rid]
+            c._waiters.pop(rid, None)
+            sock = self.routes.pop(rid, c.sock)
+            exc = errors.get(sock)
+            if exc is None:
+                exc = errors[sock] = self.timed_out(sock)
+            out.append((rid, exc))
+        for sock in errors:
+            self.probed.pop(sock, None)  # the next requests' silence gets a probe of its own
+
+    def timed_out(self, sock: zmq.Socket[bytes]) -> RequestTimeout:
+        """The answer to a request on ``sock`` given up, with what a probe of its node's
+        handshake said, if one did (as a ``NodeClient`` call's timeout says it)."""
+        c = self.client
+        note = self.probed.get(sock)
+        return RequestTimeout(f"no reply from {c._name(sock)} within {c.timeout_ms} ms"
+                              f"{f'; {note}' if note else ''}: given up, its answer is dropped "
+                              f"if it comes; sending it again under its sequence number is safe")
 
     def drain(self, sock: zmq.Socket[bytes],
               out: list[tuple[int, list[tuple[int, int]] | NodeError]], offsets: bool) -> None:
         """Read the frames waiting on ``sock``: the answers to this pipeline's requests."""
+        self.heard[sock] = time.monotonic()
+        if self.probed:
+            self.probed.pop(sock, None)  # it answers: what a probe said of it is stale
+        in_flight, routes = self.in_flight, self.routes
         while True:
             try:
                 frame = sock.recv(zmq.NOBLOCK)
@@ -218,10 +337,12 @@ class Pipeline:
                 return
             for reply in unpack_replies(frame):
                 rid = reply.get("id")
-                if type(rid) is not int or (count := self.in_flight.pop(rid, None)) is None:
+                if type(rid) is not int or (count := in_flight.pop(rid, None)) is None:
                     self.client.hand_over(reply)  # a transaction's, or a late answer
                     continue
                 del self.client._waiters[rid]
+                if routes:
+                    del routes[rid]
                 self.answer(out, rid, count, reply, offsets)
 
     @staticmethod
@@ -238,6 +359,9 @@ class Pipeline:
         for rid in self.in_flight:
             self.client._waiters.pop(rid, None)
         self.in_flight.clear()
+        self.routes.clear()
+        self.sends.clear()
+        self.probed.clear()
         self.handed.clear()
 
     def take(self, rid: int, reply: dict[str, Any]) -> None:
@@ -245,4 +369,5 @@ class Pipeline:
         read (``NodeClient.hand_over``): returned by the next ``poll``."""
         count = self.in_flight.pop(rid, None)
         if count is not None:
+            self.routes.pop(rid, None)
             self.handed.append((rid, count, reply))

@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -138,6 +139,25 @@ def test_a_refused_client_is_told_why_at_once_and_not_retried(make_node: MakeNod
     (exc,) = outcome
     assert isinstance(exc, HandshakeFailed), exc
     assert isinstance(exc, RequestTimeout)  # what such a client got before, still
+
+
+def test_a_refused_pipeline_is_told_why_by_its_poll(make_node: MakeNode, keys: Keys) -> None:
+    """A pipeline's requests to a node that refuses its client's key are never answered:
+    its poll used to return nothing, for good. A probe of the handshake once a request has
+    waited ``PROBE_AFTER_MS`` raises why, long before the client's timeout."""
+    from node.handshake import PROBE_AFTER_MS
+
+    node = make_node(keys.config(), server_public_key=keys.node[0], client_keys=keys.client)
+    with NodeClient(node.endpoint, timeout_ms=60_000, server_public_key=keys.node[0],
+                    client_keys=zmq.curve_keypair()) as stranger:  # a key not allowed
+        pipe = stranger.pipeline()
+        pipe.submit("sealed", [b"v"], partition=0)
+        start = time.monotonic()
+        with pytest.raises(HandshakeFailed, match="refused this client's CURVE key"):
+            while time.monotonic() - start < 20:
+                assert pipe.poll(200) == []
+        assert PROBE_AFTER_MS / 1000 <= time.monotonic() - start < 10
+        assert len(pipe.in_flight) == 1  # not answered: the caller was told why
 
 
 def test_a_node_without_curve_does_not_answer_a_curve_client(node: LocalNode,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import zmq
 
 from node.client import Record
 from node.local import LocalNode
@@ -312,6 +313,162 @@ def test_a_pipeline_answers_out_of_order_and_bounds_what_is_in_flight(node: Loca
         for bad in (0, 1025):
             with pytest.raises(ValueError, match=r"1\.\.1024"):
                 c.pipeline(in_flight_max=bad)
+
+
+# ---- a pipeline's requests are answered within the client's timeout -----------------------
+
+
+def silent_router() -> tuple[zmq.Socket[bytes], str]:
+    """A ROUTER on a random port that stands in for a node: it takes requests (the ZeroMQ
+    handshake succeeds) and answers what the test has it answer."""
+    router: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    return router, f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}"
+
+
+def request_of(router: zmq.Socket[bytes]) -> tuple[bytes, dict[str, Any]]:
+    """The next request ``router`` takes (within 10 s), and who sent it."""
+    from wire.protocol import unpack_replies
+
+    assert router.poll(10_000, zmq.POLLIN), "the pipeline's request never came"
+    peer, frame = router.recv_multipart()
+    (request,) = unpack_replies(frame)  # requests frame as replies do
+    return peer, request
+
+
+def produced(rid: int, partition: int = 0) -> bytes:
+    """A produce request's answer: one record, at offset 0 of ``partition``."""
+    from wire.packer import pack
+
+    return pack({"id": rid, "ok": True, "lsn": 1, "parts": [[partition, 0, 1]]})
+
+
+def test_a_pipeline_gives_up_a_request_unanswered_within_its_timeout_and_drops_the_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node that took a request and lost it (its front door restarted): the pipeline's
+    poll answers it ``RequestTimeout`` once the client's ``timeout_ms`` is up, having probed
+    the handshake once (not on every poll), and the answer coming after that is dropped. It
+    used to stay in flight, unanswered, for good."""
+    from node.client import NodeClient
+    from wire.errors import RequestTimeout
+
+    timeout_ms = 1500
+    router, endpoint = silent_router()
+    try:
+        with NodeClient(endpoint, timeout_ms=timeout_ms) as c:
+            probes: list[str] = []
+            real_probe = c.probe
+
+            def counted(sock: zmq.Socket[bytes]) -> str:
+                probes.append(real_probe(sock))
+                return probes[-1]
+
+            monkeypatch.setattr(c, "probe", counted)
+            pipe = c.pipeline()
+            rid = pipe.submit("t", [b"v"], partition=0)
+            sent = time.monotonic()
+            pipe.flush()
+            peer, request = request_of(router)
+            assert request["id"] == rid
+            got: list[tuple[int, list[tuple[int, int]] | NodeError]] = []
+            while not got:
+                assert time.monotonic() - sent < timeout_ms / 1000 + 10, "never given up"
+                got = pipe.poll(100)
+            waited_s = time.monotonic() - sent
+            ((answered, error),) = got
+            assert answered == rid and isinstance(error, RequestTimeout), got
+            assert timeout_ms / 1000 <= waited_s < timeout_ms / 1000 + 2, waited_s
+            assert f"no reply from {endpoint} within {timeout_ms} ms" in error.message
+            assert "again under its sequence number is safe" in error.message
+            assert probes == [""]  # once; the handshake succeeded: no note
+            assert rid not in c._waiters and not pipe.in_flight
+            seen: list[int] = []  # what reached the client and was nobody's
+            real_hand_over = c.hand_over
+
+            def recorded(reply: dict[str, Any]) -> None:
+                seen.append(reply["id"])
+                real_hand_over(reply)
+
+            monkeypatch.setattr(c, "hand_over", recorded)
+            router.send_multipart([peer, produced(rid)])  # the late answer
+            deadline = time.monotonic() + 10
+            while rid not in seen:
+                assert time.monotonic() < deadline, "the late answer never reached the client"
+                assert pipe.poll(100) == []
+            assert pipe.poll(0) == []
+    finally:
+        router.close(0)
+
+
+def test_a_routed_pipeline_names_the_member_that_did_not_answer() -> None:
+    """On a client of a cluster each request's time runs on its own member's socket: the one
+    member that answers is heard, the other's request is given up in its name."""
+    from node.client import NodeClient
+    from wire.errors import RequestTimeout
+
+    routers = [silent_router(), silent_router()]
+    endpoints = [e for _r, e in routers]
+    try:
+        with NodeClient(endpoints, timeout_ms=1000) as c:
+            c._members = {1: endpoints[0], 2: endpoints[1]}  # the map, as if learned
+            c._owners = {"t": (1, 2)}
+            pipe = c.pipeline()
+            kept, lost = (pipe.submit("t", [b"v"], partition=p) for p in (0, 1))
+            pipe.flush()
+            peer, request = request_of(routers[0][0])
+            assert request["id"] == kept
+            routers[0][0].send_multipart([peer, produced(kept)])
+            assert request_of(routers[1][0])[1]["id"] == lost  # and never answered
+            got: dict[int, list[tuple[int, int]] | NodeError] = {}
+            deadline = time.monotonic() + 10
+            while len(got) < 2:
+                assert time.monotonic() < deadline, f"answered only {got}"
+                got.update(pipe.poll(100))
+            assert got[kept] == [(0, 0)]
+            error = got[lost]
+            assert isinstance(error, RequestTimeout), error
+            assert f"no reply from node 2 ({endpoints[1]}) within 1000 ms" in error.message
+            assert not pipe.in_flight and not pipe.routes
+    finally:
+        for router, _e in routers:
+            router.close(0)
+
+
+def test_a_pipeline_to_a_node_killed_with_its_request_says_so_within_its_timeout(
+        node: LocalNode) -> None:
+    """The node takes the request (the kernel does: the node is stopped) and is killed
+    before it reads it: the poll answers ``RequestTimeout`` about the client's
+    ``timeout_ms`` after the send, saying what the probe of the handshake found."""
+    import os
+    import signal
+
+    from node.handshake import HandshakeFailed
+    from wire.errors import RequestTimeout
+
+    timeout_ms = 1500
+    with node.client(timeout_ms=timeout_ms) as c:
+        c.create_topic("lost")
+        pipe = c.pipeline()
+        assert node.proc is not None
+        os.killpg(node.proc.pid, signal.SIGSTOP)  # connected, and reading nothing
+        try:
+            rid = pipe.submit("lost", [b"v"], partition=0)
+            sent = time.monotonic()
+            pipe.flush()
+            assert not pipe.unsent  # sent: on the connection made before
+        finally:
+            node.kill()
+        got: list[tuple[int, list[tuple[int, int]] | NodeError]] = []
+        while not got:
+            assert time.monotonic() - sent < timeout_ms / 1000 + 10, "never given up"
+            got = pipe.poll(200)
+        waited_s = time.monotonic() - sent
+        ((answered, error),) = got
+        assert answered == rid, got
+        assert isinstance(error, RequestTimeout) and not isinstance(error, HandshakeFailed)
+        assert timeout_ms / 1000 <= waited_s < timeout_ms / 1000 + 3, waited_s
+        assert "nothing accepted a connection there" in error.message, error.message
+        assert pipe.poll(300) == [] and not pipe.in_flight and rid not in c._waiters
 
 
 def test_a_single_node_that_does_not_answer_is_not_called_a_cluster() -> None:

@@ -72,6 +72,7 @@ from pyspark.sql.datasource import (
 )
 
 from node.client import Pipeline
+from node.handshake import HandshakeFailed
 from node.spark.nodes import SINGLE, Nodes
 from node.spark.options import AT_LEAST_ONCE, SinkOptions
 from node.spark.rows import Request, Routing, requests_of
@@ -301,6 +302,8 @@ class _Plain:
         for other in self.pipes.values():  # what is queued for the others goes out first
             other.flush()
         while len(sent) > limit:
+            # A request unanswered within the client's timeout (``request_timeout_ms`` too) is
+            # answered RequestTimeout by the poll; a refused handshake raises HandshakeFailed.
             got = pipe.poll(self.opts.request_timeout_ms, offsets=False)
             if not got:
                 raise error_for(ErrorCode.TIMEOUT, f"no answer from {self.nodes.name(member)} "
@@ -309,8 +312,9 @@ class _Plain:
                 topic, part, blob, count, seq, times = sent.pop(rid)
                 if not isinstance(result, NodeError):
                     continue
-                if result.code not in _RETRYABLE or times > RESENDS_MAX:
-                    raise result
+                if (result.code not in _RETRYABLE or isinstance(result, HandshakeFailed)
+                        or times > RESENDS_MAX):
+                    raise result  # a refused handshake (a send that found no connection), too
                 time.sleep(min(RESEND_BACKOFF_S_MAX, 0.01 * 2 ** times))  # back off
                 again = pipe.submit(topic, [b""] * count, part, blob=blob, seq=seq)
                 sent[again] = (topic, part, blob, count, seq, times + 1)
