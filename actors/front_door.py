@@ -281,8 +281,9 @@ class FrontDoor(Actor):
                     return
                 try:
                     replies = protocol.unpack_replies(frame)
-                except ValueError:
-                    log.warning("node %d sent a reply that does not decode", self.peer_of[sock])
+                except ValueError as exc:  # its requests wait out their time: TIMEOUT
+                    log.warning("node %d sent a frame that is not replies (dropped): %s",
+                                self.peer_of[sock], exc)
                     continue
                 for reply in replies:
                     self.perform(self.state.peer_reply(reply))

@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
+import zmq
 
 from node.local import LocalNode
+from wire.protocol import unpack_replies
 
 
 class MakeNode(Protocol):
@@ -72,3 +74,19 @@ def module_node(tmp_path_factory: pytest.TempPathFactory, name: str,
         yield n
     finally:
         n.stop()
+
+
+def silent_router() -> tuple[zmq.Socket[bytes], str]:
+    """A ROUTER on a random port that stands in for a node: it takes requests (the ZeroMQ
+    handshake succeeds) and answers what the test has it answer."""
+    router: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    return router, f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}"
+
+
+def request_of(router: zmq.Socket[bytes]) -> tuple[bytes, dict[str, Any]]:
+    """The next request ``router`` takes (within 10 s), and who sent it."""
+    assert router.poll(10_000, zmq.POLLIN), "the pipeline's request never came"
+    peer, frame = router.recv_multipart()
+    (request,) = unpack_replies(frame)  # requests frame as replies do
+    return peer, request

@@ -15,6 +15,7 @@ import zmq
 
 from node.client import Record
 from node.local import LocalNode
+from tests.conftest import request_of, silent_router
 from wire.errors import NodeError, TopicExists, UnknownPartition, UnknownTopic
 
 if TYPE_CHECKING:
@@ -316,24 +317,6 @@ def test_a_pipeline_answers_out_of_order_and_bounds_what_is_in_flight(node: Loca
 
 
 # ---- a pipeline's requests are answered within the client's timeout -----------------------
-
-
-def silent_router() -> tuple[zmq.Socket[bytes], str]:
-    """A ROUTER on a random port that stands in for a node: it takes requests (the ZeroMQ
-    handshake succeeds) and answers what the test has it answer."""
-    router: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    return router, f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}"
-
-
-def request_of(router: zmq.Socket[bytes]) -> tuple[bytes, dict[str, Any]]:
-    """The next request ``router`` takes (within 10 s), and who sent it."""
-    from wire.protocol import unpack_replies
-
-    assert router.poll(10_000, zmq.POLLIN), "the pipeline's request never came"
-    peer, frame = router.recv_multipart()
-    (request,) = unpack_replies(frame)  # requests frame as replies do
-    return peer, request
 
 
 def produced(rid: int, partition: int = 0) -> bytes:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 import pytest
+import zmq
 from pyspark import TaskContext, cloudpickle
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -45,14 +46,16 @@ from node.spark.sink import (
     SinkCommit,
     SinkIdInUse,
     StreamWriter,
+    _Plain,
     decision_body,
     decision_of,
     plan_abort,
     plan_commit,
 )
 from node.spark.source import Split, bounded, read_split, splits
+from tests.conftest import request_of, silent_router
 from tests.spark_driver import sink_query, source_query
-from wire.errors import NodeError, TopicExists, UnknownPartition
+from wire.errors import NodeError, RequestTimeout, TopicExists, UnknownPartition
 from wire.records import Record
 from wire.xid import Xid
 
@@ -870,3 +873,38 @@ def test_a_member_down_during_a_batch_fails_the_query_and_the_restart_writes_eve
     with cluster.client() as c:
         assert_exactly(c, "c-lost", rows)
     assert_no_branches_on(cluster)
+
+
+class _OneMember:
+    """What ``_Plain`` asks of a task's clients (``node.spark.nodes.Nodes``): one member."""
+
+    def __init__(self, client: NodeClient) -> None:
+        self.client = client
+
+    def member(self, _member: int) -> NodeClient:
+        return self.client
+
+    def name(self, _member: int) -> str:
+        return self.client.endpoint
+
+
+def test_at_least_once_sends_a_request_nobody_answers_once_more_then_fails_the_task() -> None:
+    """A request the node never answers (a front door that restarted lost it, or a member
+    that is down) is sent again once, under its sequence number; unanswered again, the task
+    fails with the timeout, after two of them rather than nine (it was resent as BUSY is)."""
+    router, endpoint = silent_router()
+    opts = SinkOptions.parse({"endpoint": endpoint, "topic": "t",
+                              "deliveryGuarantee": "at_least_once",
+                              "requestTimeoutMs": "300"})
+    client = NodeClient(endpoint, timeout_ms=opts.request_timeout_ms, retries=0)
+    try:
+        plain = _Plain(_OneMember(client), opts)  # type: ignore[arg-type]
+        plain.send(0, "t", 0, [b"v"])
+        with pytest.raises(RequestTimeout, match="no reply from"):
+            plain.finish()
+        sent = [request_of(router)[1], request_of(router)[1]]
+        assert [r["seq"] for r in sent] == [sent[0]["seq"]] * 2
+        assert not router.poll(500, zmq.POLLIN), "sent a third time"
+    finally:
+        client.close()
+        router.close()

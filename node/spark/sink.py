@@ -98,7 +98,11 @@ BATCH_ID_KEY = "streaming.sql.batchId"  # local properties Spark gives a streami
 QUERY_ID_KEY = "sql.streaming.queryId"
 _RETRYABLE = (ErrorCode.BUSY, ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE)
 ROLLBACK_TIMEOUT_MS = 5000  # how long a failed task waits to roll back each of its branches
-RESENDS_MAX = 8  # at_least_once: times one request is sent again after BUSY or a timeout
+RESENDS_MAX = 8  # at_least_once: times one request is sent again after BUSY or UNAVAILABLE
+# ... and after a timeout, which takes ``requestTimeoutMs`` each: once (a front door that
+# restarted lost it), then the task fails (a member that is down fails it in two timeouts,
+# not in nine).
+TIMEOUT_RESENDS_MAX = 1
 RESEND_BACKOFF_S_MAX = 1.0
 TURN_START_MAX = 1 << 30  # a task's first turn among a topic's partitions (keyless rows)
 
@@ -313,7 +317,8 @@ class _Plain:
                 if not isinstance(result, NodeError):
                     continue
                 if (result.code not in _RETRYABLE or isinstance(result, HandshakeFailed)
-                        or times > RESENDS_MAX):
+                        or times > (TIMEOUT_RESENDS_MAX if result.code == ErrorCode.TIMEOUT
+                                    else RESENDS_MAX)):
                     raise result  # a refused handshake (a send that found no connection), too
                 time.sleep(min(RESEND_BACKOFF_S_MAX, 0.01 * 2 ** times))  # back off
                 again = pipe.submit(topic, [b""] * count, part, blob=blob, seq=seq)
