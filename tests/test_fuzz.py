@@ -19,14 +19,17 @@ exception the node did not handle), and a message; a request the table refuses i
 refused; an accepted one carries the table's reply fields. Once every answer came, the
 front door holds no request (one it forgot would be answered again, TIMEOUT, when its
 time is up). Then the node creates a topic, produces and reads back, and no actor has
-restarted.
+restarted. An export is done: the fuzz's first valid one goes to a fresh directory (and
+others at random).
 
 A failure names its seed and the request. Each seed names its own topics, namespaces,
 transactions and xids, so ``-k 'seed-2'`` replays one on a new node.
+tests/test_fuzz_cluster.py sends the same fuzz to both members of a cluster.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import random
 import time
@@ -39,6 +42,7 @@ import msgpack
 import pytest
 import zmq
 
+from node.client import NodeClient
 from node.local import LocalNode
 from tests.conftest import module_node
 from wire.errors import ErrorCode
@@ -56,6 +60,7 @@ FRAME_MAX = 256 * 1024
 BATCH_RECORDS_MAX = 100
 VALUE_BYTES_MAX = 1000
 PARTITIONS_MAX = 1024  # limits.partitions_max, the default
+# Its [limits] table comes last: tests/test_fuzz_cluster.py adds to it.
 CONFIG = f"""
 [limits]
 frame_bytes_max = {FRAME_MAX}
@@ -108,10 +113,13 @@ class Frame:
 class World:
     """What one seed's requests name, made before its fuzz where they must exist: a topic
     on RocksDB, one in memory and one with retention (2 partitions or more each), spare
-    topic and namespace names to create and delete, transaction ids and xids."""
+    topic and namespace names to create and delete, transaction ids and xids. The node's
+    ``data_dir`` is where no export may go; ``exports``, where they may (a fresh directory
+    under it each)."""
 
     seed: int
     data_dir: Path
+    exports: Path
 
     @property
     def topic(self) -> str:
@@ -141,23 +149,25 @@ class World:
     def xids(self) -> list[list[Any]]:
         return [[self.seed, b"g%d" % i, b"b"] for i in range(4)]
 
-    def make(self, node: LocalNode) -> None:
-        with node.client() as c:
-            c.create_topic(self.topic, partitions=3)
-            c.create_topic(self.memory, partitions=2, storage="memory")
-            c.create_topic(self.retained, partitions=2, retention_ms=3_600_000)
-            for name in (self.topic, self.memory, self.retained):
-                c.produce_batch(name, [Record(b"v%d" % i, key=KEYS[i % 3], tags=(TAGS[i % 3],),
-                                              timestamp=1000 * i) for i in range(6)])
-            c.kv_put(self.namespaces[0], b"k0", b"v0")
+    def make(self, c: NodeClient) -> None:
+        c.create_topic(self.topic, partitions=3)
+        c.create_topic(self.memory, partitions=2, storage="memory")
+        c.create_topic(self.retained, partitions=2, retention_ms=3_600_000)
+        for name in (self.topic, self.memory, self.retained):
+            c.produce_batch(name, [Record(b"v%d" % i, key=KEYS[i % 3], tags=(TAGS[i % 3],),
+                                          timestamp=1000 * i) for i in range(6)])
+        c.kv_put(self.namespaces[0], b"k0", b"v0")
 
 
 class Fuzzer:
-    """Frames of requests, valid and mutated, drawn from ``random.Random(seed)``."""
+    """Frames of requests, valid and mutated, drawn from ``random.Random(seed)``; another
+    ``stream`` than 0 draws others from the same seed (one for each member of a cluster)."""
 
-    def __init__(self, world: World) -> None:
-        self.rng = random.Random(world.seed)
+    def __init__(self, world: World, stream: int = 0) -> None:
+        self.rng = random.Random(world.seed if stream == 0 else f"{world.seed}/{stream}")
         self.w = world
+        self.stream = stream
+        self.exports = 0  # exports asked for into a fresh directory
         self.ids = itertools.count(1)
         self.ops = sorted(OPS)
         self.weights = [OP_WEIGHTS.get(op, 1.0) for op in self.ops]
@@ -330,8 +340,13 @@ class Fuzzer:
             case "writes":
                 return r.randrange(4)
             case "dir":
-                # Never a directory an export could go to: relative, inside the data dir,
-                # under a file, or no path at all (a NUL byte, a name over 255 bytes).
+                # A fresh directory under ``exports`` (always the first time: the valid
+                # export of the fuzz's first requests, the only export then, is done), or
+                # none an export could go to: relative, inside the data dir, under a file,
+                # or no path at all (a NUL byte, a name over 255 bytes).
+                if not self.exports or r.random() < 0.4:
+                    self.exports += 1
+                    return str(w.exports / f"s{w.seed}-{self.stream}-{self.exports}")
                 return r.choice(["", "relative/dir", str(w.data_dir), str(w.data_dir / "x"),
                                  f"{w.data_dir.parent}/node.toml/x", f"{w.data_dir}/x\x00y",
                                  "/\x00", f"{w.data_dir.parent}/{'x' * 256}",
@@ -546,8 +561,11 @@ class Exchange:
     """Frames out on one DEALER socket, answers in, each checked against what was sent;
     what is wrong is collected in ``problems``."""
 
-    def __init__(self, endpoint: str, seed: int) -> None:
+    def __init__(self, endpoint: str, seed: int, name: str = "",
+                 answer_wait_ms: int = ANSWER_WAIT_MS) -> None:
         self.seed = seed
+        self.name = name  # in each problem's text, after the seed (a cluster's member)
+        self.answer_wait_ms = answer_wait_ms  # past the node's request_timeout_ms
         self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
@@ -558,6 +576,7 @@ class Exchange:
         self.problems: list[str] = []
         self.requests = 0
         self.codes: dict[str, int] = {}
+        self.ok_ops: collections.Counter[str] = collections.Counter()  # accepted, by op
         self.own_ids = itertools.count(OWN_IDS)
         self.kept: dict[int, dict[str, Any]] = {}  # answers to the exchange's own requests
 
@@ -565,7 +584,7 @@ class Exchange:
         self.sock.close(0)
 
     def problem(self, text: str) -> None:
-        self.problems.append(f"seed {self.seed}: {text}")
+        self.problems.append(f"seed {self.seed}{self.name}: {text}")
 
     def send(self, frame: Frame) -> None:
         if len(frame.parts) == 1:
@@ -626,14 +645,14 @@ class Exchange:
                     break
         return figures
 
-    def receive(self, wait_ms: int = ANSWER_WAIT_MS, quiet: bool = False) -> bool:
-        """Take one frame of answers; False if none came in ``wait_ms`` (a problem unless
-        ``quiet``: answers are awaited)."""
-        if not self.sock.poll(wait_ms, zmq.POLLIN):
+    def receive(self, wait_ms: int | None = None, quiet: bool = False) -> bool:
+        """Take one frame of answers; False if none came in ``wait_ms`` (``answer_wait_ms``
+        unless given; a problem unless ``quiet``: answers are awaited)."""
+        if not self.sock.poll(self.answer_wait_ms if wait_ms is None else wait_ms, zmq.POLLIN):
             if quiet:
                 return False
             missing = list(self.awaited.items())[:10]
-            self.problem(f"no answer within {ANSWER_WAIT_MS} ms: {len(self.awaited)} requests "
+            self.problem(f"no answer within {self.answer_wait_ms} ms: {len(self.awaited)} requests "
                          f"unanswered ({missing}), {self.anonymous_expected - self.anonymous_got} "
                          f"answers with id 0 missing")
             self.awaited.clear()
@@ -671,6 +690,7 @@ class Exchange:
             if sent.refused:
                 self.problem(f"accepted a request the table refuses: {sent.what} -> {shown}")
             elif sent.op is not None:
+                self.ok_ops[sent.op] += 1
                 missing = [f.name for f in OPS[sent.op].reply if f.required and f.name not in reply]
                 if missing:
                     self.problem(f"the reply lacks {missing}: {sent.what} -> {shown}")
@@ -697,10 +717,11 @@ def fuzz_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNode]:
 
 
 @pytest.mark.parametrize("seed", SEEDS, ids=lambda s: f"seed-{s}")
-def test_bad_input_is_answered_and_the_node_keeps_serving(fuzz_node: LocalNode,
-                                                           seed: int) -> None:
-    world = World(seed, fuzz_node.data_dir)
-    world.make(fuzz_node)
+def test_bad_input_is_answered_and_the_node_keeps_serving(fuzz_node: LocalNode, seed: int,
+                                                           tmp_path: Path) -> None:
+    world = World(seed, fuzz_node.data_dir, tmp_path / "exports")
+    with fuzz_node.client() as c:
+        world.make(c)
     fuzzer = Fuzzer(world)
     ex = Exchange(fuzz_node.endpoint, seed)
     try:
@@ -713,6 +734,7 @@ def test_bad_input_is_answered_and_the_node_keeps_serving(fuzz_node: LocalNode,
     assert not ex.problems, "\n".join([f"{len(ex.problems)} problems:", *ex.problems[:40]])
     assert front.get("in_flight") == 0, f"seed {seed}: the front door still holds requests: {front}"
     assert ex.codes.get("ok", 0) > REQUESTS_PER_SEED // 10, ex.codes  # not all refused
+    assert ex.ok_ops["snapshot_export"] >= 1, f"seed {seed}: no export done: {ex.codes}"
 
     with fuzz_node.client(timeout_ms=10_000) as c:
         after = f"fz{seed}-after"
