@@ -33,7 +33,7 @@ from wire import protocol
 from wire.errors import CrossNode, ErrorCode, NodeError, NotOwner
 from wire.messages import AlterTopic, CreateTopic, DeleteTopic, EndOffsets, PartRow
 from wire.packer import pack
-from wire.protocol import Topic, kv_topic
+from wire.protocol import Topic
 
 if TYPE_CHECKING:
     from actors.front_state import Failure, Fields, FrontDoorState, Out, Then, Waiting
@@ -91,22 +91,24 @@ class ClusterDoor:
                                f"{c.name(c.catalog_id)}")
             return self.forward(identity, rid, req, now, c.catalog_id, then=self.catalog_written)
         if op in KV_OPS:
-            t = d.topic(kv_topic(req["namespace"]), kv=True)
-            owner = t.owner(0)
+            # Checked as the owner checks, first: refused here whether the namespace is
+            # known here yet or not (an oversized value to a new one was answered "not
+            # swapped", or created it).
+            owner = d.kv.checked(op, req).owner(0)
             if owner in (0, c.me):
                 return None
             if from_peer:
                 raise NotOwner(f"KV namespace {req['namespace']!r} is owned by {c.name(owner)}")
             return self.forward(identity, rid, req, now, owner)
         if op == "txn_kv":
-            owner = d.topic(kv_topic(req["namespace"]), kv=True).owner(0)
+            owner = d.kv.checked(op, req).owner(0)
             if owner not in (0, c.me):
                 raise CrossNode(
                     f"a transaction stays on one node: KV namespace {req['namespace']!r} lives "
                     f"on {c.name(owner)}, not on {c.name(c.me)}; coordinate several nodes "
                     f"with XA (a branch on each)")
             return None
-        if op in PARTITION_OPS or (op == "produce" and "partition" in req):
+        if op in PARTITION_OPS or (op == "produce" and req.get("partition") is not None):
             t = d.topic(req["topic"])
             p = d.partition(t.name, req["partition"])[1]
             owner = t.owner(p)
@@ -123,13 +125,12 @@ class ClusterDoor:
             if not others or from_peer:
                 return None
             return self.gather_offsets(identity, rid, req, now, t, others)
-        if op in ("txn_produce", "txn_commit_offset"):
-            t = d.topic(req["topic"])
-            # Where its records land: split as txn_produce splits them (txn_commit_offset
-            # always names its partition).
-            ps = ([req["partition"]] if "partition" in req
-                  else sorted({p for _t, p, _n, _b in d.split(req, req["txn"] + req["seq"])[0]}))
-            self.stays_here(t.name, ps)
+        if op == "txn_commit_offset":
+            self.stays_here(req["topic"], [d.partition(req["topic"], req["partition"])[1]])
+        elif op == "txn_produce":
+            # Where its records land: split (and checked) as txn_produce splits them.
+            parts = d.split(req, req["txn"] + req["seq"])[0]
+            self.stays_here(req["topic"], sorted({p for _t, p, _n, _b in parts}))
         return None
 
     def stays_here(self, topic: str, partitions: list[int]) -> None:
@@ -145,14 +146,17 @@ class ClusterDoor:
                 f"several nodes with XA (a branch on each)")
 
     def forward(self, identity: bytes, rid: int, req: dict[str, Any], now: float, member: int,
-                then: Then | None = None, parent: int = 0) -> list[Out]:
+                then: Then | None = None, parent: int = 0, bounded: bool = True) -> list[Out]:
         """Send the request on to ``member``; its answer is relayed (or given to ``then``,
-        or to the gathered request ``parent``)."""
+        or to the gathered request ``parent``). At most ``forwards_max`` open, BUSY beyond;
+        not ``bounded``: the catalog's own traffic, a step of something already under way
+        (one copy at a time, one ``cluster_sync`` a member for each change of the catalog
+        answered), which must not fail for want of room, nor count against the clients'."""
         d = self.door
-        if self.forwards_open >= self.forwards_max:
+        if bounded and self.forwards_open >= self.forwards_max:
             raise NodeError(f"{self.forwards_max} requests forwarded to other members wait for "
                             f"answers (cluster.forwards_max); retry later", ErrorCode.BUSY)
-        corr = d.wait(identity, rid, now)
+        corr = d.wait(identity, rid, now, bounded=bounded)
         w = d.pending[corr]
         w.peer = w.member = member
         w.then, w.parent = then, parent
@@ -282,7 +286,7 @@ class ClusterDoor:
         clock = self.door.clock
         self.next_pull = clock + self.catalog_sync_s
         return self.forward(b"", 0, {"op": "list_topics"}, clock, c.catalog_id,
-                            then=self.pulled)
+                            then=self.pulled, bounded=False)
 
     def pulled(self, _w: Waiting, ok: Fields | None, err: Failure | None) -> list[Out]:
         """The catalog member's topics: copy what changed (deletions first), durably."""
@@ -300,17 +304,19 @@ class ClusterDoor:
             return self.release()
         self.pull_left = len(deletes) + len(creates) + len(alters)
         out: list[Out] = []
+        # Steps of the copy, which is one at a time: never refused BUSY (a copy left half
+        # done would strand the requests parked for it).
         for t in alters:
-            corr = d.wait(b"", 0, d.clock)
+            corr = d.wait(b"", 0, d.clock, bounded=False)
             d.pending[corr].then = self.copied(t, deleted=False)
             out.append(Request(d.writes_to, corr, AlterTopic(corr, t.name, dict(t.settings),
                                                              t.topic_id)))
         for t in deletes:
-            corr = d.wait(b"", 0, d.clock)
+            corr = d.wait(b"", 0, d.clock, bounded=False)
             d.pending[corr].then = self.copied(t, deleted=True)
             out.append(Request(d.writes_to, corr, DeleteTopic(corr, t.name, t.topic_id)))
         for t in creates:
-            corr = d.wait(b"", 0, d.clock)
+            corr = d.wait(b"", 0, d.clock, bounded=False)
             d.pending[corr].then = self.copied(t, deleted=False)
             out.append(Request(d.writes_to, corr, CreateTopic(
                 corr, t.name, t.partitions, list(t.owners), t.topic_id, dict(t.settings))))
@@ -371,11 +377,14 @@ class ClusterDoor:
         others = self.view.others()
         if not others:
             return [Reply(w.identity, protocol.ok(w.rid, **ok))]
-        parent = d.wait(w.identity, w.rid, d.clock)
+        # In place of the client's wait, just answered: the change is made, and neither
+        # its answer nor the members' copies may be refused for want of room.
+        parent = d.wait(w.identity, w.rid, d.clock, bounded=False)
         d.pending[parent].gather = Gather("sync", len(others), done=ok)
         out: list[Out] = []
         for member in others:
-            out += self.forward(b"", 0, {"op": "cluster_sync"}, d.clock, member, parent=parent)
+            out += self.forward(b"", 0, {"op": "cluster_sync"}, d.clock, member, parent=parent,
+                                bounded=False)
         return out
 
     def catalog_written(self, w: Waiting, ok: Fields | None, err: Failure | None) -> list[Out]:

@@ -15,6 +15,7 @@ is answered TIMEOUT, and bad input gets an error code and message. The logic is
 from __future__ import annotations
 
 import logging
+import random
 import time
 from typing import Any, assert_never
 
@@ -101,7 +102,9 @@ class FrontDoor(Actor):
         self.auth = curve_server(self.router, self.cfg)  # before bind: with CURVE on, ZAP first
         self.router.bind(self.cfg.endpoint)
         self.poller.register(self.router, zmq.POLLIN)
-        self.state = FrontDoorState(self.cfg)
+        # Correlation ids from a random point of 2**62, a fresh one each start: an answer
+        # meant for the front door before a restart matches no request of this one.
+        self.state = FrontDoorState(self.cfg, random.SystemRandom().getrandbits(62))
         self.outbox: dict[str, list[tuple[int, bytes]]] = {}  # role → [(corr, encoded)]
         # The burst of write requests for ``state.writes_to``, in the order they came.
         self.write_corrs: list[int] = []
@@ -326,7 +329,7 @@ class FrontDoor(Actor):
 
     def figures(self) -> dict[str, Any]:
         s = self.state
-        return {
+        figures = {
             "mailbox": self.last_drain,
             "in_flight": len(s.pending),
             "requests": s.requests,
@@ -338,4 +341,8 @@ class FrontDoor(Actor):
             **s.kv.state.figures(),
             **s.memory.figures(),
         }
+        if s.cluster is not None:  # a member: forwards waiting for answers, requests parked
+            figures["forwards_open"] = s.cluster.forwards_open
+            figures["parked"] = len(s.cluster.parked)
+        return figures
 

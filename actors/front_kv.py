@@ -40,7 +40,7 @@ from wire.messages import (
 )
 from wire.packer import pack
 from wire.placement import place
-from wire.protocol import kv_topic
+from wire.protocol import Topic, kv_topic
 
 if TYPE_CHECKING:
     from actors.front_state import Failure, Fields, FrontDoorState, Out, Target, Then, Waiting
@@ -120,21 +120,30 @@ class KvDoor:
         self.door.topic(name, kv=True)
         return self.door.writes_to, lambda c: DeleteTopic(c, name)
 
-    def request(self, identity: bytes, rid: int, op: str, req: dict[str, Any],
-                now: float) -> list[Out]:
+    def checked(self, op: str, req: dict[str, Any]) -> Topic:
+        """The topic of the namespace a KV request (or ``txn_kv``) names, once what can be
+        checked without it is: a value over ``value_bytes_max`` and a name no namespace
+        could have are refused whether the namespace exists or not (a compare-and-set in
+        a new one was answered "not swapped", a put created it). Raises UNKNOWN_TOPIC for
+        a namespace not known here."""
         d = self.door
-        ns, key = req["namespace"], req.get("key", b"")
+        ns = req["namespace"]
         new = req.get("new") if op == "kv_cas" else req.get("value")
         if new is not None and len(new) > d.lim.value_bytes_max:
-            # Before the namespace is looked up: refused whether it exists or not (a
-            # compare-and-set in a new one was answered "not swapped", a put created it).
             raise NodeError(f"value of {len(new)} bytes; at most {d.lim.value_bytes_max} "
                             f"(limits.value_bytes_max)", ErrorCode.BAD_REQUEST)
         t = d.topics.get(kv_topic(ns))
         if t is None:  # (an existing namespace's name was checked when it was created)
             protocol.check_name("namespace", ns)
             t = d.topic(kv_topic(ns), kv=True)
-        tid = t.topic_id
+        return t
+
+    def request(self, identity: bytes, rid: int, op: str, req: dict[str, Any],
+                now: float) -> list[Out]:
+        d = self.door
+        key = req.get("key", b"")
+        new = req.get("new") if op == "kv_cas" else req.get("value")
+        tid = self.checked(op, req).topic_id
         writer = d.writer_of(tid, 0)
         if op == "kv_get":
             hit, value = self.state.cached(tid, key)
@@ -205,15 +214,19 @@ class KvDoor:
                                 f"created; retry later", ErrorCode.BUSY)
             waiting.append((identity, rid, op, req))
             return []
-        self.creating[ns] = [(identity, rid, op, req)]
         create = {"namespace": ns, "op": "kv_create"}
         then = self.created(ns)
         if d.cluster is not None and not d.cluster.view.is_catalog:
-            return d.cluster.forward(b"", 0, create, now, d.cluster.view.catalog_id, then=then)
-        role, make = self.create(create)
-        corr = d.wait(b"", 0, now)
-        d.pending[corr].then = then
-        return [Request(role, corr, make(corr))]
+            out = d.cluster.forward(b"", 0, create, now, d.cluster.view.catalog_id, then=then)
+        else:
+            role, make = self.create(create)
+            corr = d.wait(b"", 0, now)
+            d.pending[corr].then = then
+            out = [Request(role, corr, make(corr))]
+        # Only once the creation is on its way (refused, BUSY or a bad name, this request's
+        # error is its answer): the requests behind it wait for its answer.
+        self.creating[ns] = [(identity, rid, op, req)]
+        return out
 
     def created(self, ns: str) -> Then:
         def done(_w: Waiting, _ok: Fields | None, err: Failure | None) -> list[Out]:
@@ -380,13 +393,8 @@ class KvDoor:
 
     def txn_kv(self, identity: bytes, rid: int, req: dict[str, Any], now: float) -> Request:
         d = self.door
-        ns, key, value, txn, seq = (req["namespace"], req["key"], req["value"], req["txn"],
-                                    req["seq"])
-        protocol.check_name("namespace", ns)
-        if value is not None and len(value) > d.lim.value_bytes_max:
-            raise NodeError(f"value of {len(value)} bytes; at most {d.lim.value_bytes_max} "
-                            f"(limits.value_bytes_max)", ErrorCode.BAD_REQUEST)
-        tid = d.topic(kv_topic(ns), kv=True).topic_id
+        key, value, txn, seq = req["key"], req["value"], req["txn"], req["seq"]
+        tid = self.checked("txn_kv", req).topic_id
         self.txn_wrote(txn, tid)
         conditional = "expected" in req
         conds = self.conds.get(txn) if conditional else None

@@ -159,7 +159,7 @@ class Waiting:
 
 
 class FrontDoorState:
-    def __init__(self, cfg: NodeConfig) -> None:
+    def __init__(self, cfg: NodeConfig, first_corr: int = 1) -> None:
         self.lim = cfg.limits
         self.writers = cfg.node.writers
         self.checkpoint_timeout_ms = cfg.log.checkpoint_timeout_ms
@@ -167,7 +167,11 @@ class FrontDoorState:
         self.topics: dict[str, Topic] = {}  # by name
         self.catalog_version = -1
         self.pending: dict[int, Waiting] = {}
-        self.next_corr = 1
+        # The shell starts it somewhere no earlier front door's ids could be (``first_corr``):
+        # the actors and the other members may still answer requests of a front door that
+        # restarted (ZeroMQ delivers what was queued for it to the new one), and such an
+        # answer must not match a new request.
+        self.next_corr = first_corr
         self.lsn_seen = 0  # highest LSN answered as durable: reads wait for it
         self.requests = 0
         self.errors = 0

@@ -604,16 +604,22 @@ def test_a_request_that_fails_after_it_registered_a_wait_is_answered_once(
 
 
 def test_a_write_to_a_new_namespace_at_the_pending_bound_is_answered_busy() -> None:
-    """A put to a namespace not yet known creates it first (``kv_unknown``), which waits
-    for the creation: at the bound of requests waiting, that wait's BUSY is the answer. It
-    escaped the front door's request handling (and would have ended the actor)."""
+    """A put to a namespace not yet known creates it first (``KvDoor.unknown``), which
+    waits for the creation: at the bound of requests waiting, that wait's BUSY is the
+    answer. It escaped the front door's request handling (and would have ended the actor).
+    And nothing of it stays: the next put, with room, creates the namespace (the first was
+    remembered as creating it, and every put after it waited for a creation never sent)."""
     s = state(pending_requests_max=1)
     (held,) = s.request(ID, produce([b"a"], partition=0), now=0.0)
     assert isinstance(held, Produce)
-    (rep,) = s.request(ID, req("kv_put", rid=2, namespace="new", key=b"k", value=b"v",
-                               producer_id=1, seq=0), now=0.0)
+    put = {"namespace": "new", "key": b"k", "value": b"v", "producer_id": 1, "seq": 0}
+    (rep,) = s.request(ID, req("kv_put", rid=2, **put), now=0.0)
     assert reply_of(rep)["code"] == ErrorCode.BUSY
     assert list(s.pending) == [held.corr]
+    s.ack(held.corr, 8, [(0, 0, 1)])
+    (create,) = s.request(ID, req("kv_put", rid=3, **put), now=0.0)
+    assert isinstance(create, Request) and isinstance(create.msg, CreateTopic)
+    assert create.msg.name == "kv:new"
 
 
 def test_compare_and_sets_past_the_bounds_are_refused_never_committed_unchecked(

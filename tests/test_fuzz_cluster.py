@@ -76,15 +76,6 @@ def forwards_refused(endpoint: str, seed: int, topic: str, partitions: list[int]
     return ex.codes.get("BUSY", 0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "front door bugs this fuzz found in a cluster, to be fixed after the front door's split "
-    "(the commit adding this test lists them): INTERNAL for txn_produce / txn_commit_offset "
-    "naming a partition the topic lacks or nil and for produce with partition nil; KV "
-    "requests not checked before their namespace is looked up (a compare-and-set of a value "
-    "over value_bytes_max answered 'not swapped'; a write to an invalid namespace name, and "
-    "every later one, never answered); a namespace's creation refused BUSY leaves its "
-    "requests unanswered; the front door exits when its own cluster_sync or catalog copy is "
-    "refused BUSY at cluster.forwards_max"))
 @pytest.mark.parametrize("seed", SEEDS, ids=lambda s: f"seed-{s}")
 def test_bad_input_to_either_member_is_answered_and_both_keep_serving(
         fuzz_cluster: LocalCluster, seed: int, tmp_path: Path) -> None:
