@@ -52,10 +52,16 @@ from node.spark.sink import (
     plan_abort,
     plan_commit,
 )
-from node.spark.source import Split, bounded, read_split, splits
+from node.spark.source import DataLost, Split, bounded, read_split, splits
 from tests.conftest import request_of, silent_router
 from tests.spark_driver import sink_query, source_query
-from wire.errors import NodeError, RequestTimeout, TopicExists, UnknownPartition
+from wire.errors import (
+    NodeError,
+    OffsetOutOfRange,
+    RequestTimeout,
+    TopicExists,
+    UnknownPartition,
+)
 from wire.records import Record
 from wire.xid import Xid
 
@@ -625,6 +631,57 @@ def test_read_split_reads_every_offset_in_order_across_reads(node: LocalNode) ->
         assert offsets == list(range(5, 245))
         assert len(batches) == 4
         assert batches[0].column("value")[0].as_py() == b"v5"
+
+
+def test_read_split_passes_over_deleted_records(node: LocalNode) -> None:
+    """Records deleted one by one are gaps a read passes over: at a range's start, inside
+    it, across a read's end and at the range's end. It failed on the first ("expected
+    offset"), or called the offsets not contiguous."""
+    with node.client() as c:
+        c.create_topic("gaps", partitions=1)
+        c.produce_batch("gaps", [Record(f"v{i}".encode(), key=f"k{i}".encode())
+                                 for i in range(100)], partition=0)
+        deleted = {0, 1, 30, 59, 60, 61, 97, 98, 99}
+        for off in sorted(deleted - {30}):
+            c.delete_by_offset("gaps", 0, off)
+        c.delete_by_key("gaps", "k30", partition=0)
+        opts = SourceOptions.parse({"endpoint": node.endpoint, "topic": "gaps",
+                                    "maxRecordsPerRead": "20"})
+        for start, end in ((0, 100), (1, 62), (59, 62), (97, 100)):
+            offsets = [o for b in read_split(opts, Split("gaps", 0, start, end))
+                       for o in b.column("offset").to_pylist()]
+            assert offsets == [o for o in range(start, end) if o not in deleted]
+
+
+def test_records_retention_deleted_fail_the_read_unless_told_otherwise(
+        spark: SparkSession, node: LocalNode) -> None:
+    """Offsets below what retention keeps are data lost: a read of them fails, naming
+    ``failOnDataLoss``; with it false the read goes on from the earliest kept. And
+    ``startingOffsets`` ``earliest`` is the earliest kept (it was 0, and every query of a
+    topic with retention failed)."""
+    with node.client() as c:
+        c.create_topic("kept", partitions=1, retention_bytes=10_000)
+        c.produce_batch("kept", [b"x" * 100] * 300, partition=0)
+        deadline = time.monotonic() + 20
+        while True:  # the writer deletes the oldest in the background, down to 100 records
+            try:
+                c.read("kept", 0, 0, 1)
+            except OffsetOutOfRange as exc:
+                if exc.earliest == 200:
+                    break
+            assert time.monotonic() < deadline, "retention did not run within 20 s"
+            time.sleep(0.05)  # ok-sleep: polling for the background pass, under a deadline
+    opts = {"endpoint": node.endpoint, "topic": "kept"}
+    with pytest.raises(DataLost, match=r"kept/0: offsets 0\.\.199 .*failOnDataLoss"):
+        list(read_split(SourceOptions.parse(opts), Split("kept", 0, 0, 300)))
+    skipped = read_split(SourceOptions.parse({**opts, "failOnDataLoss": "false"}),
+                         Split("kept", 0, 150, 300))
+    assert [o for b in skipped for o in b.column("offset").to_pylist()] == list(range(200, 300))
+    back = spark.read.format("shardnode").options(**opts).load()
+    assert sorted(r.offset for r in back.select("offset").collect()) == list(range(200, 300))
+    with pytest.raises(PySparkException, match="failOnDataLoss"):
+        spark.read.format("shardnode").options(**opts, startingOffsets='{"0": 100}').load() \
+            .collect()
 
 
 @pytest.mark.timeout(600)  # a Spark driver of its own starts

@@ -57,6 +57,15 @@ def _int(options: Mapping[str, str], name: str, default: int, low: int, high: in
     return value
 
 
+def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    text = _get(options, name)
+    if text is None:
+        return default
+    if text.lower() not in ("true", "false"):
+        raise OptionError(f"option {name!r} must be true or false, got {text!r}")
+    return text.lower() == "true"
+
+
 def endpoints_of(options: Mapping[str, str]) -> tuple[str, ...]:
     """The option ``endpoint``: a node, or a cluster's members, comma-separated. One member
     of a cluster is enough (the clients learn the others from it, ``node/spark/nodes.py``);
@@ -178,6 +187,7 @@ class SourceOptions:
     records_per_read_max: int
     group_id: str | None
     request_timeout_ms: int
+    fail_on_data_loss: bool  # records retention deleted before they were read fail the query
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -200,4 +210,5 @@ class SourceOptions:
             records_per_read_max=_int(options, "maxRecordsPerRead", 5000, 1, 10_000),
             group_id=group_id,
             request_timeout_ms=_int(options, "requestTimeoutMs", 30_000, 100, 600_000),
+            fail_on_data_loss=_bool(options, "failOnDataLoss", True),
         )

@@ -9,11 +9,19 @@ skipped and nothing twice. With ``groupId`` the source also commits each finishe
 offsets as the node's consumer-group offsets (``shardnode`` shows them). From a cluster,
 each split reads its partition from the partition's owner, and each group offset is
 committed there; the end offsets are the cluster's, gathered by a member.
+
+Offsets a read finds gone: records deleted one by one (``delete_by_key``,
+``delete_by_offset``) are gaps the read passes over, as a reader of the node does; records
+retention deleted before the query read them (a read below the earliest offset kept) are
+data lost, which fails the query (``DataLost``) unless ``failOnDataLoss`` is false, as
+Spark's Kafka source does. ``startingOffsets`` ``earliest`` is the earliest offset each
+partition keeps.
 """
 
 from __future__ import annotations
 
-import time
+import bisect
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -34,9 +42,15 @@ from pyspark.sql.streaming.datasource import (
 from node.spark.nodes import Nodes
 from node.spark.options import OptionError, SourceOptions
 from node.spark.rows import batch_of
+from wire.errors import OffsetOutOfRange
+
+log = logging.getLogger("shardnode")
 
 Offsets = dict[str, int]  # Spark's offset: partition (as a string: JSON) → next offset
-READ_WAIT_MS_MAX = 30_000  # how long a read waits for records below an end the node answered
+
+
+class DataLost(RuntimeError):
+    """Records a query was to read were deleted by retention before it read them."""
 
 
 @dataclass
@@ -60,10 +74,34 @@ def _ends(opts: SourceOptions) -> Offsets:
         return {str(p): end for p, end in enumerate(nodes.client.end_offsets(opts.topic))}
 
 
-def _resolve(spec: dict[int, int] | str, ends: Offsets, name: str) -> Offsets:
-    """``earliest`` / ``latest`` / JSON offsets against the topic's current ends."""
+def _earliest(opts: SourceOptions, ends: Offsets) -> Offsets:
+    """The earliest offset each partition keeps: 0, or where retention (or a memory topic's
+    bound) left it, which a read below it names."""
+    out = dict.fromkeys(ends, 0)
+    with _nodes(opts) as nodes:
+        for p, end in ends.items():
+            if end:
+                try:
+                    nodes.client.read(opts.topic, int(p), 0, 1)
+                except OffsetOutOfRange as exc:
+                    out[p] = min(exc.earliest, end)
+    return out
+
+
+def _start(opts: SourceOptions, ends: Offsets) -> Offsets:
+    """Where a query starts: ``startingOffsets`` against the topic's ends, and the earliest
+    offsets it keeps."""
+    earliest = None if opts.starting == "latest" else _earliest(opts, ends)
+    return _resolve(opts.starting, ends, "startingOffsets", earliest)
+
+
+def _resolve(spec: dict[int, int] | str, ends: Offsets, name: str,
+             earliest: Offsets | None = None) -> Offsets:
+    """``earliest`` / ``latest`` / JSON offsets against the topic's current ends, and (for
+    ``earliest``, and partitions a JSON start leaves out) the earliest offsets it keeps."""
+    firsts = earliest if earliest is not None else dict.fromkeys(ends, 0)
     if spec == "earliest":
-        return dict.fromkeys(ends, 0)
+        return dict(firsts)
     if spec == "latest":
         return dict(ends)
     assert isinstance(spec, dict)
@@ -71,8 +109,8 @@ def _resolve(spec: dict[int, int] | str, ends: Offsets, name: str) -> Offsets:
     if unknown:
         raise OptionError(f"option {name!r} names partitions {unknown}; the topic has "
                           f"0..{len(ends) - 1}")
-    # Partitions a JSON spec leaves out start at 0 and end at the latest.
-    out = dict.fromkeys(ends, 0) if name == "startingOffsets" else dict(ends)
+    # Partitions a JSON spec leaves out start at the earliest and end at the latest.
+    out = dict(firsts) if name == "startingOffsets" else dict(ends)
     for p, off in spec.items():
         if off > ends[str(p)]:
             raise OptionError(f"option {name!r}: offset {off} of partition {p} is past its "
@@ -119,36 +157,48 @@ def splits(opts: SourceOptions, start: Offsets, end: Offsets) -> list[Split]:
 
 
 def read_split(opts: SourceOptions, split: Split) -> Iterator[pa.RecordBatch]:
-    """The split's records as Arrow batches, in offset order: every offset of the range
-    (the node's end offsets are durable, so each one is there to read)."""
+    """The split's records as Arrow batches, in offset order: every record of the range
+    still kept (the node's end offsets are durable, so each one is there to read, unless
+    deleted: see the module's docstring)."""
     offset = split.start
+    where = f"{split.topic}/{split.partition}"
     with _nodes(opts) as nodes:
         c = nodes.client  # routed: the read goes to the partition's owner
-        deadline = time.monotonic() + READ_WAIT_MS_MAX / 1000
         while offset < split.end:
             n = min(opts.records_per_read_max, split.end - offset)
-            reply = c.call("read", topic=split.topic, partition=split.partition, offset=offset,
-                           max_records=n)
-            rows = msgpack.unpackb(reply["records"], raw=False, use_list=False)
-            if rows and rows[0][0] != offset:
-                raise RuntimeError(f"{split.topic}/{split.partition}: expected offset {offset}, "
-                                   f"read {rows[0][0]}")
-            rows = rows[:split.end - offset]  # (the node answers at most n; never past)
-            if rows and rows[-1][0] != offset + len(rows) - 1:
-                raise RuntimeError(f"{split.topic}/{split.partition}: offsets {offset}.."
-                                   f"{rows[-1][0]} are not contiguous")
-            if not rows:
-                # Cannot happen while the topic stands; if it was deleted and made again,
-                # say so instead of waiting for ever.
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{split.topic}/{split.partition}: offsets {offset}.."
-                                       f"{split.end - 1} were answered as durable but cannot be "
-                                       f"read (was the topic deleted?)")
-                time.sleep(0.05)  # back off before asking again
+            try:
+                reply = c.call("read", topic=split.topic, partition=split.partition,
+                               offset=offset, max_records=n)
+            except OffsetOutOfRange as exc:
+                offset = _lost(opts, where, offset, min(exc.earliest, split.end))
                 continue
+            rows = msgpack.unpackb(reply["records"], raw=False, use_list=False)
+            if rows and rows[0][0] < offset:
+                raise RuntimeError(f"{where}: a read from offset {offset} answered {rows[0][0]}")
+            # Offsets rise (deleted records are gaps); the range ends before split.end.
+            rows = rows[:bisect.bisect_left(rows, split.end, key=lambda row: row[0])]
+            if not rows:
+                # Nothing left below the range's end: the rest of it was deleted, or (the
+                # partition now ends before it) the topic was deleted and made again.
+                end = c.end_offsets(split.topic)[split.partition]
+                if end < split.end:
+                    raise RuntimeError(f"{where}: offsets {offset}..{split.end - 1} were "
+                                       f"answered as durable, and the partition now ends at "
+                                       f"{end} (was the topic deleted and made again?)")
+                return
             yield batch_of(split.topic, split.partition, rows)
             offset = rows[-1][0] + 1
-            deadline = time.monotonic() + READ_WAIT_MS_MAX / 1000
+
+
+def _lost(opts: SourceOptions, where: str, offset: int, kept: int) -> int:
+    """Offsets ``offset`` to ``kept`` were deleted by retention before the query read
+    them: fail it, or (``failOnDataLoss`` false) go on from ``kept``."""
+    text = (f"{where}: offsets {offset}..{kept - 1} were deleted by retention before this "
+            f"query read them")
+    if opts.fail_on_data_loss:
+        raise DataLost(f"{text}; set the option failOnDataLoss to false to read on past them")
+    log.warning("%s; skipped (failOnDataLoss is false)", text)
+    return kept
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -160,8 +210,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.committed: Offsets = {}  # the group's offsets as this reader last committed them
 
     def initialOffset(self) -> Offsets:
-        ends = _ends(self.opts)
-        return _resolve(self.opts.starting, ends, "startingOffsets")
+        return _start(self.opts, _ends(self.opts))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.records_per_trigger_max:
@@ -211,7 +260,7 @@ class BatchReader(DataSourceReader):
 
     def partitions(self) -> list[Split]:
         ends = _ends(self.opts)
-        start = _resolve(self.opts.starting, ends, "startingOffsets")
+        start = _start(self.opts, ends)
         end = _resolve(self.opts.ending, ends, "endingOffsets")
         low = [p for p in end if end[p] < start[p]]
         if low:
