@@ -49,6 +49,9 @@ CATALOG_OPS = frozenset({"create_topic", "delete_topic", "alter_topic", "kv_crea
 
 
 class ClusterDoor:
+    """The front door's part on a member of a cluster: ``door`` is the front door whose
+    waits it uses, ``view`` who the members are."""
+
     def __init__(self, door: FrontDoorState, view: ClusterView, cfg: NodeConfig) -> None:
         self.door = door
         self.view = view
@@ -78,6 +81,9 @@ class ClusterDoor:
             return [Reply(identity, protocol.ok(rid, members=c.map_rows(), node_id=c.me))]
         if op == "cluster_sync":
             # Answered once copied (after a copy under way, which may predate the change).
+            if len(self.after_pull) >= PARKED_MAX:
+                raise NodeError(f"{len(self.after_pull)} requests wait for a copy of the "
+                                f"catalog; retry later", ErrorCode.BUSY)
             self.after_pull.append((identity, rid, {"node_id": c.me}, self.pulling))
             return self.pull() or ([] if self.pulling else self.release())
         if op in CATALOG_OPS:
@@ -125,10 +131,11 @@ class ClusterDoor:
             if not others or from_peer:
                 return None
             return self.gather_offsets(identity, rid, req, now, t, others)
-        if op == "txn_commit_offset":
+        if op == "txn_commit_offset" or (op == "txn_produce"
+                                         and req.get("partition") is not None):
             self.stays_here(req["topic"], [d.partition(req["topic"], req["partition"])[1]])
         elif op == "txn_produce":
-            # Where its records land: split (and checked) as txn_produce splits them.
+            # Where its records land, by key: split (and checked) as txn_produce splits them.
             parts = d.split(req, req["txn"] + req["seq"])[0]
             self.stays_here(req["topic"], sorted({p for _t, p, _n, _b in parts}))
         return None
@@ -151,7 +158,8 @@ class ClusterDoor:
         or to the gathered request ``parent``). At most ``forwards_max`` open, BUSY beyond;
         not ``bounded``: the catalog's own traffic, a step of something already under way
         (one copy at a time, one ``cluster_sync`` a member for each change of the catalog
-        answered), which must not fail for want of room, nor count against the clients'."""
+        answered), which must not fail for want of room; they count among the forwards open
+        all the same."""
         d = self.door
         if bounded and self.forwards_open >= self.forwards_max:
             raise NodeError(f"{self.forwards_max} requests forwarded to other members wait for "
@@ -259,6 +267,8 @@ class ClusterDoor:
     # ---- the catalog: changed on its member, copied by the others ---------------------
 
     def may_park(self) -> bool:
+        """Whether a request naming a topic unknown here waits for a copy of the catalog:
+        not on the catalog member (there it does not exist), nor past ``PARKED_MAX``."""
         return not self.view.is_catalog and len(self.parked) < PARKED_MAX
 
     def park(self, identity: bytes, rid: int, op: str, req: dict[str, Any]) -> list[Out]:
@@ -268,8 +278,34 @@ class ClusterDoor:
         return self.pull()
 
     def park_all(self, requests: list[Parked]) -> list[Out]:
-        self.parked += [(i, r, o, q, self.pulling) for i, r, o, q in requests]
-        return self.pull()
+        """Requests that waited for a namespace's creation by the catalog member: routed
+        again once the catalog is copied (BUSY past ``PARKED_MAX``)."""
+        out: list[Out] = []
+        for identity, rid, op, req in requests:
+            if len(self.parked) < PARKED_MAX:
+                self.parked.append((identity, rid, op, req, self.pulling))
+            else:
+                self.door.errors += 1
+                out.append(Reply(identity, protocol.error(
+                    rid, ErrorCode.BUSY, f"{len(self.parked)} requests wait for a copy of the "
+                    f"catalog; retry later")))
+        return out + self.pull()
+
+    def create_namespace(self, ns: str, now: float, then: Then) -> list[Out] | None:
+        """A namespace a write named, to be created: asked of the catalog member (None:
+        this is it, and creates it)."""
+        if self.view.is_catalog:
+            return None
+        return self.forward(b"", 0, {"namespace": ns, "op": "kv_create"}, now,
+                            self.view.catalog_id, then=then)
+
+    def stop(self, text: str) -> list[Out]:
+        """The front door stops: the requests parked here, or waiting for a copy of the
+        catalog, are answered UNAVAILABLE (the copy's failure would route them again)."""
+        waiting = [(p[0], p[1]) for p in self.parked] + [(a[0], a[1]) for a in self.after_pull]
+        self.parked, self.after_pull = [], []
+        return [Reply(identity, protocol.error(rid, ErrorCode.UNAVAILABLE, text))
+                for identity, rid in waiting]
 
     def tick(self, now: float) -> list[Out]:
         """Copy the catalog every ``catalog_sync_ms`` (a member other than the catalog's)."""

@@ -102,9 +102,10 @@ class FrontDoor(Actor):
         self.auth = curve_server(self.router, self.cfg)  # before bind: with CURVE on, ZAP first
         self.router.bind(self.cfg.endpoint)
         self.poller.register(self.router, zmq.POLLIN)
-        # Correlation ids from a random point of 2**62, a fresh one each start: an answer
+        # Correlation ids from a random point in 1..2**62 (0 is "none" on the way), fresh
+        # each start: an answer
         # meant for the front door before a restart matches no request of this one.
-        self.state = FrontDoorState(self.cfg, random.SystemRandom().getrandbits(62))
+        self.state = FrontDoorState(self.cfg, 1 + random.SystemRandom().getrandbits(62))
         self.outbox: dict[str, list[tuple[int, bytes]]] = {}  # role → [(corr, encoded)]
         # The burst of write requests for ``state.writes_to``, in the order they came.
         self.write_corrs: list[int] = []

@@ -14,6 +14,7 @@ compare-and-sets, checked one commit at a time (``conditional_commit``).
 from __future__ import annotations
 
 import collections
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, assert_never
 
@@ -33,6 +34,7 @@ from wire.messages import (
     ErrorReply,
     KvGet,
     KvScan,
+    PlacedRow,
     ReadByKey,
     RecordsReply,
     TxnStep,
@@ -74,6 +76,8 @@ class KvRead:
 
 
 class KvDoor:
+    """The front door's key/value part: ``door`` is the front door whose waits it uses."""
+
     def __init__(self, door: FrontDoorState, cfg: NodeConfig) -> None:
         self.door = door
         # The cache and each key's writes (actors/kv_state.py).
@@ -214,12 +218,10 @@ class KvDoor:
                                 f"created; retry later", ErrorCode.BUSY)
             waiting.append((identity, rid, op, req))
             return []
-        create = {"namespace": ns, "op": "kv_create"}
         then = self.created(ns)
-        if d.cluster is not None and not d.cluster.view.is_catalog:
-            out = d.cluster.forward(b"", 0, create, now, d.cluster.view.catalog_id, then=then)
-        else:
-            role, make = self.create(create)
+        out = None if d.cluster is None else d.cluster.create_namespace(ns, now, then)
+        if out is None:  # here: a single node, or the catalog member
+            role, make = self.create({"namespace": ns})
             corr = d.wait(b"", 0, now)
             d.pending[corr].then = then
             out = [Request(role, corr, make(corr))]
@@ -384,6 +386,11 @@ class KvDoor:
         return out
 
     # ---- transactions: their namespaces, their compare-and-sets -----------------------
+
+    def partitions_written(self, tid: int, parts: Sequence[PlacedRow]) -> None:
+        """Records of topic ``tid`` are durable in these partitions (or deleted from them):
+        its reads by key cached here are stale."""
+        self.state.partitions_written(tid, parts)
 
     def txn_wrote(self, txn: int, tid: int) -> None:
         """A transaction begun here writes topic (or namespace) ``tid``: its commit makes

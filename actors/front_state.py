@@ -309,8 +309,10 @@ class FrontDoorState:
 
     def wait(self, identity: bytes, rid: int, now: float, assign: list[int] | None = None,
              timeout_ms: int | None = None, bounded: bool = True) -> int:
-        """A fresh correlation id, and its wait; at most ``pending_requests_max`` of them
-        (unless not ``bounded``: a step of a request already counted)."""
+        """A fresh correlation id, and its wait; at most ``pending_requests_max`` of them,
+        BUSY beyond, unless not ``bounded``: a step of something already under way that
+        must not fail for want of room (a key's load for a compare-and-set already counted;
+        the catalog's copy, one at a time, and a change's ``cluster_sync`` forwards)."""
         if bounded and len(self.pending) >= self.lim.pending_requests_max:
             raise NodeError(f"{len(self.pending)} requests in flight; retry later", ErrorCode.BUSY)
         corr = self.next_corr
@@ -495,7 +497,7 @@ class FrontDoorState:
     def deleted(self, tid: int, p: int) -> Then:
         """A deletion is durable: reads by key of its partition cached here are stale."""
         def done(w: Waiting, ok: Fields | None, err: Failure | None) -> list[Out]:
-            self.kv.state.partitions_written(tid, [(p, 0, 0)])
+            self.kv.partitions_written(tid, [(p, 0, 0)])
             w.then = None
             return self.settle(w, ok, err)
         return done
@@ -706,7 +708,7 @@ class FrontDoorState:
         if w.kv is not None:
             return self.kv.written(w, w.kv, lsn)
         if w.topic_id:
-            self.kv.state.partitions_written(w.topic_id, parts)
+            self.kv.partitions_written(w.topic_id, parts)
         fields: dict[str, Any] = {"lsn": lsn, "parts": parts}
         if w.assign is not None:
             fields["assign"] = w.assign
@@ -852,4 +854,6 @@ class FrontDoorState:
         return out
 
     def stop(self) -> list[Out]:
-        return self.fail(list(self.pending), ErrorCode.UNAVAILABLE, STOPPING_TEXT)
+        """Answer every request waiting here UNAVAILABLE: the front door stops."""
+        out = [] if self.cluster is None else self.cluster.stop(STOPPING_TEXT)
+        return out + self.fail(list(self.pending), ErrorCode.UNAVAILABLE, STOPPING_TEXT)

@@ -10,6 +10,7 @@ waiting for it (``NodeClient.hand_over``). No request waits longer than its clie
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import deque
@@ -22,6 +23,8 @@ from wire.errors import Busy, NodeError, RequestTimeout, Unavailable, error_for
 from wire.packer import pack, pack_map
 from wire.protocol import Placed, unpack_replies
 from wire.records import Record, to_wire
+
+log = logging.getLogger("shardnode")
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -187,7 +190,11 @@ class Pipeline:
     def flush(self) -> None:
         """Send the queued requests, as one frame (to each member, on a cluster)."""
         self.client.settle_transactions()  # the node sees requests in the order they were made
-        sending = bool(self.queued or self.routed_queues)
+        if (self.queued or self.routed_queues) and self.in_flight:
+            # Each request in flight is sent now, the newest too; noted before the sends (a
+            # member down takes up to a second of each, and a send cut short by an
+            # exception leaves none of them unnoted).
+            self.sends.append((next(reversed(self.in_flight)), time.monotonic()))
         if self.queued:
             frame = self.queued[0] if len(self.queued) == 1 else b"".join(self.queued)
             count, self.queued, self.queued_bytes = len(self.queued), [], 0
@@ -203,8 +210,6 @@ class Pipeline:
             queues, self.routed_queues, self.queued_bytes = self.routed_queues, {}, 0
             for sock, items in queues.items():
                 self.send_routed(sock, items)
-        if sending and self.in_flight:  # each request in flight is sent now, the newest too
-            self.sends.append((next(reversed(self.in_flight)), time.monotonic()))
 
     def send_routed(self, sock: zmq.Socket[bytes], items: list[tuple[int, bytes]]) -> None:
         frame = b"".join(f for _rid, f in items)
@@ -277,12 +282,20 @@ class Pipeline:
 
     def oldest(self) -> tuple[float, zmq.Socket[bytes]]:
         """When the oldest request in flight was sent, and the socket it went on (there must
-        be one, sent: ``poll`` flushes first)."""
+        be one: ``poll`` flushes first)."""
         rid = next(iter(self.in_flight))
+        return self.sent_at(rid), self.routes.get(rid, self.client.sock)
+
+    def sent_at(self, rid: int) -> float:
+        """When request ``rid`` was sent, the requests before it forgotten: the requests of
+        one send share its entry, that of the newest. (Every send notes one; a request with
+        none, as after a send an interrupt cut short, counts from now.)"""
         sends = self.sends
-        while sends[0][0] < rid:
+        while sends and sends[0][0] < rid:
             sends.popleft()
-        return sends[0][1], self.routes.get(rid, self.client.sock)
+        if not sends:
+            sends.append((next(reversed(self.in_flight)), time.monotonic()))
+        return sends[0][1]
 
     def give_up(self, out: list[tuple[int, list[tuple[int, int]] | NodeError]],
                 now: float) -> None:
@@ -295,11 +308,8 @@ class Pipeline:
         if self.oldest()[0] > sent_by:
             return  # the common case: the oldest request has time left, so all have
         expired = []
-        sends = self.sends
         for rid in self.in_flight:  # oldest first
-            while sends[0][0] < rid:
-                sends.popleft()
-            if sends[0][1] > sent_by:
+            if self.sent_at(rid) > sent_by:
                 break
             expired.append(rid)
         errors: dict[zmq.Socket[bytes], RequestTimeout] = {}
@@ -335,7 +345,13 @@ class Pipeline:
                 frame = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            for reply in unpack_replies(frame):
+            try:
+                replies = unpack_replies(frame)
+            except ValueError as exc:  # not the node's, or a protocol bug: dropped
+                log.warning("%s sent a frame that is not replies (dropped): %s",
+                            self.client._name(sock), exc)
+                continue
+            for reply in replies:
                 rid = reply.get("id")
                 if type(rid) is not int or (count := in_flight.pop(rid, None)) is None:
                     self.client.hand_over(reply)  # a transaction's, or a late answer
@@ -362,7 +378,9 @@ class Pipeline:
         self.routes.clear()
         self.sends.clear()
         self.probed.clear()
+        self.heard.clear()
         self.handed.clear()
+        self.unsent.clear()
 
     def take(self, rid: int, reply: dict[str, Any]) -> None:
         """An answer to one of this pipeline's requests that another reader of the socket

@@ -579,3 +579,45 @@ def test_correlation_ids_start_where_the_shell_says() -> None:
     (out,) = s.request(ID, read_req(5, "events", 0, 1), now=0.0)
     assert corr_of(out) == 1 << 61
     assert s.answer(Done(1, 3)) == []  # an id of the front door before: nobody's
+
+
+def test_a_transactions_write_naming_its_partition_is_checked_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a transaction's write lands is told by the partition it names: its batch is
+    unpacked and checked once, when it is sent on, not also to see where it lands (the
+    exactly-once Spark sink's writes paid twice on a member)."""
+    s = member(tmp_path, 1)
+    splits: list[tuple[Any, ...]] = []
+    split = s.split
+
+    def counted(*args: Any) -> Any:
+        splits.append(args)
+        return split(*args)
+
+    monkeypatch.setattr(s, "split", counted)
+    (out,) = s.request(ID, frame("txn_produce", 1, txn=7, seq=0, topic="events", partition=0,
+                                 records=msgpack.packb([b"v"])), now=0.0)
+    assert isinstance(out, Request) and len(splits) == 1
+    (away,) = s.request(ID, frame("txn_produce", 2, txn=7, seq=1, topic="events", partition=1,
+                                  records=msgpack.packb([b"v"])), now=0.0)
+    assert answer_of(away)["code"] == ErrorCode.CROSS_NODE and len(splits) == 1
+
+
+def test_a_stopping_member_answers_what_waits_for_a_copy_of_the_catalog(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests parked for a copy of the catalog are answered UNAVAILABLE when the front
+    door stops (the copy's failure routed them again, into waits nobody answered), and
+    those waiting for a copy are bounded (BUSY past the bound)."""
+    from actors import front_cluster
+
+    monkeypatch.setattr(front_cluster, "PARKED_MAX", 1)
+    s = member(tmp_path, 2)
+    (pull,) = s.request(ID, read_req(3, "late", 0, 1), now=0.0)
+    assert isinstance(pull, ToPeer)
+    assert s.request(ID, frame("cluster_sync", 4), now=0.0) == []
+    (busy,) = s.request(ID, frame("cluster_sync", 5), now=0.0)
+    assert answer_of(busy)["code"] == ErrorCode.BUSY
+    outs = s.stop()
+    assert sorted((answer_of(o)["id"], answer_of(o)["code"]) for o in outs) == [
+        (3, ErrorCode.UNAVAILABLE), (4, ErrorCode.UNAVAILABLE)]
+    assert not s.pending

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import zmq
 
-from node.client import Record
+from node.client import NodeClient, Record
 from node.local import LocalNode
 from tests.conftest import request_of, silent_router
-from wire.errors import NodeError, TopicExists, UnknownPartition, UnknownTopic
+from wire.errors import NodeError, RequestTimeout, TopicExists, UnknownPartition, UnknownTopic
+from wire.protocol import unpack_replies
 
 if TYPE_CHECKING:
     from tests.conftest import MakeNode
@@ -332,9 +333,6 @@ def test_a_pipeline_gives_up_a_request_unanswered_within_its_timeout_and_drops_t
     poll answers it ``RequestTimeout`` once the client's ``timeout_ms`` is up, having probed
     the handshake once (not on every poll), and the answer coming after that is dropped. It
     used to stay in flight, unanswered, for good."""
-    from node.client import NodeClient
-    from wire.errors import RequestTimeout
-
     timeout_ms = 1500
     router, endpoint = silent_router()
     try:
@@ -383,11 +381,64 @@ def test_a_pipeline_gives_up_a_request_unanswered_within_its_timeout_and_drops_t
         router.close(0)
 
 
+class _InterruptedOnce:
+    """A client socket whose first send is cut short (as Ctrl-C during a send that waits
+    for a connection would)."""
+
+    def __init__(self, sock: zmq.Socket[bytes]) -> None:
+        self.sock, self.armed = sock, True
+
+    def send(self, *args: Any, **kw: Any) -> Any:
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+        return self.sock.send(*args, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+def test_a_pipeline_goes_on_after_a_send_cut_short_and_past_a_frame_that_is_not_replies(
+        ) -> None:
+    """A send an exception cut short leaves its requests in flight, unsent: they are given
+    up in time like any other (every later poll raised IndexError, the pipeline broken for
+    good). A frame that is not replies is dropped, and the answers read before it in the
+    same poll are kept (they were lost with it, never answered nor given up)."""
+    router, endpoint = silent_router()
+    with NodeClient(endpoint, timeout_ms=500, retries=0) as c:
+        real = c.sock
+        c.sock = _InterruptedOnce(real)  # type: ignore[assignment]
+        pipe = c.pipeline()
+        cut = pipe.submit("t", [b"v"], partition=0)
+        with pytest.raises(KeyboardInterrupt):
+            pipe.poll(10)
+        deadline = time.monotonic() + 5
+        got: list[Any] = []
+        while not got:
+            assert time.monotonic() < deadline, "the request cut short was never given up"
+            got = pipe.poll(100)
+        assert [(rid, type(out)) for rid, out in got] == [(cut, RequestTimeout)]
+
+        first, second = (pipe.submit("t", [b"v"], partition=0) for _ in range(2))
+        pipe.flush()
+        assert router.poll(5000, zmq.POLLIN)
+        peer, frame = router.recv_multipart()  # the two in one frame; none sent before them
+        assert [r["id"] for r in unpack_replies(frame)] == [first, second]
+        router.send_multipart([peer, produced(first)])
+        router.send_multipart([peer, b"\x05"])  # a msgpack int, not a reply map
+        router.send_multipart([peer, produced(second)])
+        answered: dict[int, Any] = {}
+        while len(answered) < 2:
+            assert time.monotonic() < deadline + 5, f"answers lost: {answered}"
+            answered.update(pipe.poll(100))
+        assert answered == {first: [(0, 0)], second: [(0, 0)]}
+        c.sock = real
+    router.close()
+
+
 def test_a_routed_pipeline_names_the_member_that_did_not_answer() -> None:
     """On a client of a cluster each request's time runs on its own member's socket: the one
     member that answers is heard, the other's request is given up in its name."""
-    from node.client import NodeClient
-    from wire.errors import RequestTimeout
 
     routers = [silent_router(), silent_router()]
     endpoints = [e for _r, e in routers]
@@ -426,7 +477,6 @@ def test_a_pipeline_to_a_node_killed_with_its_request_says_so_within_its_timeout
     import signal
 
     from node.handshake import HandshakeFailed
-    from wire.errors import RequestTimeout
 
     timeout_ms = 1500
     with node.client(timeout_ms=timeout_ms) as c:
@@ -455,7 +505,6 @@ def test_a_pipeline_to_a_node_killed_with_its_request_says_so_within_its_timeout
 
 
 def test_a_single_node_that_does_not_answer_is_not_called_a_cluster() -> None:
-    from node.client import NodeClient
     from node.local import free_port
     from wire.errors import Unavailable
 
@@ -473,9 +522,7 @@ def test_a_timeout_says_what_the_handshake_with_the_port_showed() -> None:
     import socket
     import threading
 
-    from node.client import NodeClient
     from node.local import free_port
-    from wire.errors import RequestTimeout
 
     nothing = f"tcp://127.0.0.1:{free_port()}"
     with NodeClient(nothing, timeout_ms=300, retries=0) as c, \
@@ -508,8 +555,6 @@ def test_a_call_probes_the_handshake_once_whatever_its_retries(
 
     import node.client
     from node import handshake
-    from node.client import NodeClient
-    from wire.errors import RequestTimeout
 
     probes: list[int] = []
     real = handshake.probe

@@ -99,9 +99,9 @@ QUERY_ID_KEY = "sql.streaming.queryId"
 _RETRYABLE = (ErrorCode.BUSY, ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE)
 ROLLBACK_TIMEOUT_MS = 5000  # how long a failed task waits to roll back each of its branches
 RESENDS_MAX = 8  # at_least_once: times one request is sent again after BUSY or UNAVAILABLE
-# ... and after a timeout, which takes ``requestTimeoutMs`` each: once (a front door that
-# restarted lost it), then the task fails (a member that is down fails it in two timeouts,
-# not in nine).
+# ... and, counted apart, after a timeout (unanswered within ``requestTimeoutMs``, or
+# answered TIMEOUT), which takes that long each: once (a front door that restarted lost
+# it), then the task fails (a member that is down fails it in two timeouts, not in nine).
 TIMEOUT_RESENDS_MAX = 1
 RESEND_BACKOFF_S_MAX = 1.0
 TURN_START_MAX = 1 << 30  # a task's first turn among a topic's partitions (keyless rows)
@@ -273,16 +273,28 @@ def _write_staged(opts: SinkOptions, batches: Iterator[pa.RecordBatch], sink_id:
     return SinkCommit(sink_id, batch_id, staging.done, rows)
 
 
+class _Sent(NamedTuple):
+    """An at-least-once request in flight, as it is sent again."""
+
+    topic: str
+    partition: int | None
+    blob: bytes
+    records: int
+    seq: int
+    resends: int = 0  # after BUSY or UNAVAILABLE
+    timeouts: int = 0  # after a timeout (unanswered, or answered TIMEOUT)
+
+
 class _Plain:
     """at_least_once: produce requests, up to ``requestsInFlight`` at a time to each
     member; one the member could not take is sent again under its sequence number (not
-    written twice), at most ``RESENDS_MAX`` times, backing off."""
+    written twice), at most ``RESENDS_MAX`` times, backing off, and one that timed out
+    ``TIMEOUT_RESENDS_MAX`` times."""
 
     def __init__(self, nodes: Nodes, opts: SinkOptions) -> None:
         self.nodes, self.opts = nodes, opts
         self.pipes: dict[int, Pipeline] = {}
-        # by member: request id → (topic, partition, blob, records, seq, times sent)
-        self.sent: dict[int, dict[int, tuple[str, int | None, bytes, int, int, int]]] = {}
+        self.sent: dict[int, dict[int, _Sent]] = {}  # by member, by request id
 
     def send(self, member: int, topic: str, partition: int | None, records: list[Any]) -> None:
         pipe = self.pipes.get(member)
@@ -293,7 +305,7 @@ class _Plain:
         self._answered(member, self.opts.requests_in_flight_max - 1)
         blob, seq = _pack(records), pipe.client.next_seq()
         rid = pipe.submit(topic, [b""] * len(records), partition, blob=blob, seq=seq)
-        self.sent[member][rid] = (topic, partition, blob, len(records), seq, 1)
+        self.sent[member][rid] = _Sent(topic, partition, blob, len(records), seq)
 
     def finish(self) -> None:
         for member in self.pipes:
@@ -313,16 +325,24 @@ class _Plain:
                 raise error_for(ErrorCode.TIMEOUT, f"no answer from {self.nodes.name(member)} "
                                 f"within {self.opts.request_timeout_ms} ms")
             for rid, result in got:
-                topic, part, blob, count, seq, times = sent.pop(rid)
+                s = sent.pop(rid)
                 if not isinstance(result, NodeError):
                     continue
-                if (result.code not in _RETRYABLE or isinstance(result, HandshakeFailed)
-                        or times > (TIMEOUT_RESENDS_MAX if result.code == ErrorCode.TIMEOUT
-                                    else RESENDS_MAX)):
+                if result.code not in _RETRYABLE or isinstance(result, HandshakeFailed):
                     raise result  # a refused handshake (a send that found no connection), too
-                time.sleep(min(RESEND_BACKOFF_S_MAX, 0.01 * 2 ** times))  # back off
-                again = pipe.submit(topic, [b""] * count, part, blob=blob, seq=seq)
-                sent[again] = (topic, part, blob, count, seq, times + 1)
+                if result.code == ErrorCode.TIMEOUT:
+                    if s.timeouts >= TIMEOUT_RESENDS_MAX:
+                        raise result
+                    s = s._replace(timeouts=s.timeouts + 1)
+                else:
+                    if s.resends >= RESENDS_MAX:
+                        raise result
+                    s = s._replace(resends=s.resends + 1)
+                    # back off
+                    time.sleep(min(RESEND_BACKOFF_S_MAX, 0.01 * 2 ** s.resends))
+                again = pipe.submit(s.topic, [b""] * s.records, s.partition, blob=s.blob,
+                                    seq=s.seq)
+                sent[again] = s
 
 
 def _write_plain(opts: SinkOptions, batches: Iterator[pa.RecordBatch], sink_id: str,
