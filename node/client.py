@@ -580,7 +580,9 @@ class NodeClient:
     # ---- reading ------------------------------------------------------------------
 
     def read(self, topic: str, partition: int, offset: int, max_records: int = 1000) -> list[Record]:
-        """Up to ``max_records`` records from ``offset`` on, in offset order."""
+        """Up to ``max_records`` records from ``offset`` on, in offset order. A read may
+        stop before them (at ``read_bytes_max``, or where the node's cache of recent records
+        ends): read on from the last offset + 1, up to ``end_offsets``."""
         reply = self.call("read", topic=topic, partition=partition, offset=offset,
                           max_records=max_records)
         return unpack_read(reply["records"])
