@@ -101,11 +101,8 @@ class ClusterDoor:
             # known here yet or not (an oversized value to a new one was answered "not
             # swapped", or created it).
             owner = d.kv.checked(op, req).owner(0)
-            if owner in (0, c.me):
-                return None
-            if from_peer:
-                raise NotOwner(f"KV namespace {req['namespace']!r} is owned by {c.name(owner)}")
-            return self.forward(identity, rid, req, now, owner)
+            return self.to_owner(identity, rid, req, now, owner, from_peer,
+                                 f"KV namespace {req['namespace']!r}")
         if op == "txn_kv":
             owner = d.kv.checked(op, req).owner(0)
             if owner not in (0, c.me):
@@ -117,12 +114,8 @@ class ClusterDoor:
         if op in PARTITION_OPS or (op == "produce" and req.get("partition") is not None):
             t = d.topic(req["topic"])
             p = d.partition(t.name, req["partition"])[1]
-            owner = t.owner(p)
-            if owner in (0, c.me):
-                return None
-            if from_peer:
-                raise NotOwner(f"partition {p} of {t.name!r} is owned by {c.name(owner)}")
-            return self.forward(identity, rid, req, now, owner)
+            return self.to_owner(identity, rid, req, now, t.owner(p), from_peer,
+                                 f"partition {p} of {t.name!r}")
         if op == "produce":
             return self.produce_spread(identity, rid, req, now, from_peer)
         if op == "end_offsets":
@@ -139,6 +132,16 @@ class ClusterDoor:
             parts = d.split(req, req["txn"] + req["seq"])[0]
             self.stays_here(req["topic"], sorted({p for _t, p, _n, _b in parts}))
         return None
+
+    def to_owner(self, identity: bytes, rid: int, req: dict[str, Any], now: float, owner: int,
+                 from_peer: bool, what: str) -> list[Out] | None:
+        """A request for ``what``, which ``owner`` holds: served here (None) if this member
+        owns it, else forwarded, unless it was forwarded once already (``NotOwner``)."""
+        if owner in (0, self.view.me):
+            return None
+        if from_peer:
+            raise NotOwner(f"{what} is owned by {self.view.name(owner)}")
+        return self.forward(identity, rid, req, now, owner)
 
     def stays_here(self, topic: str, partitions: list[int]) -> None:
         """Refuse a transaction's write to partitions another member owns."""

@@ -15,6 +15,7 @@ import zmq
 
 from node.client import NodeClient, Record
 from node.local import LocalNode
+from node.pipeline import Pipeline
 from tests.conftest import request_of, silent_router
 from wire.errors import NodeError, RequestTimeout, TopicExists, UnknownPartition, UnknownTopic
 from wire.protocol import unpack_replies
@@ -320,6 +321,20 @@ def test_a_pipeline_answers_out_of_order_and_bounds_what_is_in_flight(node: Loca
 # ---- a pipeline's requests are answered within the client's timeout -----------------------
 
 
+PipelineAnswers = list[tuple[int, list[tuple[int, int]] | NodeError]]
+
+
+def first_answers(pipe: Pipeline, sent: float, wait_s: float, poll_ms: int = 100
+                  ) -> tuple[PipelineAnswers, float]:
+    """What ``pipe.poll`` first returns, polling from ``sent`` on for at most ``wait_s``,
+    and how long after ``sent`` it came."""
+    got: PipelineAnswers = []
+    while not got:
+        assert time.monotonic() - sent < wait_s, f"no answer, nor a give-up, in {wait_s} s"
+        got = pipe.poll(poll_ms)
+    return got, time.monotonic() - sent
+
+
 def produced(rid: int, partition: int = 0) -> bytes:
     """A produce request's answer: one record, at offset 0 of ``partition``."""
     from wire.packer import pack
@@ -351,11 +366,7 @@ def test_a_pipeline_gives_up_a_request_unanswered_within_its_timeout_and_drops_t
             pipe.flush()
             peer, request = request_of(router)
             assert request["id"] == rid
-            got: list[tuple[int, list[tuple[int, int]] | NodeError]] = []
-            while not got:
-                assert time.monotonic() - sent < timeout_ms / 1000 + 10, "never given up"
-                got = pipe.poll(100)
-            waited_s = time.monotonic() - sent
+            got, waited_s = first_answers(pipe, sent, timeout_ms / 1000 + 10)
             ((answered, error),) = got
             assert answered == rid and isinstance(error, RequestTimeout), got
             assert timeout_ms / 1000 <= waited_s < timeout_ms / 1000 + 2, waited_s
@@ -413,10 +424,7 @@ def test_a_pipeline_goes_on_after_a_send_cut_short_and_past_a_frame_that_is_not_
         with pytest.raises(KeyboardInterrupt):
             pipe.poll(10)
         deadline = time.monotonic() + 5
-        got: list[Any] = []
-        while not got:
-            assert time.monotonic() < deadline, "the request cut short was never given up"
-            got = pipe.poll(100)
+        got, _waited_s = first_answers(pipe, time.monotonic(), 5)
         assert [(rid, type(out)) for rid, out in got] == [(cut, RequestTimeout)]
 
         first, second = (pipe.submit("t", [b"v"], partition=0) for _ in range(2))
@@ -491,11 +499,7 @@ def test_a_pipeline_to_a_node_killed_with_its_request_says_so_within_its_timeout
             assert not pipe.unsent  # sent: on the connection made before
         finally:
             node.kill()
-        got: list[tuple[int, list[tuple[int, int]] | NodeError]] = []
-        while not got:
-            assert time.monotonic() - sent < timeout_ms / 1000 + 10, "never given up"
-            got = pipe.poll(200)
-        waited_s = time.monotonic() - sent
+        got, waited_s = first_answers(pipe, sent, timeout_ms / 1000 + 10, poll_ms=200)
         ((answered, error),) = got
         assert answered == rid, got
         assert isinstance(error, RequestTimeout) and not isinstance(error, HandshakeFailed)
