@@ -433,6 +433,10 @@ class ClusterDoor:
             assert err is not None
             self.door.errors += 1
             return [Reply(w.identity, protocol.error(w.rid, *err))]
+        if len(self.after_pull) >= PARKED_MAX:
+            # The change is made: answered now, before this member's copy has it (a
+            # request naming a topic not copied yet waits for the copy, or is refused BUSY).
+            return [Reply(w.identity, protocol.ok(w.rid, **ok))]
         # A copy under way may predate the change: then the answer waits for one more.
         self.after_pull.append((w.identity, w.rid, ok, self.pulling))
         return self.pull()

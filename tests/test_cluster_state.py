@@ -621,3 +621,21 @@ def test_a_stopping_member_answers_what_waits_for_a_copy_of_the_catalog(
     assert sorted((answer_of(o)["id"], answer_of(o)["code"]) for o in outs) == [
         (3, ErrorCode.UNAVAILABLE), (4, ErrorCode.UNAVAILABLE)]
     assert not s.pending
+
+
+def test_creations_answered_while_the_copies_wait_past_their_bound_are_answered_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A creation the catalog member made waits for this member's copy of the catalog
+    before it is answered, but only up to the bound of those that wait (cluster_sync's):
+    past it the answer goes at once, and the table does not grow."""
+    from actors import front_cluster
+
+    monkeypatch.setattr(front_cluster, "PARKED_MAX", 1)
+    s = member(tmp_path, 3)
+    (one,) = s.request(ID, frame("create_topic", 2, name="a", partitions=1), now=0.0)
+    (two,) = s.request(ID, frame("create_topic", 3, name="b", partitions=1), now=0.0)
+    (pull,) = s.peer_reply({"lsn": 12, "id": corr_of(one), "ok": True})
+    assert isinstance(pull, ToPeer) and unpack(pull.frame)["op"] == "list_topics"
+    (rep,) = s.peer_reply({"lsn": 13, "id": corr_of(two), "ok": True})
+    assert answer_of(rep) == {"lsn": 13, "id": 3, "ok": True}
+    assert len(cluster_of(s).after_pull) == 1
