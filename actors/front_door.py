@@ -258,9 +258,12 @@ class FrontDoor(Actor):
         now = time.monotonic()
         state = self.state
         first = state.requests
+        # A burst holds what it read until its end: up to a group commit's bytes (and the
+        # frame that passes them), then the mailbox and the rest wait for the next poll.
+        bytes_left = self.cfg.log.group_bytes_max
         try:
             router = self.router
-            while state.requests - first < CLIENT_BURST_MAX:
+            while state.requests - first < CLIENT_BURST_MAX and bytes_left > 0:
                 # Asking first costs less than the exception of a receive that finds nothing
                 # (the end of every burst: 15 us of a one-request burst's 100, measured here).
                 if not int(router.getsockopt(EVENTS)) & POLLIN:
@@ -269,8 +272,11 @@ class FrontDoor(Actor):
                     frames = router.recv_multipart(NOBLOCK, copy=False)
                 except zmq.Again:
                     return
-                self.perform(state.request(frames[0].bytes, [request_frame(f) for f in frames[1:]],
-                                           now))
+                parts = [request_frame(f) for f in frames[1:]]
+                for part in parts:
+                    bytes_left -= len(part)
+                self.perform(state.request(frames[0].bytes, parts, now))
+                self.keep_alive()  # a burst of large frames may outlast a heartbeat
         finally:
             self.flush_outbox()
             self.flush_replies()

@@ -219,3 +219,49 @@ def test_an_export_directory_no_path_can_name_is_refused_and_nothing_restarts(
     with small_node.client() as c:
         actors = c.status()["actors"]
     assert [(a["role"], a["restarts"]) for a in actors] == [(a["role"], 0) for a in actors]
+
+
+def _front_door_pid(node: LocalNode) -> int:
+    with node.client() as c:
+        (pid,) = [a["pid"] for a in c.status()["actors"] if a["role"] == "front"]
+    return int(pid)
+
+
+def _memory_kib(pid: int, field: str) -> int:
+    """A field of ``/proc/PID/status`` in KiB: VmRSS now, VmHWM the peak so far."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def _empty_arrays(n: int) -> bytes:
+    """A msgpack array of ``n`` empty arrays: a byte each in the frame, a list each (56
+    bytes) if decoded whole."""
+    return b"\xdd" + n.to_bytes(4, "big") + b"\x90" * n
+
+
+@pytest.mark.parametrize("shape", ["request", "records"])
+def test_a_frame_of_empty_arrays_is_refused_without_being_decoded_whole(
+        small_node: LocalNode, sock: zmq.Socket[bytes], shape: str) -> None:
+    """What a request (or a batch's records) decodes to is bounded by what one can hold,
+    not only by the frame: a frame of empty arrays was decoded to a list each, 64 bytes of
+    the front door's memory a byte of the frame (a 16 MiB frame: 1.1 GB and 8 s, and the
+    supervisor killed the silent front door)."""
+    pid = _front_door_pid(small_node)
+    n = FRAME_MAX - 200
+    if shape == "request":
+        frame, says = _empty_arrays(n), "map and array items"
+    else:
+        frame = req(op="produce", id=801, topic="t", partition=0, producer_id=1, seq=next(_SEQ),
+                    records=_empty_arrays(n - 100))
+        says = "records decode to more than a batch holds"
+    assert len(frame) <= FRAME_MAX
+    before = _memory_kib(pid, "VmRSS")
+    for _ in range(3):
+        assert_error(ask(sock, frame), ErrorCode.BAD_REQUEST, says)
+    grown_mib = (_memory_kib(pid, "VmHWM") - before) / 1024
+    # Decoded whole, one frame would take about 120 MiB; two copies of the frame are 4.
+    assert grown_mib < 32, f"the front door's peak grew by {grown_mib:.0f} MiB"
+    assert_still_serving(sock, 802)

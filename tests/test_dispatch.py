@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -160,3 +161,50 @@ def test_writes_of_one_burst_are_admitted_in_the_order_they_came(make_node: Make
     assert got[2]["parts"] == [[0, 0, 2]] and got[8]["parts"] == [[0, 2, 1]]
     with node.client() as c:
         assert c.committed_offset("g", "t", 0) == 2
+
+
+class _Frames:
+    """A client socket as the front door's burst reads it: frames ready, one at a time."""
+
+    def __init__(self, frames: list[list[bytes]]) -> None:
+        self.frames = frames
+        self.read = 0
+
+    def getsockopt(self, option: int) -> int:
+        return zmq.POLLIN if self.read < len(self.frames) else 0
+
+    def recv_multipart(self, flags: int, copy: bool) -> list[zmq.Frame]:
+        self.read += 1
+        return [zmq.Frame(f) for f in self.frames[self.read - 1]]
+
+
+def test_a_burst_of_client_requests_ends_once_it_holds_a_group_commits_bytes() -> None:
+    """What a burst reads waits in the front door until the burst ends: it ends at
+    ``log.group_bytes_max`` bytes (and the frame that passes them), not only at
+    ``CLIENT_BURST_MAX`` requests (60 produces of 12 MiB once held 1.1 GB there). Each
+    request read reports to the supervisor if a tick passed (a burst may be slow)."""
+    from actors.front_door import FrontDoor
+
+    frame = b"x" * (1 << 20)
+    router = _Frames([[b"client", frame]] * 40)
+    door = FrontDoor.__new__(FrontDoor)  # the burst alone: no sockets, no actors
+    door.router = router  # type: ignore[assignment]
+    door.cfg = load_config(overrides={"log": {"group_bytes_max": 10 << 20},
+                                      "limits": {"frame_bytes_max": 2 << 20,
+                                                 "value_bytes_max": 1 << 20}})
+    handled: list[int] = []
+
+    def request(who: bytes, parts: list[bytes], now: float) -> list[Any]:
+        handled.append(len(parts[0]))
+        return []
+
+    door.state = SimpleNamespace(requests=0, request=request)  # type: ignore[assignment]
+    door.perform = lambda outs: None  # type: ignore[method-assign]
+    door.flush_outbox = door.flush_replies = lambda: None  # type: ignore[method-assign]
+    alive: list[int] = []
+    door.keep_alive = lambda: alive.append(1)  # type: ignore[method-assign]
+    door.on_socket(router)  # type: ignore[arg-type]
+    assert len(handled) == 10 and router.read == 10
+    assert len(alive) == 10
+    door.on_socket(router)  # type: ignore[arg-type]
+    assert router.read == 20  # the next burst goes on where it stopped

@@ -33,6 +33,7 @@ from wire.errors import (
 from wire.protocol import (
     OFFSET_MAX,
     OPS,
+    REQUEST_ITEMS_MAX,
     TXN_ONCE_WRITES_MAX,
     Field,
     check_once_writes,
@@ -43,7 +44,13 @@ from wire.protocol import (
     request_map,
     unpack_replies,
 )
-from wire.records import Record, check_batch, pack_batch, unpack_values
+from wire.records import (
+    TAGS_PER_RECORD_MAX,
+    Record,
+    check_batch,
+    pack_batch,
+    unpack_values,
+)
 
 FRAME_MAX = 1 << 20
 
@@ -866,3 +873,46 @@ def test_a_batch_of_bare_values_packs_as_records_do() -> None:
     assert pack_batch(iter(values)) == pack(values)
     mixed: list[Any] = [b"a", Record(b"b", key=b"k"), bytearray(b"c")]
     assert msgpack.unpackb(pack_batch(mixed)) == [b"a", [b"b", b"k", [], None], b"c"]
+
+
+def test_the_largest_requests_the_table_allows_decode_within_the_bound() -> None:
+    """``REQUEST_ITEMS_MAX`` bounds what a request decodes to; the largest the table allows
+    (a txn_once of every write it may carry, each of the most fields) stays within it."""
+    write = {"op": "txn_commit_offset", "group": "g", "topic": "t", "partition": 0,
+             "offset": 1}
+    rid, op, fields = _parse({"op": "txn_once", "id": 3, "txn": 6,
+                              "writes": [write] * TXN_ONCE_WRITES_MAX})
+    assert (rid, op, len(fields["writes"])) == (3, "txn_once", TXN_ONCE_WRITES_MAX)
+    records = [[b"v", b"k", ["t"] * TAGS_PER_RECORD_MAX, 1]] * 50  # each the most it may
+    items, bare = check_batch(pack(records), 50, 10)
+    assert len(items) == 50 and not bare
+
+
+@pytest.mark.parametrize("evil", [
+    [[]] * (REQUEST_ITEMS_MAX + 1),  # one array longer than the bound
+    [[[]] * 64] * 64,  # arrays within it, their items over it
+    {"op": "status", "id": 1, "x": [{}] * 4000},  # maps
+])
+def test_a_request_decoding_to_more_items_than_any_request_holds_ends_the_frame(
+        evil: Any) -> None:
+    """One request's maps and arrays are bounded as they are decoded: a frame of empty
+    arrays became a list each (64 bytes of memory a byte of the frame). The requests
+    before it in the frame are read; it and the rest are not."""
+    good = pack({"op": "status", "id": 8})
+    out = parse_requests(good + pack(evil) + good, FRAME_MAX)
+    first, err = out
+    assert isinstance(first, tuple) and first[:2] == (8, "status")
+    assert isinstance(err, NodeError) and err.code == ErrorCode.BAD_REQUEST
+    assert f"request 2 of the frame decodes to over {REQUEST_ITEMS_MAX}" in err.message
+    (alone,) = parse_requests(pack(evil), FRAME_MAX)
+    assert isinstance(alone, NodeError) and "request 1 of the frame" in alone.message
+
+
+@pytest.mark.parametrize("records", [
+    [[]] * 20_000,  # more records than a batch holds, each an empty array
+    [[[[]] * 70] * 4] * 90,  # records within the count, nested past what one may hold
+])
+def test_records_decoding_to_more_than_a_batch_holds_are_refused(records: Any) -> None:
+    with pytest.raises(BadRequest) as info:
+        check_batch(pack(records), 100, 10)
+    assert "records decode to more than a batch holds" in info.value.message

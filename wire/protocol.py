@@ -30,13 +30,16 @@ import msgpack
 
 from wire.errors import BadRequest, ErrorCode, NodeError
 from wire.packer import pack, pack_map
-from wire.records import KEY_BYTES_MAX, TAG_BYTES_MAX
+from wire.records import KEY_BYTES_MAX, TAG_BYTES_MAX, bounds, over_bounds
 
 DEFAULT_PORT = 7400
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 NAME_LEN_MAX = 200  # topic and group names (NAME_RE says the same)
 OFFSET_MAX = 2**63 - 1
 REQUESTS_PER_FRAME_MAX = 1024  # a client's Pipeline keeps at most this many in flight
+# What one request may decode to: its maps' and arrays' items (``wire.records.counting_hook``).
+# The largest the table allows, a txn_once of TXN_ONCE_WRITES_MAX writes, holds under 700.
+REQUEST_ITEMS_MAX = 4096
 REPLY_FRAME_BYTES_MAX = 262144  # replies are joined into one frame up to this size
 # How long the node lets ``compact`` take (RocksDB rewrites the topic's SST files); a client
 # waits a little longer, so that it hears the node's TIMEOUT rather than its own.
@@ -489,22 +492,27 @@ def parse_requests(frame: bytes | memoryview, frame_bytes_max: int,
                        f"request of {len(frame)} bytes is over the limit of {frame_bytes_max}")]
     if not frame:
         return [_error(0, ErrorCode.BAD_REQUEST, "request is not msgpack: the frame is empty")]
+    bound, left = bounds(REQUEST_ITEMS_MAX)
     try:  # most frames carry one request: one call, without an Unpacker's set-up
-        one = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+        one = msgpack.unpackb(frame, raw=False, strict_map_key=False, **bound)
     except msgpack.ExtraData:
         pass  # several: read them one by one below
-    except Exception:
-        pass  # not msgpack: the reading below says where and why
+    except Exception as exc:
+        if over_bounds(exc):
+            return [_items_over(0)]
+        # not msgpack: the reading below says where and why
     else:
         try:
             return [check_request(one)]
         except NodeError as exc:
             return [exc]
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(frame))
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(frame),
+                                **bound)
     unpacker.feed(frame)
     out: list[tuple[int, str, dict[str, Any]] | NodeError] = []
     end = 0  # where the last whole request ended (``tell`` runs on into a partial one)
     try:
+        left[0] = REQUEST_ITEMS_MAX
         for req in unpacker:
             end = unpacker.tell()
             if len(out) >= requests_max:
@@ -517,7 +525,11 @@ def parse_requests(frame: bytes | memoryview, frame_bytes_max: int,
                 out.append(check_request(req))
             except NodeError as exc:
                 out.append(exc)
+            left[0] = REQUEST_ITEMS_MAX  # each request has the bound to itself
     except Exception as exc:
+        if over_bounds(exc):
+            out.append(_items_over(len(out)))
+            return out
         why = str(exc) or type(exc).__name__
         out.append(_error(0, ErrorCode.BAD_REQUEST, f"request is not msgpack: {why}"))
         return out
@@ -525,6 +537,15 @@ def parse_requests(frame: bytes | memoryview, frame_bytes_max: int,
         out.append(_error(0, ErrorCode.BAD_REQUEST, "request is not msgpack: the frame ends "
                           "inside a message"))
     return out
+
+
+def _items_over(read: int) -> NodeError:
+    """The answer to a request that decodes to more than any request holds: it ends the
+    frame (its id is not read)."""
+    return _error(0, ErrorCode.BAD_REQUEST,
+                  f"request {read + 1} of the frame decodes to over {REQUEST_ITEMS_MAX} map "
+                  f"and array items (no request holds that many); it and the rest of the "
+                  f"frame were not read")
 
 
 def check_request(req: Any) -> tuple[int, str, dict[str, Any]]:
