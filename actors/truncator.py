@@ -34,6 +34,7 @@ class ThreadJob(Generic[R]):
         self._ping.connect(address)
         self.thread: threading.Thread | None = None
         self.result: R | None = None
+        self.failure: BaseException | None = None
 
     @property
     def busy(self) -> bool:
@@ -42,17 +43,23 @@ class ThreadJob(Generic[R]):
     def _start(self, run: Callable[..., R], *args: Any) -> None:
         if self.thread is not None:
             raise RuntimeError(f"a {self.name} job is already running")
-        self.result = None
+        self.result, self.failure = None, None
         self.thread = threading.Thread(target=self._main, args=(run, *args), name=self.name,
                                        daemon=True)
         self.thread.start()
 
     def _main(self, run: Callable[..., R], *args: Any) -> None:
-        self.result = run(*args)
+        try:
+            self.result = run(*args)
+        except BaseException as exc:  # raised again by ``collect``, in the actor
+            self.failure = exc
         self._ping.send(b"")
 
     def collect(self, timeout_s: float = 0.0) -> R | None:
-        """The finished job's result, waiting up to ``timeout_s`` for it; None if none."""
+        """The finished job's result, waiting up to ``timeout_s`` for it; None if none.
+        Raises what the job raised that it did not turn into a result (the actor fails and
+        is restarted: without the wake, nothing would ever have collected it, and the
+        checkpoints or exports waiting for it would have waited for good)."""
         if self.thread is None:
             return None
         self.thread.join(timeout_s)
@@ -61,6 +68,8 @@ class ThreadJob(Generic[R]):
         self.thread = None
         while self.wake.poll(0, zmq.POLLIN):
             self.wake.recv()
+        if self.failure is not None:
+            raise RuntimeError(f"the {self.name} job failed: {self.failure!r}") from self.failure
         return self.result
 
     def close(self) -> None:

@@ -71,6 +71,21 @@ def test_a_snapshot_that_cannot_be_written_deletes_nothing_and_says_so(
     assert truncator.next_slot == 0
 
 
+def test_a_job_that_raises_wakes_the_loop_and_collect_raises_it(
+        truncator: Truncator) -> None:
+    """A job's error it did not turn into a result (a bug, a state it cannot encode)
+    fails the actor, to be restarted: the job woke nobody, and the checkpoint waiting for
+    it (TRUNCATING has no time limit) waited for good, and every checkpoint after it."""
+    truncator.start(ckpt_id=1, upto=0, snapshot={"last_lsn": object()})  # no msgpack for it
+    assert truncator.wake.poll(10_000, zmq.POLLIN), "the job never woke the loop"
+    with pytest.raises(RuntimeError, match="the truncate job failed") as info:
+        truncator.collect(timeout_s=10)
+    assert info.value.__cause__ is not None
+    assert not truncator.busy
+    truncator.start(ckpt_id=2, upto=0, snapshot=state_at(2))  # the next one runs
+    assert wait_result(truncator).error == ""
+
+
 def test_only_one_job_at_a_time(truncator: Truncator) -> None:
     truncator.start(ckpt_id=1, upto=0, snapshot=state_at(1))
     with pytest.raises(RuntimeError, match="already running"):
