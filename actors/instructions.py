@@ -212,7 +212,7 @@ class Spawn:
 
 @dataclass(frozen=True, slots=True)
 class Terminate:
-    """End the process of ``role``: SIGTERM, and SIGKILL if it has not exited within the
+    """End the process of ``role``: ``STOP_SIGNAL``, and SIGKILL if it has not exited within the
     stop timeout; with ``kill``, SIGKILL at once (it does not answer)."""
 
     role: str

@@ -19,6 +19,14 @@ from actors.roles import is_writer
 
 log = logging.getLogger("shardnode")
 
+# The supervisor's request to an actor to stop cleanly when its mailbox cannot carry one.
+# Not SIGTERM: a SIGTERM to the whole process group (``timeout``, systemd's stop of a unit's
+# processes, ``kill -- -PGID``) reached every actor at once, and they stopped in no order,
+# before the supervisor's checkpoint at stop. An actor leaves SIGTERM to the supervisor,
+# which stops the actors in order, while it lives; SIGTERM from the kernel when it died
+# (``_die_with_parent``) stops the actor.
+STOP_SIGNAL = signal.SIGUSR1
+
 # Exit codes an actor uses to tell the supervisor why it stopped.
 EXIT_FAILED = 1  # an unexpected error: restart it
 EXIT_REFUSED = 65  # it must not run on what it found (a corrupt log, a newer format): stop the node
@@ -87,14 +95,21 @@ def actor_main(ctx: ActorContext, actor_class: type[Actor]) -> None:
         if nice:
             os.nice(nice)
     actor: Actor | None = None
+    supervisor = os.getppid()
 
-    def on_term(signum: int, frame: Any) -> None:
+    def on_stop_signal(signum: int, frame: Any) -> None:
+        if signum == signal.SIGTERM and os.getppid() == supervisor:
+            log.info("%s: SIGTERM left to the supervisor, which stops the actors in order",
+                     ctx.role)
+            return
+        why = "SIGTERM, the supervisor gone" if signum == signal.SIGTERM else "the supervisor's signal"
         if actor is not None:
-            actor.stop("SIGTERM")
+            actor.stop(why)
         else:
             raise SystemExit(0)
 
-    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGTERM, on_stop_signal)
+    signal.signal(STOP_SIGNAL, on_stop_signal)
     code = 0
     try:
         actor = actor_class(ctx)

@@ -39,7 +39,7 @@ from actors.durable import fsync_dir, write_atomic
 from actors.front_door import FrontDoor
 from actors.instructions import Spawn, StopNode, Terminate
 from actors.log_manager import LogManager
-from actors.process import actor_main
+from actors.process import STOP_SIGNAL, actor_main
 from actors.roles import (
     CACHE_MANAGER,
     FRONT_DOOR,
@@ -59,6 +59,7 @@ from wire.messages import (
     Checkpoint,
     Done,
     ErrorReply,
+    FrontClosed,
     Stats,
     StatusReply,
     StatusRequest,
@@ -85,6 +86,20 @@ def actor_class(role: str) -> type[Actor]:
 
 class NodeStartError(RuntimeError):
     """The node could not start; the message says why."""
+
+
+class DataDirError(NodeStartError):
+    """The data dir cannot be one: a file is there, or it cannot be made or opened (the
+    command line's to mend: the CLI exits 2)."""
+
+
+def data_dir_error(data: Path, exc: OSError) -> DataDirError:
+    """What is wrong with the data dir ``data``, from the ``OSError`` making or locking it
+    raised."""
+    if (data.exists() or data.is_symlink()) and not data.is_dir():
+        return DataDirError(f"the data dir {data} is not a directory")
+    where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(data) else ""
+    return DataDirError(f"cannot use the data dir {data}: {exc.strerror or exc}{where}")
 
 
 @dataclass
@@ -135,8 +150,11 @@ class Supervisor:
     # ---- start ------------------------------------------------------------------------
 
     def _lock(self) -> None:
-        self.data.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.data / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.data.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self.data / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise data_dir_error(self.data, exc) from None
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -168,7 +186,8 @@ class Supervisor:
     def start(self, ready_timeout_s: float = 60.0) -> None:
         """Start every actor and wait until they run. Raises ``ConfigError`` (before
         anything is locked, spawned or bound) when CURVE is on and its keys cannot be read
-        or this libzmq must not be used, ``NodeStartError`` when the node cannot start."""
+        or this libzmq must not be used, ``DataDirError`` (before anything is spawned) when
+        the data dir cannot be one, ``NodeStartError`` when the node cannot start."""
         server_keys(self.cfg)
         self._lock()
         self._check_writer_count()
@@ -266,8 +285,8 @@ class Supervisor:
         proc = child.process
         if proc is None or proc.exitcode is not None:
             return
-        if signal_first:
-            proc.terminate()  # SIGTERM: the actor stops cleanly
+        if signal_first and proc.pid is not None:
+            os.kill(proc.pid, STOP_SIGNAL)  # the actor stops cleanly (not SIGTERM: see there)
         proc.join(self.cfg.supervisor.stop_timeout_ms / 1000)
         if proc.exitcode is None:
             log.error("%s did not stop within %d ms; killing it", child.role,
@@ -360,6 +379,9 @@ class Supervisor:
         if not all(self._alive(r) for r in self.behind_front) or self.mailbox is None:
             return
         self.checkpoint_done = None
+        # The front door is stopped: a blocking checkpoint's gate must not wait for
+        # transactions no client can end now.
+        self._tell(TRANSACTION_MANAGER, FrontClosed())
         if not self._tell(LOG_MANAGER, Checkpoint(0, SUPERVISOR)):
             return
         deadline = time.monotonic() + self.cfg.log.checkpoint_timeout_ms / 1000

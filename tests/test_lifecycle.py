@@ -167,6 +167,27 @@ def test_sigint_stops_cleanly(node: LocalNode) -> None:
     node.proc = None
 
 
+def test_sigterm_to_the_whole_process_group_stops_cleanly_with_the_checkpoint(
+        node: LocalNode) -> None:
+    """``timeout``, systemd (a unit's processes) and ``kill -- -PGID`` send SIGTERM to every
+    process at once: the actors leave it to the supervisor, which stops them in order
+    after its checkpoint at stop (they stopped at once, and the next start replayed the
+    log and refused a change of the writer count)."""
+    fill(node, 3)
+    marker = node.data_dir / "writers" / "clean-stop"
+    marker.unlink(missing_ok=True)
+    members = node.processes()
+    assert node.proc is not None
+    os.killpg(node.proc.pid, signal.SIGTERM)
+    assert node.proc.wait(30) == 0
+    deadline = time.monotonic() + 10
+    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in members):
+        assert time.monotonic() < deadline, "actors left behind after SIGTERM"
+        time.sleep(0.02)  # ok-sleep: poll until the actors are gone, under a deadline
+    node.proc = None
+    assert marker.exists(), f"no checkpoint at stop:\n{node.log_tail()}"
+
+
 def test_actors_exit_when_the_supervisor_dies(node: LocalNode) -> None:
     # Six actors, plus multiprocessing's resource tracker: every one of them must go.
     actors = [p for p in node.processes() if node.proc is not None and p.pid != node.proc.pid]
