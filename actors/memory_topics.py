@@ -12,19 +12,35 @@ partitions' shards (which hold nothing else).
 Each partition is a run of records from its earliest kept offset; past the budget the
 oldest records of the largest partition go first, and a read below a partition's earliest
 offset is answered ``OFFSET_OUT_OF_RANGE`` with that offset. A retry of a produce (the
-same producer id and sequence number) is answered as the first attempt was, while the last
-``RETRIES_REMEMBERED`` are remembered.
+same producer id and sequence number) is answered as the first attempt was, while it is
+among the last ``RETRIES_REMEMBERED`` and their placements take at most a
+``RETRIES_BUDGET_SHARE``-th of the budget, in which they are counted (a produce split over
+512 partitions is remembered in about 12 KiB).
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
+import heapq
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-RECORD_OVERHEAD_BYTES = 120  # a row's list and its ints, beyond its key, tags and value
+# What a record costs beyond the bytes of its value, key and tags: its row's list, ints and
+# tags' list, its slots in the partition's deques, its value's bytes object; a key's and a
+# tag's object more. Measured with tracemalloc (tests/test_memory_topics.py keeps the count
+# within 15 %: at 120 for all, records took 1.7 times what they counted).
+RECORD_OVERHEAD_BYTES = 232
+KEY_OVERHEAD_BYTES = 33  # a bytes object's header
+TAG_OVERHEAD_BYTES = 49  # a str's header
 RETRIES_REMEMBERED = 65536  # (producer id, seq) of the latest memory produces, answered again
+RETRIES_BUDGET_SHARE = 8  # their placements take at most bytes_max / 8, counted in bytes_max
+# A remembered retry beyond its placement's 24 bytes a part (three 8-byte ints in an array):
+# the ordered dict's slot and link, the (producer id, seq) tuple and its ints, the array's
+# header. Measured with tracemalloc (tests/test_memory_topics.py keeps it within 15 %).
+RETRY_OVERHEAD_BYTES = 270
+PLACEMENT_BYTES = 24  # a part's [partition, first offset, count] in a retry's array
 
 Row = list[Any]  # [offset, timestamp_ms, key, tags, value], as reads answer them
 
@@ -54,15 +70,21 @@ class MemoryTopics:
         self.bytes_max = bytes_max
         self.bytes = 0
         self.parts: dict[tuple[int, int], Partition] = {}
-        self.retries: collections.OrderedDict[tuple[int, int], list[list[int]]] = (
+        # Placements of the latest produces, flat (``[partition, first, count] * parts``).
+        self.retries: collections.OrderedDict[tuple[int, int], array[int]] = (
             collections.OrderedDict())
+        self.retries_bytes = 0  # counted in ``bytes`` too
+        # (-bytes, partition) as each partition's bytes last changed: its head is the
+        # largest, once stale heads (bytes since changed, partition dropped) are popped.
+        self.largest: list[tuple[int, tuple[int, int]]] = []
         self.evicted = 0
 
     @staticmethod
     def cost(row: Row) -> int:
         _off, _ts, key, tags, value = row
-        return (RECORD_OVERHEAD_BYTES + len(value) + (len(key) if key else 0)
-                + sum(len(t) for t in tags))
+        return (RECORD_OVERHEAD_BYTES + len(value)
+                + (KEY_OVERHEAD_BYTES + len(key) if key is not None else 0)
+                + sum(TAG_OVERHEAD_BYTES + len(t) for t in tags))
 
     def part(self, tid: int, p: int) -> Partition:
         found = self.parts.get((tid, p))
@@ -75,7 +97,10 @@ class MemoryTopics:
     def seen(self, producer_id: int, seq: int) -> list[list[int]] | None:
         """The placement a produce with this producer id and sequence number got, if it is
         a retry of one remembered."""
-        return self.retries.get((producer_id, seq)) if producer_id else None
+        flat = self.retries.get((producer_id, seq)) if producer_id else None
+        if flat is None:
+            return None
+        return [flat[i:i + 3].tolist() for i in range(0, len(flat), 3)]
 
     def append(self, producer_id: int, seq: int, parts: list[tuple[int, int, list[Any]]],
                now_ms: int) -> list[list[int]]:
@@ -102,19 +127,46 @@ class MemoryTopics:
                     part.ts_offsets.append(part.next)
                 part.next += 1
             placed.append([p, first, part.next - first])
-        self._bound()
+            self._grew(tid, p, part)
         if producer_id:
-            self.retries[(producer_id, seq)] = placed
-            if len(self.retries) > RETRIES_REMEMBERED:
-                self.retries.popitem(last=False)
+            self._remember((producer_id, seq), placed)
+        self._bound()
         return placed
+
+    @staticmethod
+    def retry_cost(flat: array[int]) -> int:
+        return RETRY_OVERHEAD_BYTES + PLACEMENT_BYTES * (len(flat) // 3)
+
+    def _remember(self, k: tuple[int, int], placed: list[list[int]]) -> None:
+        """Keep a produce's placement for its retries, within their count and bytes."""
+        old = self.retries.pop(k, None)
+        if old is not None:
+            self.retries_bytes -= self.retry_cost(old)
+            self.bytes -= self.retry_cost(old)
+        flat = array("q", [n for row in placed for n in row])
+        self.retries[k] = flat
+        self.retries_bytes += self.retry_cost(flat)
+        self.bytes += self.retry_cost(flat)
+        while self.retries and (len(self.retries) > RETRIES_REMEMBERED or self.retries_bytes
+                                > self.bytes_max // RETRIES_BUDGET_SHARE):
+            _k, flat = self.retries.popitem(last=False)
+            self.retries_bytes -= self.retry_cost(flat)
+            self.bytes -= self.retry_cost(flat)
+
+    def _grew(self, tid: int, p: int, part: Partition) -> None:
+        heapq.heappush(self.largest, (-part.bytes, (tid, p)))
+        if len(self.largest) > 2 * len(self.parts) + 64:  # mostly stale: built again
+            self.largest = [(-x.bytes, k) for k, x in self.parts.items() if x.rows]
+            heapq.heapify(self.largest)
 
     def _bound(self) -> None:
         """Over the budget: the oldest records of the largest partition go first."""
-        while self.bytes > self.bytes_max:
-            part = max(self.parts.values(), key=lambda x: x.bytes)
-            if not part.rows:
-                return
+        while self.bytes > self.bytes_max and self.largest:
+            neg, k = self.largest[0]
+            part = self.parts.get(k)
+            if part is None or -neg != part.bytes or not part.rows:
+                heapq.heappop(self.largest)  # stale
+                continue
             part.rows.popleft()
             size = part.sizes.popleft()
             part.bytes -= size
@@ -123,6 +175,7 @@ class MemoryTopics:
             self.evicted += 1
             while len(part.ts_offsets) > 1 and part.ts_offsets[1] <= part.first:
                 del part.ts_offsets[0], part.ts_marks[0]
+            heapq.heapreplace(self.largest, (-part.bytes, k))
 
     def drop(self, tid: int) -> None:
         """A memory topic was deleted."""

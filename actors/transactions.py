@@ -69,9 +69,13 @@ from wire.messages import (
     TxnWrite,
     TxnWritten,
 )
+from wire.protocol import OFFSET_MAX
 from wire.xid import Xid
 
 ANSWER_WAIT_MS = 1000
+# The highest id a request may name (the protocol's bound on its integers): an id the node
+# picks never passes it, whatever ids clients picked (``Transactions._new_id``).
+TXN_ID_MAX = OFFSET_MAX
 STARTING_TEXT = "the transaction manager is starting (reading the log's transactions); retry"
 
 
@@ -111,7 +115,9 @@ Out = Request | Send
 
 class Transactions:
     def __init__(self, cfg: TxnConfig, first_id: int) -> None:
+        assert 1 <= first_id <= TXN_ID_MAX, first_id
         self.cfg = cfg
+        self.first_id = first_id  # this incarnation's random start, and where ids wrap to
         self.live: dict[int, Txn] = {}
         self.by_xid: dict[Xid, int] = {}
         # Finished transactions, for clear errors and repeated commits; bounded.
@@ -360,8 +366,13 @@ class Transactions:
             raise NodeError(STARTING_TEXT, ErrorCode.UNAVAILABLE)
 
     def _new_id(self) -> int:
-        while self.next_id in self.live or self.next_id in self.finished:
-            self.next_id += 1
+        """The next free id above every id the log has seen; past ``TXN_ID_MAX`` (a client
+        picked an id at the top: the log remembers it as the highest, through restarts and
+        snapshots) the ids start again from this incarnation's random start, as those of a
+        node with an empty log do."""
+        while (self.next_id > TXN_ID_MAX or self.next_id in self.live
+               or self.next_id in self.finished):
+            self.next_id = self.first_id if self.next_id > TXN_ID_MAX else self.next_id + 1
         txn = self.next_id
         self.next_id += 1
         return txn

@@ -59,7 +59,7 @@ class TxnLedger:
         self.open: dict[int, Staged] = {}
         self.outcomes: collections.OrderedDict[int, Outcome] = collections.OrderedDict()
         self.outcomes_max = outcomes_max
-        self.next_txn = 1  # above every transaction id the log has seen
+        self.next_txn = 1  # above every transaction id the log has seen (may be 2**63)
 
     # ---- the steps (called at admit and at replay alike) --------------------------------
 

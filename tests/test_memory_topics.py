@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import random
+import sys
+import tracemalloc
+from typing import TYPE_CHECKING, Any
 
+import msgpack
 import pytest
 
-from actors.memory_topics import RECORD_OVERHEAD_BYTES, MemoryTopics, OutOfRange
+from actors.memory_topics import (
+    PLACEMENT_BYTES,
+    RECORD_OVERHEAD_BYTES,
+    RETRIES_BUDGET_SHARE,
+    RETRY_OVERHEAD_BYTES,
+    MemoryTopics,
+    OutOfRange,
+    Partition,
+)
 from node.client import Record
 from wire.errors import NodeError, OffsetOutOfRange
 
@@ -42,8 +54,9 @@ def test_a_retry_is_answered_with_the_first_placement() -> None:
 def test_over_the_budget_the_oldest_of_the_largest_partition_go_and_reads_below_say_so() -> None:
     each = RECORD_OVERHEAD_BYTES + 10
     m = MemoryTopics(10 * each)
-    m.append(1, 0, [(3, 0, [b"x" * 10] * 8), (3, 1, [b"y" * 10] * 2)], now_ms=1)
-    m.append(1, 1, [(3, 1, [b"y" * 10] * 2)], now_ms=2)
+    # Producer id 0: no retry is remembered, and only records count.
+    m.append(0, 0, [(3, 0, [b"x" * 10] * 8), (3, 1, [b"y" * 10] * 2)], now_ms=1)
+    m.append(0, 1, [(3, 1, [b"y" * 10] * 2)], now_ms=2)
     assert m.bytes <= m.bytes_max
     assert m.end_offset(3, 0) == 8 and m.evicted == 2
     with pytest.raises(OutOfRange) as info:
@@ -65,7 +78,121 @@ def test_a_deleted_topic_frees_its_bytes() -> None:
     m.append(1, 0, [(3, 0, [b"x"]), (4, 0, [b"y"])], now_ms=1)
     m.drop(3)
     assert m.end_offset(3, 0) == 0 and m.end_offset(4, 0) == 1
-    assert m.bytes == RECORD_OVERHEAD_BYTES + 1
+    assert m.bytes == RECORD_OVERHEAD_BYTES + 1 + m.retries_bytes  # producer 1's retry
+
+
+def held_by_retries(m: MemoryTopics) -> int:
+    """What the retry table holds, object by object (``sys.getsizeof``)."""
+    def size(x: object) -> int:
+        return sys.getsizeof(x) + (sum(size(i) for i in x) if isinstance(x, (list, tuple))
+                                   else 0)
+    return sys.getsizeof(m.retries) + sum(size(k) + size(v) for k, v in m.retries.items())
+
+
+def keyed_produce(m: MemoryTopics, i: int, partitions: int) -> list[list[int]]:
+    """A keyed produce split over every partition, a record each, as the audit sent."""
+    return m.append((1 << 61) + i, i, [(3, p, [[b"v%d" % i, b"k%d" % p, [], None]])
+                                       for p in range(partitions)], now_ms=1)
+
+
+def test_retries_are_counted_in_the_budget_and_held_to_a_share_of_it() -> None:
+    """6000 keyed produces over 512 partitions left 644 MB at the front door for a 64 MiB
+    budget: each remembered retry took 88 KB outside it (65 536 of them: 5.8 GB)."""
+    m = MemoryTopics(4 << 20)
+    placed = [keyed_produce(m, i, 512) for i in range(300)]
+    share = m.bytes_max // RETRIES_BUDGET_SHARE
+    assert m.bytes <= m.bytes_max
+    assert held_by_retries(m) <= 1.15 * share, (held_by_retries(m), share)
+    assert m.retries_bytes <= share and len(m.retries) >= share // (RETRY_OVERHEAD_BYTES
+                                                                    + 512 * PLACEMENT_BYTES)
+    assert m.seen((1 << 61) + 299, 299) == placed[299]  # the latest are answered again
+    assert m.seen(1 << 61, 0) is None  # the oldest are forgotten
+    assert m.bytes == m.retries_bytes + sum(x.bytes for x in m.parts.values())
+
+
+@pytest.mark.parametrize("partitions", [1, 8, 512])
+def test_the_bytes_a_retry_counts_are_what_it_takes(partitions: int) -> None:
+    """The share bounds memory only if a retry's count is its real cost (tracemalloc)."""
+    m = MemoryTopics(1 << 40)
+    n = 4000 // partitions + 50
+    placements = [[[p, 10**6 + i, 1] for p in range(partitions)] for i in range(n)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i, placed in enumerate(placements):
+            m._remember((random.getrandbits(62), 10**6 + i), placed)
+        taken = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert 0.85 <= taken / m.retries_bytes <= 1.15, (taken / n, m.retries_bytes / n)
+
+
+@pytest.mark.parametrize("shape", ["bare", "keyed", "tagged"])
+def test_the_bytes_a_record_counts_are_what_it_takes(shape: str) -> None:
+    """``memory_bytes_max`` bounds memory only if a record's count is its real cost: its
+    batch decoded as the front door decodes it, kept, and the batch dropped."""
+    m = MemoryTopics(1 << 40)
+    records: list[Any] = {
+        "bare": [bytes([i % 256]) * 10 for i in range(100)],
+        "keyed": [[b"v" * 10, b"k%07d" % i, [], None] for i in range(100)],
+        "tagged": [[b"v" * 10, b"k%07d" % i, ["red", "blue"], 5] for i in range(100)],
+    }[shape]
+    blob = msgpack.packb(records)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(100):
+            m.append(0, 0, [(1, i % 4, msgpack.unpackb(blob, raw=False))], now_ms=10**12 + i)
+        taken = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert 0.85 <= taken / m.bytes <= 1.15, (taken / 10_000, m.bytes / 10_000)
+
+
+class Scanned(dict[tuple[int, int], Partition]):
+    """Partitions that count how many of them are visited by scans of the whole table."""
+
+    visits = 0
+
+    def values(self) -> Any:
+        self.visits += len(self)
+        return super().values()
+
+    def items(self) -> Any:
+        self.visits += len(self)
+        return super().items()
+
+
+def test_eviction_does_not_visit_every_partition_for_each_record() -> None:
+    """It did: 6000 keyed produces over 512 partitions took 161 s."""
+    m = MemoryTopics(256 << 10)
+    m.parts = Scanned()
+    records = 0
+    for i in range(200):
+        keyed_produce(m, i, 512)
+        records += 512
+    assert m.evicted > records // 2 and m.bytes <= m.bytes_max
+    assert m.parts.visits <= 4 * records, (m.parts.visits, records)
+
+
+def test_the_largest_partition_loses_its_oldest_first_as_a_scan_would_choose() -> None:
+    """The heap of partitions by bytes evicts what a scan of them all for the largest (the
+    lowest partition of those tied) does, record by record."""
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    m = MemoryTopics(20_000)
+    sizes: dict[tuple[int, int], list[int]] = {}  # the scan's model: each partition's rows
+    for i in range(3000):
+        p = rng.randrange(16)
+        value = b"x" * rng.randrange(1, 300)
+        m.append(0, 0, [(3, p, [value])], now_ms=i)
+        sizes.setdefault((3, p), []).append(RECORD_OVERHEAD_BYTES + len(value))
+        while sum(map(sum, sizes.values())) > m.bytes_max:
+            k = min(sizes, key=lambda k: (-sum(sizes[k]), k))
+            del sizes[k][0]
+        assert {k: x.next - x.first for k, x in m.parts.items()} == {
+            k: len(v) for k, v in sizes.items()}, f"seed {seed}, step {i}"
+        assert m.bytes <= m.bytes_max
 
 
 # ---- on a real node --------------------------------------------------------------------

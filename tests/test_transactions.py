@@ -11,7 +11,7 @@ import pytest
 from actors.instructions import Log, Request, Send
 from actors.log_state import LogState
 from actors.roles import FRONT_DOOR, LOG_MANAGER
-from actors.transactions import Phase, Transactions
+from actors.transactions import TXN_ID_MAX, Phase, Transactions
 from config import load_config
 from wire import logrecord
 from wire.errors import ErrorCode
@@ -341,6 +341,33 @@ def test_a_client_may_pick_the_id_and_retry_its_begin() -> None:
     (again,) = write(t, 4242, 0)  # a write of the committed transaction sent again
     assert isinstance(again, Send) and again.msg == TxnWritten(2, 0, 2)
     assert error_code(write(t, 4242, 1)) == ErrorCode.TXN_STATE  # a new one is refused
+
+
+def test_ids_the_node_picks_stay_in_range_after_a_client_picked_the_highest() -> None:
+    """A client's ``txn`` of 2**63 - 1 made the log's ``next_txn`` 2**63, kept by its records
+    and its snapshot: after a restart every id the node picked was one no request may name
+    ("field 'txn' is out of range"), so its transactions could only time out."""
+    s = log_with_topic()
+    records = [logged(s.admit(msg, 0)).record
+               for msg in (TxnStart(1, TXN_ID_MAX, None), TxnResolve(2, TXN_ID_MAX, "rollback"))]
+    replayed = LogState(CFG)
+    for record in records:
+        for entry in logrecord.iter_buffer(record):
+            replayed.replay(entry)
+    restored = LogState(CFG)
+    restored.restore(msgpack.unpackb(msgpack.packb(s.snapshot(), use_bin_type=True),
+                                     raw=False, strict_map_key=False))
+    for log in (s, replayed, restored):  # what a log written before the fix holds, too
+        assert log.txns.next_txn == TXN_ID_MAX + 1
+        t = Transactions(CFG.txn, first_id=(5 << 32) | 1)
+        opened, outcomes = log.txns.table()
+        t.sync(TxnTable(opened, outcomes, log.txns.next_txn, []), now=0.0)
+        assert [begin(t, corr) for corr in (1, 2)] == [(5 << 32) | 1, (5 << 32) | 2]
+    # Ids the node picks run up to the highest a request may name, then start again from
+    # this incarnation's start, past the ids in use.
+    t = Transactions(CFG.txn, first_id=7)
+    t.sync(TxnTable([], [[7, None, True, 1]], TXN_ID_MAX - 1, []), now=0.0)
+    assert [begin(t, corr) for corr in range(1, 5)] == [TXN_ID_MAX - 1, TXN_ID_MAX, 8, 9]
 
 
 def test_a_commit_that_names_more_writes_than_were_staged_is_refused() -> None:

@@ -383,6 +383,25 @@ def test_a_restart_rolls_back_open_transactions(node: LocalNode) -> None:
         assert c.txn_list() == []
 
 
+def test_ids_the_node_picks_stay_in_range_after_a_client_picked_the_highest(
+        node: LocalNode) -> None:
+    """The log remembered 2**63 - 1 as the highest id seen: after a restart the node picked
+    2**63, which no request may name, and its transaction could only time out."""
+    top = 2**63 - 1
+    with node.client() as c:
+        c.create_topic("out", partitions=1)
+        assert c.call("txn_begin", txn=top)["txn"] == top
+        c.call("txn_abort", txn=top)
+    node.kill()
+    node.start()
+    with node.client() as c:
+        txn = c.call("txn_begin")["txn"]
+        assert 0 < txn <= top
+        c.call("txn_produce", txn=txn, seq=0, topic="out", records=pack_batch([b"x"]))
+        c.call("txn_abort", txn=txn)
+        assert values(c, "out", 0) == []
+
+
 def test_a_blocking_checkpoint_waits_for_open_transactions(make_node: MakeNode) -> None:
     node = make_node(SMALL_LOG.format(mode="blocking"))
     with node.client() as c:
