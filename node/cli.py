@@ -66,6 +66,10 @@ READ_PAGE_RECORDS = 1000
 # there" at once rather than after every retry of a request (the client's timeout otherwise).
 PROBE_TIMEOUT_S_MAX = 5.0
 TABLE_WIDTH_MAX = 10_000  # a table's natural width is measured within this
+# A request that is safe to repeat (wire.protocol.OPS) is sent again this many times after
+# a timeout, as NodeClient does by default; the commands whose requests take long (status,
+# checkpoint, stats, compact, snapshot export) send theirs once.
+CLIENT_RETRIES = 5
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)  # errors stay one line in logs
@@ -118,8 +122,9 @@ def _check_listening(host: str, port: int, timeout_s: float) -> None:
 
 
 def _client(args: argparse.Namespace, **kw: Any) -> NodeClient:
-    """A client of the node the command names, with its CURVE keys when given. Raises
-    ``Unavailable`` at once when nothing listens on the node's port."""
+    """A client of the node the command names, with its CURVE keys when given, and the
+    command's retries (``client_args``). Raises ``Unavailable`` at once when nothing
+    listens on the node's port."""
     from actors.curve import KeyFileError
     from node.client import NodeClient, read_keypair, read_public_key
 
@@ -133,7 +138,7 @@ def _client(args: argparse.Namespace, **kw: Any) -> NodeClient:
         except KeyFileError as exc:
             raise CommandError(str(exc)) from None
     _check_listening(args.host, args.port, min(args.timeout_ms / 1000, PROBE_TIMEOUT_S_MAX))
-    return NodeClient(_endpoint(args), timeout_ms=args.timeout_ms, **kw)
+    return NodeClient(_endpoint(args), timeout_ms=args.timeout_ms, retries=args.retries, **kw)
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -173,7 +178,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 def cmd_start(args: argparse.Namespace) -> int:
     from actors.process import configure_logging
-    from node.supervisor import NodeStartError, Supervisor
+    from node.supervisor import DataDirError, NodeStartError, Supervisor
 
     overrides: dict[str, dict[str, Any]] = {"node": {}}
     if args.data_dir is not None:
@@ -215,6 +220,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         err_console.print(f"[red]config error:[/red] {escape(str(exc))}")
         return 2
+    except DataDirError as exc:  # --data-dir (or [node] data_dir) names no directory
+        raise CommandError(str(exc)) from None
     except NodeStartError as exc:
         err_console.print(f"[red]cannot start:[/red] {escape(str(exc))}")
         return 1
@@ -252,7 +259,7 @@ def _mb(n: int | None) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with _client(args, retries=0) as c:
+    with _client(args) as c:
         st = c.status()
     if args.json:
         print(json.dumps(st, indent=2, default=str))
@@ -307,14 +314,14 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
-    with _client(args, retries=0) as c:
+    with _client(args) as c:
         lsn = c.checkpoint()
     print(f"checkpoint done: shards durable to LSN {lsn}; older log segments deleted")
     return 0
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    with _client(args, retries=0) as c:
+    with _client(args) as c:
         st = c.stats()
     if args.json:
         print(json.dumps(st, indent=2))
@@ -342,7 +349,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    with _client(args, retries=0) as c:
+    with _client(args) as c:
         rows = c.compact(args.topic)
     for topic, partition, before, after in rows:
         print(f"{topic}/{partition}: {_mb(before)} MB → {_mb(after)} MB")
@@ -353,7 +360,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
 def cmd_snapshot_export(args: argparse.Namespace) -> int:
     directory = str(Path(args.dir).resolve())  # the node resolves nothing: it may run elsewhere
     t0 = time.monotonic()
-    with _client(args, retries=0) as c:
+    with _client(args) as c:
         done = c.snapshot_export(directory)
     t = Table(title=f"snapshot exported to {escape(directory)}")
     for col in ("LSN", "shards", "MB", "seconds"):
@@ -504,7 +511,7 @@ def _value_arg(text: str | None, hex_: bool, what: str, dash_absent: bool = Fals
         return bytes.fromhex(text)
     except ValueError:
         raise CommandError(f"{what} {text!r} is not hex: with --hex, keys and values are "
-                           f"given in hex (user/1 is 757365722f31)") from None
+                           f"given in hex ({text!r} is {text.encode().hex()})") from None
 
 
 def cmd_kv(args: argparse.Namespace) -> int:
@@ -624,22 +631,40 @@ def build_parser() -> argparse.ArgumentParser:
                                 "and key/value state")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def client_args(sp: argparse.ArgumentParser) -> None:
+    def command(subs: Any, name: str, text: str, description: str | None = None
+                ) -> argparse.ArgumentParser:
+        """A command; its ``--help`` opens with ``description``, or with ``text``, its line
+        in the list of commands."""
+        made: argparse.ArgumentParser = subs.add_parser(name, help=text,
+                                                        description=description or text)
+        return made
+
+    def client_args(sp: argparse.ArgumentParser, retries: int = CLIENT_RETRIES) -> None:
         sp.add_argument("--host", default="127.0.0.1",
                         help="the node's host or address (default %(default)s)")
         sp.add_argument("--port", type=int, default=DEFAULT_PORT,
                         help="the node's client port (default %(default)s)")
         # A command's own default (set_defaults below) is the one its help shows.
+        if retries:
+            tries = (f"a request that is safe to repeat is sent again after a timeout, up "
+                     f"to {retries + 1} attempts in all (one that is not, once); a failed "
+                     f"CURVE handshake is reported at once, not retried")
+        else:
+            tries = "the request is sent once"
         sp.add_argument("--timeout-ms", type=int, default=10_000,
-                        help="how long to wait for each answer, in ms; a request that is "
-                             "safe to repeat is sent again after a timeout (default "
-                             "%(default)s)")
+                        help=f"how long to wait for each answer, in ms (default "
+                             f"%(default)s); {tries}")
+        sp.set_defaults(retries=retries)
         sp.add_argument("--server-key", metavar="FILE",
                         help="the node's public key file (CURVE on)")
         sp.add_argument("--client-key", metavar="FILE",
                         help="this client's secret key file (CURVE on)")
 
-    s = sub.add_parser("start", help="run a node in the foreground")
+    s = command(sub, "start", "run a node in the foreground",
+                "run a node in the foreground: its actors start, it listens on --port, and "
+                "Ctrl-C or SIGTERM stops it cleanly (a checkpoint, then every actor exits); "
+                "after a crash it recovers from its log. Exit 1 if it cannot start, 2 for a "
+                "bad config or data dir")
     s.add_argument("--config", help="TOML file overriding config/defaults.toml")
     s.add_argument("--data-dir", help="where the log and shards live (default ./var)")
     s.add_argument("--port", type=int, help=f"client port (default {DEFAULT_PORT})")
@@ -655,36 +680,36 @@ def build_parser() -> argparse.ArgumentParser:
                         "(for harnesses: tests, benchmarks)")
     runs(s, cmd_start)
 
-    s = sub.add_parser("status", help="the node's actors and log figures")
-    client_args(s)
+    s = command(sub, "status", "the node's actors and log figures")
+    client_args(s, retries=0)
     s.add_argument("--json", action="store_true", help="print the raw status as JSON")
     runs(s, cmd_status)
 
-    s = sub.add_parser("checkpoint", help="flush the shards and truncate the log now")
-    client_args(s)
+    s = command(sub, "checkpoint", "flush the shards and truncate the log now")
+    client_args(s, retries=0)
     runs(s, cmd_checkpoint, timeout_ms=120_000)
 
-    s = sub.add_parser("stats", help="RocksDB's figures of each shard on this node")
-    client_args(s)
+    s = command(sub, "stats", "RocksDB's figures of each shard on this node")
+    client_args(s, retries=0)
     s.add_argument("--json", action="store_true", help="print the figures as JSON")
     runs(s, cmd_stats)
 
-    s = sub.add_parser("compact", help="compact every shard of a topic on this node (RocksDB)")
-    client_args(s)
-    s.add_argument("topic")
+    s = command(sub, "compact", "compact every shard of a topic on this node (RocksDB)")
+    client_args(s, retries=0)
+    s.add_argument("topic", help="the topic whose shards to compact")
     runs(s, cmd_compact, timeout_ms=COMPACT_TIMEOUT_MS + 10_000)
 
-    s = sub.add_parser("snapshot", help="snapshots of this node: export")
+    s = command(sub, "snapshot", "snapshots of this node: export")
     snap = s.add_subparsers(dest="snapshot_command", required=True)
-    t = snap.add_parser("export", help="a point-in-time copy of this node (in a cluster: of "
-                        "this member only) into DIR, taken while it serves")
-    client_args(t)
+    t = command(snap, "export", "a point-in-time copy of this node (in a cluster: of "
+                "this member only) into DIR, taken while it serves")
+    client_args(t, retries=0)
     t.add_argument("dir", metavar="DIR", help="a new or empty directory outside the data dir")
     runs(t, cmd_snapshot_export, timeout_ms=SNAPSHOT_CLIENT_TIMEOUT_MS)
 
-    s = sub.add_parser("create-topic", help="create a topic")
+    s = command(sub, "create-topic", "create a topic")
     client_args(s)
-    s.add_argument("name")
+    s.add_argument("name", help="the new topic's name")
     s.add_argument("--partitions", type=int, default=1,
                    help="the topic's partitions (default %(default)s)")
     s.add_argument("--storage", choices=("rocksdb", "memory"), default=None,
@@ -693,25 +718,26 @@ def build_parser() -> argparse.ArgumentParser:
     retention_args(s)
     runs(s, cmd_create_topic)
 
-    s = sub.add_parser("alter-topic", help="change a topic's retention")
+    s = command(sub, "alter-topic", "change a topic's retention")
     client_args(s)
-    s.add_argument("name")
+    s.add_argument("name", help="the topic to change")
     retention_args(s)
     runs(s, cmd_alter_topic)
 
-    s = sub.add_parser("delete-topic", help="delete a topic and its records")
+    s = command(sub, "delete-topic", "delete a topic and its records")
     client_args(s)
-    s.add_argument("name")
+    s.add_argument("name", help="the topic to delete")
     runs(s, cmd_delete_topic)
 
-    s = sub.add_parser("topics", help="list topics")
+    s = command(sub, "topics", "list topics")
     client_args(s)
     runs(s, cmd_topics)
 
-    s = sub.add_parser("produce", help="write records (one per VALUE)")
+    s = command(sub, "produce", "write records (one per VALUE)")
     client_args(s)
-    s.add_argument("topic")
-    s.add_argument("values", nargs="+", metavar="VALUE")
+    s.add_argument("topic", help="the topic to write to")
+    s.add_argument("values", nargs="+", metavar="VALUE",
+                   help="a record's value, as text; one record per VALUE, in order")
     s.add_argument("--key", help="every record's key; it picks the partition, crc32(key) %% "
                    "partitions, unless --partition is given (default: no key)")
     s.add_argument("--tag", action="append", default=[],
@@ -720,9 +746,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "key, round-robin without one)")
     runs(s, cmd_produce)
 
-    s = sub.add_parser("consume", help="print records of a partition")
+    s = command(sub, "consume", "print records of a partition")
     client_args(s)
-    s.add_argument("topic")
+    s.add_argument("topic", help="the topic to read")
     s.add_argument("--partition", type=int, default=0,
                    help="the partition to read (default %(default)s)")
     s.add_argument("--from", dest="offset", type=int, default=0, metavar="OFFSET",
@@ -737,17 +763,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default %(default)s)")
     runs(s, cmd_consume)
 
-    s = sub.add_parser("offsets", help="a topic's end offsets, and how far groups have read")
+    s = command(sub, "offsets", "a topic's end offsets, and how far groups have read")
     client_args(s)
-    s.add_argument("topic")
+    s.add_argument("topic", help="the topic whose offsets to show")
     s.add_argument("--group", action="append", default=[],
                    help="a consumer group (a Spark source's groupId); may be repeated")
     runs(s, cmd_offsets)
 
-    s = sub.add_parser("delete", help="delete a record: the latest with a key, or the one at "
-                       "an offset (the offsets of the others do not move)")
+    s = command(sub, "delete", "delete a record: the latest with a key, or the one at "
+                "an offset (the offsets of the others do not move)")
     client_args(s)
-    s.add_argument("topic")
+    s.add_argument("topic", help="the record's topic")
     which = s.add_mutually_exclusive_group(required=True)
     which.add_argument("--key", help="the latest record with this key (in its own partition "
                        "unless --partition names one)")
@@ -756,21 +782,21 @@ def build_parser() -> argparse.ArgumentParser:
                    "--offset; with --key, default: the key's own)")
     runs(s, cmd_delete)
 
-    s = sub.add_parser("kv", help="key/value namespaces: get, put, delete, scan, cas, list, drop")
+    s = command(sub, "kv", "key/value namespaces: get, put, delete, scan, cas, list, drop")
     kv = s.add_subparsers(dest="kv_command", required=True)
     for name, what in (("get", "a key's value (exit 3: absent)"), ("put", "set a key"),
                        ("delete", "delete a key"),
                        ("cas", "compare and set (exit 4: not swapped); '-' for absent"),
                        ("scan", "keys and values in key order"), ("list", "the namespaces"),
                        ("drop", "delete a namespace and its keys")):
-        t = kv.add_parser(name, help=what)
+        t = command(kv, name, what)
         client_args(t)
         if name != "list":
-            t.add_argument("namespace")
+            t.add_argument("namespace", help="the namespace (made by its first write)")
         if name in ("get", "put", "delete", "cas"):
-            t.add_argument("key")
+            t.add_argument("key", help="the key (text; hex with --hex)")
         if name == "put":
-            t.add_argument("value")
+            t.add_argument("value", help="its new value (text; hex with --hex)")
         if name == "cas":
             t.add_argument("expected", help="the value the key must have ('-': absent)")
             t.add_argument("new", help="the value to set ('-': delete the key)")
@@ -783,26 +809,27 @@ def build_parser() -> argparse.ArgumentParser:
             t.add_argument("--hex", action="store_true", help="keys and values in hex")
         runs(t, cmd_kv)
 
-    s = sub.add_parser("txn", help="transactions open or in doubt: list, commit, roll back")
+    s = command(sub, "txn", "transactions open or in doubt: list, commit, roll back")
     txn = s.add_subparsers(dest="txn_command", required=True)
-    t = txn.add_parser("list", help="open and prepared transactions")
+    t = command(txn, "list", "open and prepared transactions")
     client_args(t)
     t.add_argument("--json", action="store_true",
                    help="print them as JSON: a list of objects")
     runs(t, cmd_txn_list)
-    t = txn.add_parser("commit", help="commit a prepared XA branch")
+    t = command(txn, "commit", "commit a prepared XA branch")
     client_args(t)
     t.add_argument("xid", help="format_id:global_hex:branch_hex, as `txn list` prints it")
     runs(t, cmd_txn_commit)
-    t = txn.add_parser("rollback", help="roll back an XA branch or a local transaction")
+    t = command(txn, "rollback", "roll back an XA branch or a local transaction")
     client_args(t)
     t.add_argument("txn", metavar="XID|ID", help="an xid as `txn list` prints it, or a "
                    "local transaction's id")
     runs(t, cmd_txn_rollback)
 
-    s = sub.add_parser("keygen", help="write a CURVE key pair: DIR/NAME.key (secret, mode "
-                       "0600) and DIR/NAME.pub (public)")
-    s.add_argument("dir", metavar="DIR")
+    s = command(sub, "keygen", "write a CURVE key pair: DIR/NAME.key (secret, mode "
+                "0600) and DIR/NAME.pub (public)")
+    s.add_argument("dir", metavar="DIR", help="where to write them (made, mode 0700, if "
+                   "absent)")
     s.add_argument("--name", default="node", help="the files' name (default: node)")
     runs(s, cmd_keygen)
     return p

@@ -116,9 +116,10 @@ class NodeClient:
     For nodes with CURVE on, ``server_public_key`` is the node's public key (in a cluster,
     the first endpoint's: the client learns the others' from the cluster map) and ``client_keys``
     this client's ``(public, secret)`` pair, all Z85 bytes (``read_public_key``,
-    ``read_keypair``): both or neither. A client the node does not allow, or one without
-    CURVE, is never answered: its calls raise ``HandshakeFailed`` (a ``RequestTimeout``)
-    after a probe of the handshake says so (node/handshake.py)."""
+    ``read_keypair``): both or neither. A client the node does not allow, one without
+    CURVE, or one with a wrong server key, is never answered: its calls raise
+    ``HandshakeFailed`` (a ``RequestTimeout``), not retried, once a probe of the handshake
+    says so, a second or two into the first attempt (node/handshake.py)."""
 
     def __init__(self, endpoint: str | Sequence[str] = DEFAULT_ENDPOINT, timeout_ms: int = 10_000,
                  retries: int = 5, producer_id: int | None = None, *,

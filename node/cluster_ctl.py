@@ -2,7 +2,8 @@
 running in the background.
 
     scripts/cluster up [--nodes 3] [--base-port 7400]    start the members that are down,
-                                                         wait until each answers
+                                                         wait until each answers (if one
+                                                         does not, stop those it started)
     scripts/cluster status [--json]     node, endpoint, pid, state, partitions, log MB, RSS, restarts
     scripts/cluster stop-node N | kill-node N | start-node N
     scripts/cluster down                stop every member cleanly; nothing is left running
@@ -26,7 +27,8 @@ exits), wait, bounded, and SIGKILL what is left, saying so. ``kill-node`` is a c
 SIGKILL to the member's whole process group at once.
 
 Exit codes: 0 done; 1 failed (a member did not come up, had to be killed, or is not running
-for ``kill-node``); 2 usage (bad arguments, no cluster file, a node id that is not a member,
+for ``kill-node``; a failed ``up`` or ``start-node`` leaves none of the members it started
+running); 2 usage (bad arguments, no cluster file, a node id that is not a member,
 ``--nodes`` or ``--base-port`` differing from the cluster file).
 """
 
@@ -75,6 +77,11 @@ ASK_EVERY_MS = 20  # a member not connected yet, or not ready, is asked again th
 RESEND_MS = 500  # a request unanswered this long is sent again (a dropped connection)
 GONE_POLL_MS = 20  # how often a wait for processes to exit looks (they are not our children)
 LOG_TAIL_LINES = 40
+START_TIMEOUT_HELP = ("how long to wait, in ms, until each member answers with all its "
+                      "actors running; if one does not, the command fails and stops the "
+                      "members it started (default %(default)s)")
+STOP_TIMEOUT_HELP = ("how long to wait, in ms, for a member to stop cleanly after SIGTERM "
+                     "(a checkpoint first); then it is killed (default %(default)s)")
 TABLE_WIDTH_PIPED = 120  # columns of a table printed to a pipe or a file
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -452,23 +459,28 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def bring_up(cdir: ClusterDir, members: tuple[Member, ...], timeout_ms: int) -> int:
     """Start each of ``members`` that is not running, then wait until every one answers
-    with all its actors running. A member that does not come up: its log's tail, exit 1
-    (one this started is killed, not left half up)."""
+    with all its actors running. Exit 1 if one does not come up, leaving none of those
+    this call started running: when a member's port is taken none is started; one that
+    started and did not come up is killed, and the others it started are stopped cleanly
+    (``stop_members``). Members that were running already are left as they were. Each
+    failed member's log tail is printed, if it was started and has one."""
     running = {m.id: member_process(cdir, m.id) for m in members}
     started: dict[int, subprocess.Popen[bytes]] = {}
     failed: dict[int, str] = {}
     notes: dict[int, str] = {}
+    to_start = [m for m in members if running[m.id] is None]
     for m in members:
-        proc = running[m.id]
-        if proc is not None:
+        if running[m.id] is not None:
             notes[m.id] = "already up"
+        elif port_in_use(m):
+            failed[m.id] = f"port {m.port} is in use by another process"
+            cdir.pid_file(m.id).unlink(missing_ok=True)
+    for m in to_start:
+        if failed:  # a port is taken: the cluster cannot come up, so none is started
+            notes.setdefault(m.id, "not started: a member's port is taken")
             continue
         if cdir.pid_file(m.id).exists():
             notes[m.id] = "started again (stale pid file: it recovers from its log)"
-        if port_in_use(m):
-            failed[m.id] = f"port {m.port} is in use by another process"
-            cdir.pid_file(m.id).unlink(missing_ok=True)
-            continue
         started[m.id] = start_member(cdir, m)
         notes.setdefault(m.id, "started")
     already = [f"node {n} (pid {p.pid})" for n, p in running.items() if p is not None]
@@ -505,19 +517,34 @@ def bring_up(cdir: ClusterDir, members: tuple[Member, ...], timeout_ms: int) -> 
             # (one that exited took its actors with it: they end with their parent)
             cdir.pid_file(n).unlink(missing_ok=True)
 
+    # A failed up leaves none of the members it started running (those up already stay).
+    undo = tuple(m for m in members if m.id in started and m.id not in failed) if failed else ()
+    stop_code = EXIT_OK
+    if undo:
+        names = ", ".join(f"node {m.id}" for m in undo)
+        console.print(f"{'node' if len(failed) == 1 else 'nodes'} "
+                      f"{', '.join(map(str, failed))} did not come up: stopping what this up "
+                      f"started ({names})")
+        stop_code = stop_members(cdir, undo, STOP_TIMEOUT_MS)
+        for m in undo:
+            notes[m.id] = "started, then stopped: the up failed"
+
     t = Table(title=f"cluster {cdir.file}", caption=f"data, logs and pid files in {cdir.root}")
     for col in ("node", "endpoint", "pid", ""):
         t.add_column(col, justify="right" if col in ("node", "pid") else "left")
+    stopped = {m.id for m in undo}
     for m in members:
         what = f"[red]failed: {escape(failed[m.id])}[/]" if m.id in failed else notes[m.id]
-        pid = "-" if m.id in failed else str(pids[m.id])
+        pid = "-" if m.id in failed or m.id in stopped or m.id not in pids else str(pids[m.id])
         t.add_row(str(m.id), m.endpoint, pid, what)
     console.print(t)
     for n, why in failed.items():
-        err_console.print(f"[red]node {n} did not come up:[/red] {escape(why)}. "
-                          f"The end of {cdir.log_file(n)}:")
-        err_console.print(escape(log_tail(cdir.log_file(n))), highlight=False)
-    return EXIT_FAILED if failed else EXIT_OK
+        tail = log_tail(cdir.log_file(n)) if n in started else ""
+        err_console.print(f"[red]node {n} did not come up:[/red] {escape(why)}"
+                          + (f". The end of {cdir.log_file(n)}:" if tail.strip() else ""))
+        if tail.strip():
+            err_console.print(escape(tail), highlight=False)
+    return EXIT_FAILED if failed or stop_code != EXIT_OK else EXIT_OK
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -615,40 +642,43 @@ def build_parser() -> argparse.ArgumentParser:
                                             "machine, running in the background")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("up", parents=[common], help="start every member that is down and "
-                       "wait until each answers; print their endpoints")
+    text = "start every member that is down and wait until each answers; print their endpoints"
+    s = sub.add_parser("up", parents=[common], help=text, description=text)
     s.add_argument("--nodes", type=int,
                    help=f"members of a new cluster (default {NODES_DEFAULT}); must match "
                         f"an existing cluster file")
     s.add_argument("--base-port", type=int,
                    help=f"member N listens on base + N - 1 (default {BASE_PORT_DEFAULT}); "
                         f"must match an existing cluster file")
-    s.add_argument("--timeout-ms", type=int, default=START_TIMEOUT_MS)
+    s.add_argument("--timeout-ms", type=int, default=START_TIMEOUT_MS,
+                   help=START_TIMEOUT_HELP)
     s.set_defaults(func=cmd_up)
 
-    s = sub.add_parser("status", parents=[common], help="each member: pid, state, "
-                       "partitions owned, log MB, RSS, restarts")
+    text = "each member: pid, state, partitions owned, log MB, RSS, restarts"
+    s = sub.add_parser("status", parents=[common], help=text, description=text)
     s.add_argument("--json", action="store_true", help="the same as JSON, for scripts")
     s.add_argument("--timeout-ms", type=int, default=STATUS_TIMEOUT_MS,
-                   help="a member silent this long is shown as not answering")
+                   help="a member silent this long, in ms, is shown as not answering "
+                        "(default %(default)s)")
     s.set_defaults(func=cmd_status)
 
-    for name, func, timeout_ms, text in (
-            ("start-node", cmd_start_node, START_TIMEOUT_MS,
+    for name, func, timeout_ms, timeout_help, text in (
+            ("start-node", cmd_start_node, START_TIMEOUT_MS, START_TIMEOUT_HELP,
              "start one member (as up does) and wait until it answers"),
-            ("stop-node", cmd_stop_node, STOP_TIMEOUT_MS,
+            ("stop-node", cmd_stop_node, STOP_TIMEOUT_MS, STOP_TIMEOUT_HELP,
              "stop one member cleanly (SIGTERM; SIGKILL after the timeout)"),
-            ("kill-node", cmd_kill_node, None,
+            ("kill-node", cmd_kill_node, None, "",
              "SIGKILL one member's whole process group, as a crash")):
-        s = sub.add_parser(name, parents=[common], help=text)
-        s.add_argument("node_id", type=int, metavar="N")
+        s = sub.add_parser(name, parents=[common], help=text, description=text)
+        s.add_argument("node_id", type=int, metavar="N", help="the member's node id (1 is "
+                       "the first; `status` lists them)")
         if timeout_ms is not None:
-            s.add_argument("--timeout-ms", type=int, default=timeout_ms)
+            s.add_argument("--timeout-ms", type=int, default=timeout_ms, help=timeout_help)
         s.set_defaults(func=func)
 
-    s = sub.add_parser("down", parents=[common], help="stop every member cleanly (SIGTERM; "
-                       "SIGKILL after the timeout); nothing is left running")
-    s.add_argument("--timeout-ms", type=int, default=STOP_TIMEOUT_MS)
+    text = "stop every member cleanly (SIGTERM; SIGKILL after the timeout); nothing is left running"
+    s = sub.add_parser("down", parents=[common], help=text, description=text)
+    s.add_argument("--timeout-ms", type=int, default=STOP_TIMEOUT_MS, help=STOP_TIMEOUT_HELP)
     s.set_defaults(func=cmd_down)
     return p
 

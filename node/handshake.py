@@ -8,8 +8,9 @@ key, and a port where something other than a node listens all looked alike:
 without an answer, the client opens one more socket to the node, set up as its own, with a
 monitor (libzmq's ``zmq_socket_monitor``), and watches that socket's connection and
 handshake for at most ``PROBE_TIMEOUT_MS``. A refusal no retry can mend (the node refused
-the client's key; the security mechanisms differ) is raised at once as ``HandshakeFailed``;
-anything else it saw is said in the timeout's message.
+the client's key; the security mechanisms differ; a handshake that failed each of
+``PROBE_FAILURES_MAX`` times libzmq tried it, as with a wrong server key) is raised at once
+as ``HandshakeFailed``; anything else it saw is said in the timeout's message.
 
 Why a probe rather than a monitor on every socket: a monitor's events queue in an inproc
 pipe, and once a thousand wait unread, libzmq's I/O thread blocks on the next (measured
@@ -32,7 +33,10 @@ PROBE_AFTER_MS = 1000  # a request unanswered this long has its node's handshake
 PROBE_TIMEOUT_MS = 2000  # how long a probe watches its handshake
 # Failures a probe watches for one that says more: a peer that refuses the mechanism may
 # close the connection before the client has read why (a failure with no detail), and the
-# next attempt (libzmq reconnects after 100 ms) may read it.
+# next attempt (libzmq reconnects after 100 ms) may read it. A handshake that failed this
+# many times in a row, and never succeeded, fails for this client as it is set up (a wrong
+# server key, or not a node there): no retry of a request mends it. A node that stops
+# mid-handshake fails one, then refuses connections.
 PROBE_FAILURES_MAX = 3
 EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED
           | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -44,8 +48,9 @@ MECHANISM_MISMATCH = 0x11000002  # ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
 
 class HandshakeFailed(RequestTimeout):
     """The node will never answer this client as it is set up: it refused the client's
-    CURVE key, or one side speaks CURVE and the other does not. A ``RequestTimeout`` (what
-    such a client got before it was told why), raised at once and never retried."""
+    CURVE key, one side speaks CURVE and the other does not, or the handshake failed each
+    time it was tried (a wrong server key). A ``RequestTimeout`` (what such a client got
+    before it was told why), raised at once and never retried."""
 
 
 class Verdict(NamedTuple):
@@ -113,7 +118,9 @@ def probe(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str,
             else:
                 verdict = describe(kind, value, curve)
                 failures += 1
-                if verdict.final or failures >= PROBE_FAILURES_MAX:
+                if failures >= PROBE_FAILURES_MAX:  # failed each time: final, whatever it says
+                    return verdict._replace(final=True)
+                if verdict.final:
                     return verdict
                 unclear = verdict
     finally:

@@ -8,8 +8,10 @@ arrived exactly once, with its key, value and timestamp.
                  [--batch-rows 50000] [--data-dir var/demo]
 
 Everything is in the data dir (``var/demo`` in the repository unless ``--data-dir`` says
-otherwise), wiped first: the members' data and logs in ``cluster/``, the input, Spark's
-checkpoints and the rows read back in ``spark/``.
+otherwise; a relative one is taken from the directory the demo is run in): the members'
+data and logs in ``cluster/``, the input, Spark's checkpoints and the rows read back in
+``spark/``. The demo wipes it first only if it made it (``.shardnode-demo`` in it); a new or
+empty directory it takes and marks, any other it refuses (exit 2), its files untouched.
 
 The input is the numbers 0..rows-1 in Parquet files of ``--batch-rows`` each, one file to a
 micro-batch. Row ``n`` is written with key ``user-<n % 1000>``, value
@@ -38,6 +40,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
@@ -48,6 +51,8 @@ from node.spark import register
 ROOT = Path(__file__).resolve().parent.parent
 TOPIC = "demo"
 KEYS = 1000  # distinct keys: row n has key user-<n % KEYS>
+# In a data dir the demo made: it wipes only a directory with this file in it.
+MARKER = ".shardnode-demo"
 POLL_S = 0.2  # how often the progress bars look at the node and the queries
 # A query that adds no row for this long has stalled: the demo fails rather than wait. A
 # query's first batch, which starts Spark's Python workers, took 40 s on a busy 2-core machine.
@@ -130,6 +135,45 @@ class Check:
         if self.bad:
             out.append(f"{self.bad:,} rows with a key, value or timestamp other than written")
         return out
+
+
+class DataDirRefused(RuntimeError):
+    """The data dir is not one the demo may wipe: it holds files the demo did not write."""
+
+
+def check_data_dir(data_dir: Path) -> None:
+    """Raise ``DataDirRefused`` unless ``data_dir`` is the demo's to wipe: absent, an
+    empty directory, or one the demo made (``MARKER`` in it). Reads only."""
+    if not (data_dir.exists() or data_dir.is_symlink()):
+        return
+    if not data_dir.is_dir():
+        raise DataDirRefused(f"--data-dir {data_dir} is not a directory")
+    if not (data_dir / MARKER).is_file() and any(data_dir.iterdir()):
+        raise DataDirRefused(
+            f"--data-dir {data_dir} is not empty and the demo did not make it (there is no "
+            f"{MARKER} in it): not wiping it. Give a new or empty directory")
+
+
+def prepare_data_dir(data_dir: Path) -> None:
+    """Make ``data_dir`` an empty directory of the demo's, marked as such (``MARKER``): a
+    new one is made, an empty one taken, one the demo made emptied. Any other is refused
+    (``check_data_dir``), untouched: the demo removes nothing it did not write."""
+    check_data_dir(data_dir)
+    if data_dir.is_dir():
+        for entry in data_dir.iterdir():  # the demo's own: its last run's files
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / MARKER).write_text("made by scripts/demo, which empties this directory when "
+                                   "it runs here\n")
+
+
+def data_dir_refused(exc: Exception) -> int:
+    """Say why the data dir cannot be used; the exit code (2, as for a usage error)."""
+    console.print(f"[red]cannot use the data dir[/red]: {escape(str(exc))}", highlight=False)
+    return 2
 
 
 def progress_bar() -> Progress:
@@ -338,20 +382,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-rows", type=int, default=50_000,
                    help="rows per micro-batch of each query (default 50 000)")
     p.add_argument("--data-dir", type=Path, default=ROOT / "var" / "demo",
-                   help="wiped first; the members' data, the input and Spark's checkpoints "
-                        "(default var/demo in the repository)")
+                   help="the members' data, the input and Spark's checkpoints; wiped first "
+                        "if the demo made it, refused if it holds other files (default "
+                        "var/demo in the repository)")
     a = p.parse_args(argv)
+    a.data_dir = a.data_dir.absolute()  # relative: to the directory the demo is run in
     if a.rows < 1 or a.partitions < 1 or a.batch_rows < 1 or not 1 <= a.nodes <= 16:
         p.error("need --rows, --partitions and --batch-rows >= 1, and --nodes 1-16")
     if -(-a.rows // a.batch_rows) > BATCHES_MAX:
         p.error(f"--rows / --batch-rows must be at most {BATCHES_MAX:,} micro-batches")
+    try:
+        check_data_dir(a.data_dir)  # before anything else: a refusal is told at once
+    except DataDirRefused as exc:
+        return data_dir_refused(exc)
     busy = [port for port in range(a.port, a.port + a.nodes) if port_in_use("127.0.0.1", port)]
     if busy:
         console.print(f"[red]port {busy[0]} is in use[/red] (another node?): pass --port N")
         return 2
     t_start = time.monotonic()
-    shutil.rmtree(a.data_dir, ignore_errors=True)
-    a.data_dir.mkdir(parents=True)
+    try:
+        prepare_data_dir(a.data_dir)
+    except (DataDirRefused, OSError) as exc:  # changed since the check, or not writable
+        return data_dir_refused(exc)
     spark_dir = a.data_dir / "spark"
     cluster = LocalCluster(a.data_dir / "cluster", a.nodes, base_port=a.port)
     steps: list[Step] = []

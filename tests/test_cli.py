@@ -8,6 +8,7 @@ without their fix, or need a terminal width, run ``python -m node`` with a timeo
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -81,6 +82,37 @@ def test_a_commands_own_timeout_is_the_default_its_help_shows(
     assert "(default 10000)" in option_help(["topics"], "--timeout-ms", capsys)
 
 
+def test_every_command_says_what_it_does_and_every_argument_has_help(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``shardnode COMMAND --help`` opens with what the command does, and every argument,
+    positional ones too (``topic``, ``name``, ``VALUE``), says what it is."""
+    missing = []
+
+    def walk(parser: argparse.ArgumentParser, command: str) -> None:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if command and not parser.description:
+            missing.append(f"{command}: no description")
+        for action in parser._actions:
+            if not action.help and not isinstance(action, argparse._SubParsersAction):
+                missing.append(f"{command} {action.metavar or action.dest}: no help")
+        for sub in subs:
+            for name, child in sub.choices.items():
+                walk(child, f"{command} {name}".strip())
+
+    walk(cli.build_parser(), "")
+    assert missing == []
+    with pytest.raises(SystemExit):
+        cli.main(["start", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "run a node in the foreground: its actors start" in text, text
+
+
+def test_the_timeout_help_says_how_many_attempts_are_made(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert "up to 6 attempts in all" in option_help(["topics"], "--timeout-ms", capsys)
+    assert "sent once" in option_help(["status"], "--timeout-ms", capsys)
+
+
 def test_max_records_is_documented_as_a_total(capsys: pytest.CaptureFixture[str]) -> None:
     assert "stop after printing N records in all" in option_help(
         ["consume"], "--max-records", capsys)
@@ -110,6 +142,8 @@ def test_hex_that_is_not_hex_is_a_usage_error(args: list[str], named: str,
     assert code == 2, err
     assert f"shardnode kv {args[0]}: error: {named} is not hex" in err, err
     assert "usage: shardnode kv" in err and "Traceback" not in err
+    text = named.split(" ", 1)[1].strip("'")  # what was given, shown in hex: not an example
+    assert f"('{text}' is {text.encode().hex()})" in " ".join(err.split()), err
 
 
 def test_nothing_listening_is_said_at_once_with_a_hint(
@@ -144,6 +178,21 @@ def test_start_on_a_port_in_use_says_so_before_starting_anything(tmp_path: Path)
     assert f"port {port} is in use" in out.stderr, out.stderr
     assert "Traceback" not in out.stdout + out.stderr
     assert not (tmp_path / "data").exists()  # no actor started
+
+
+def test_start_on_a_data_dir_that_is_a_file_is_a_usage_error(tmp_path: Path) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a data dir")
+    out = subprocess.run([sys.executable, "-m", "node", "start", "--data-dir", str(a_file),
+                          "--port", str(free_port())],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT,
+                         env={**os.environ, "COLUMNS": "500"})
+    assert out.returncode == 2, out.stderr
+    assert "usage: shardnode start" in out.stderr, out.stderr
+    assert (f"shardnode start: error: the data dir {a_file} is not a directory"
+            in out.stderr), out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+    assert a_file.read_text() == "not a data dir"
 
 
 def test_a_port_left_by_a_closed_listener_is_free() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -37,6 +38,7 @@ from node.cluster_ctl import (
     UsageError,
     alive,
     contradiction,
+    main,
     member_process,
     node_row,
     plan_members,
@@ -236,6 +238,47 @@ def test_a_node_that_does_not_come_up_shows_its_log_and_fails(cluster: Cluster) 
     assert cluster.states() == {1: DOWN}
 
 
+def member_supervisors(cdir: ClusterDir) -> list[int]:
+    """The pids of every process started as a member of the cluster in ``cdir`` (whatever
+    its pid files say)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmdline = p.info["cmdline"] or []
+        if any(runs_member(cmdline, cdir.file, m.id) for m in cdir.members()):
+            found.append(p.pid)
+    return found
+
+
+def test_up_with_a_port_taken_starts_no_member(cluster: Cluster) -> None:
+    """Member 2's port is taken: the cluster cannot come up, so no member is started (they
+    were, and were left running), and no log is shown for the member never started."""
+    base = free_base_port(3)
+    with socket.create_server(("127.0.0.1", base + 1)):
+        out = cluster.run("up", "--nodes", "3", "--base-port", str(base), code=EXIT_FAILED)
+    assert (f"node 2 did not come up: port {base + 1} is in use by another process"
+            in out.stderr), out.stderr
+    assert "The end of" not in out.stderr, out.stderr
+    assert member_supervisors(cluster.cdir) == []
+    assert cluster.states() == {1: DOWN, 2: DOWN, 3: DOWN}
+    assert not any(cluster.cdir.pid_file(n).exists() for n in (1, 2, 3))
+
+
+def test_a_failed_up_stops_the_members_it_started(cluster: Cluster) -> None:
+    """Member 2 starts and exits (its data dir is a file); member 1 came up: the failed up
+    stops it again, cleanly, and shows member 2's log."""
+    cluster.cdir.root.mkdir(parents=True)
+    (cluster.cdir.root / "node-2").write_text("a file where the node's data dir goes")
+    out = cluster.run("up", "--nodes", "2", "--base-port", str(free_base_port(2)),
+                      code=EXIT_FAILED)
+    assert "node 2 did not come up: exited with code 2" in out.stderr, out.stderr
+    assert "is not a directory" in out.stderr, out.stderr  # the end of its log
+    assert "stopping what this up started (node 1)" in out.stdout, out.stdout
+    assert "node 1: stopped" in out.stdout, out.stdout
+    assert member_supervisors(cluster.cdir) == []
+    assert cluster.states() == {1: DOWN, 2: DOWN}
+    assert not cluster.cdir.pid_file(1).exists()
+
+
 def test_a_pid_file_naming_another_process_is_not_trusted(cluster: Cluster,
                                                           tmp_path: Path) -> None:
     cdir = cluster.cdir
@@ -273,6 +316,17 @@ def test_options_against_the_cluster_file_are_usage_errors(cluster: Cluster) -> 
 
 
 # ---- without processes --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["up", "start-node", "stop-node", "down", "status"])
+def test_the_timeout_says_what_it_bounds_and_its_default(
+        command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    described = text.split("--timeout-ms TIMEOUT_MS ", 1)[1]
+    assert re.match(r"[^()]* in ms[^()]* .*\(default \d+\)", described), described
 
 
 def test_plan_members_are_consecutive_ports_from_the_base() -> None:

@@ -141,6 +141,28 @@ def test_a_refused_client_is_told_why_at_once_and_not_retried(make_node: MakeNod
     assert isinstance(exc, RequestTimeout)  # what such a client got before, still
 
 
+def test_the_shell_with_a_wrong_server_key_is_told_at_once_and_not_retried(
+        make_node: MakeNode, keys: Keys, tmp_path: Path) -> None:
+    """``--server-key`` names another node's public key: the handshake fails each time
+    libzmq tries it, which the probe sees within its first second or two. It used to be
+    said only after every retry had waited out its timeout (6 attempts of 10 s: 61 s)."""
+    node = make_node(keys.config(), server_public_key=keys.node[0], client_keys=keys.client)
+    keygen(tmp_path / "other-node", "node")  # a valid public key, not this node's
+    timeout_ms = 10_000  # the command's default, said here: one attempt's wait
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "node", "topics", "--port", str(node.port),
+         "--timeout-ms", str(timeout_ms),
+         "--server-key", str(tmp_path / "other-node" / "node.pub"),
+         "--client-key", str(tmp_path / "client-keys" / "client.key")],
+        capture_output=True, text=True, timeout=90, env={**os.environ, "COLUMNS": "500"})
+    waited_s = time.monotonic() - started
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    assert "is the server key this node's public key" in out.stderr, out.stderr
+    assert "attempts" not in out.stderr, out.stderr
+    assert waited_s < timeout_ms / 1000, f"{waited_s:.1f} s: not told at once"
+
+
 def test_a_refused_pipeline_is_told_why_by_its_poll(make_node: MakeNode, keys: Keys) -> None:
     """A pipeline's requests to a node that refuses its client's key are never answered:
     its poll used to return nothing, for good. A probe of the handshake once a request has

@@ -8,6 +8,7 @@ import hashlib
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ import pytest
 from pyspark.sql.streaming.query import StreamingQuery
 
 from node.local import free_port
-from scripts.demo import Check, follow
+from scripts.demo import MARKER, Check, DataDirRefused, follow, prepare_data_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = 20_000
@@ -28,13 +29,17 @@ NODES = 2  # the fewest that make a cluster (partitions on more than one member,
 
 @pytest.mark.timeout(90)  # 37 s on 2 cores kept busy by other jobs: mostly Spark starting
 def test_demo_writes_every_row_and_reads_each_back_once(tmp_path: Path) -> None:
+    """Run from another directory with a relative ``--data-dir``, as a user would: the data
+    dir is in the directory it was run in (the script sets up .venv in the repository)."""
     proc = subprocess.run(
         [str(ROOT / "scripts" / "demo"), "--rows", str(ROWS), "--batch-rows", str(BATCH_ROWS),
-         "--nodes", str(NODES), "--port", str(free_port(NODES)), "--data-dir", str(tmp_path / "demo")],
-        cwd=ROOT, capture_output=True, text=True, timeout=85,
+         "--nodes", str(NODES), "--port", str(free_port(NODES)), "--data-dir", "demo"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=85,
         env={**os.environ, "COLUMNS": "200"})  # the summary's rows on one line each
     out = proc.stdout
     assert proc.returncode == 0, f"demo failed:\n{out[-4000:]}\n{proc.stderr[-4000:]}"
+    assert (tmp_path / "demo" / MARKER).is_file() and (tmp_path / "demo" / "cluster").is_dir()
+    assert os.listdir(tmp_path) == ["demo"]  # nothing else written where it was run
     assert f"OK: each of the {ROWS:,} rows read back exactly once" in out, out
     owners = re.search(r"partitions on members \[([\d, ]+)\]", out.replace("\n", " "))
     assert owners is not None and len(set(owners.group(1).split(", "))) > 1, out  # a cluster
@@ -45,6 +50,59 @@ def test_demo_writes_every_row_and_reads_each_back_once(tmp_path: Path) -> None:
         assert (rows, batches) == (f"{ROWS:,}", str(ROWS // BATCH_ROWS)), line
         assert float(per_s.replace(",", "")) > 0 and float(warm_per_s.replace(",", "")) > 0
         assert float(seconds) > 0, line
+
+
+def test_the_demo_refuses_a_data_dir_it_did_not_make_and_leaves_it_be(tmp_path: Path) -> None:
+    """A relative ``--data-dir`` is the one in the directory the demo is run in; holding a
+    user's file, it is refused before anything starts (the demo's ports are held too: it
+    checks the data dir first) and its files are left as they were."""
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "important.txt").write_text("keep me")
+    port = free_port()
+    with socket.create_server(("127.0.0.1", port)):
+        proc = subprocess.run(
+            [str(ROOT / "scripts" / "demo"), "--nodes", "1", "--port", str(port),
+             "--data-dir", "precious"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+            env={**os.environ, "COLUMNS": "500"})  # the message on one line
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert (f"--data-dir {precious} is not empty and the demo did not make it (there is no "
+            f"{MARKER} in it): not wiping it") in proc.stdout, proc.stdout
+    assert (precious / "important.txt").read_text() == "keep me"
+    assert os.listdir(precious) == ["important.txt"]
+    assert not (ROOT / "precious").exists()
+
+
+def test_the_data_dir_is_made_taken_when_empty_and_wiped_only_when_the_demos(
+        tmp_path: Path) -> None:
+    new = tmp_path / "a" / "new"
+    prepare_data_dir(new)  # made, with its parents, and marked
+    assert os.listdir(new) == [MARKER]
+    (new / "cluster").mkdir()
+    (new / "cluster" / "node-1.log").write_text("a run's log")
+    (new / "log4j2.properties").write_text("")
+    prepare_data_dir(new)  # the demo's own: emptied, still marked
+    assert os.listdir(new) == [MARKER]
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    prepare_data_dir(empty)  # nothing to lose: taken, and marked
+    assert os.listdir(empty) == [MARKER]
+
+    theirs = tmp_path / "theirs"
+    (theirs / "sub").mkdir(parents=True)
+    (theirs / "sub" / "important.txt").write_text("keep me")
+    with pytest.raises(DataDirRefused, match="not empty and the demo did not make it"):
+        prepare_data_dir(theirs)
+    assert (theirs / "sub" / "important.txt").read_text() == "keep me"
+    assert os.listdir(theirs) == ["sub"]
+
+    a_file = tmp_path / "file"
+    a_file.write_text("keep me")
+    with pytest.raises(DataDirRefused, match="is not a directory"):
+        prepare_data_dir(a_file)
+    assert a_file.read_text() == "keep me"
 
 
 class EndedQuery:
