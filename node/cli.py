@@ -51,7 +51,7 @@ from rich.table import Table
 from rich.text import Text
 
 from config import ConfigError, load_config
-from wire.errors import NodeError, Unavailable
+from wire.errors import NodeError, OffsetOutOfRange, Unavailable
 from wire.protocol import COMPACT_TIMEOUT_MS, DEFAULT_PORT
 
 if TYPE_CHECKING:
@@ -568,13 +568,26 @@ def cmd_delete(args: argparse.Namespace) -> int:
     """``shardnode delete TOPIC (--key K | --offset N --partition P)``."""
     if args.key is None and args.partition is None:
         raise CommandError("--offset needs --partition")
+    # The node answers a deletion of a record that is not there as any other (it changes
+    # nothing); the shell looks first, to say so (exit 3, as ``kv get`` of an absent key).
     with _client(args) as c:
         if args.key is not None:
+            if c.read_by_key(args.topic, args.key, args.partition) is None:
+                _note(f"no record of {args.topic} with key {args.key}: nothing deleted")
+                return 3
             lsn = c.delete_by_key(args.topic, args.key, args.partition)
             print(f"deleted the latest record of {args.topic} with key {args.key} (LSN {lsn})")
         else:
+            where = f"{args.topic}/{args.partition}@{args.offset}"
+            try:
+                found = c.read(args.topic, args.partition, args.offset, max_records=1)
+            except OffsetOutOfRange:
+                found = []  # below the earliest kept
+            if not found or found[0].offset != args.offset:
+                _note(f"no record at {where} (deleted, or not written): nothing deleted")
+                return 3
             lsn = c.delete_by_offset(args.topic, args.partition, args.offset)
-            print(f"deleted {args.topic}/{args.partition}@{args.offset} (LSN {lsn})")
+            print(f"deleted {where} (LSN {lsn})")
     return 0
 
 
@@ -771,7 +784,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs(s, cmd_offsets)
 
     s = command(sub, "delete", "delete a record: the latest with a key, or the one at "
-                "an offset (the offsets of the others do not move)")
+                "an offset (the offsets of the others do not move); exit 3: no such record")
     client_args(s)
     s.add_argument("topic", help="the record's topic")
     which = s.add_mutually_exclusive_group(required=True)

@@ -227,6 +227,24 @@ def test_keys_values_and_names_are_printed_as_written(
     assert "shardnode produce: error: " in err and "[bold]missing[/bold]" in err, err
 
 
+def test_a_delete_of_a_record_that_is_not_there_says_so(
+        node: LocalNode, capsys: pytest.CaptureFixture[str]) -> None:
+    """It printed "deleted" for a key no record had, and for an offset deleted before."""
+    port = ["--port", str(node.port)]
+    assert run(capsys, "create-topic", "dl", "--partitions", "1", *port)[0] == 0
+    assert run(capsys, "produce", "dl", "a", "b", "--key", "k", *port)[0] == 0
+    code, out, _err = run(capsys, "delete", "dl", "--offset", "0", "--partition", "0", *port)
+    assert code == 0 and out.startswith("deleted dl/0@0 (LSN "), out
+    for where in ("0", "7"):  # deleted before, never written
+        assert run(capsys, "delete", "dl", "--offset", where, "--partition", "0", *port) == (
+            3, "", f"no record at dl/0@{where} (deleted, or not written): nothing deleted\n")
+    assert run(capsys, "delete", "dl", "--key", "nokey", *port) == (
+        3, "", "no record of dl with key nokey: nothing deleted\n")
+    code, out, _err = run(capsys, "delete", "dl", "--key", "k", *port)
+    assert code == 0 and out.startswith("deleted the latest record of dl with key k"), out
+    assert run(capsys, "delete", "dl", "--key", "k", *port)[0] == 3  # none answers the key now
+
+
 def test_empty_results_say_so(node: LocalNode, capsys: pytest.CaptureFixture[str]) -> None:
     port = ["--port", str(node.port)]
     assert run(capsys, "topics", *port) == (0, "no topics (shardnode create-topic NAME "
