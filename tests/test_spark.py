@@ -27,20 +27,28 @@ import zmq
 from pyspark import TaskContext, cloudpickle
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.datasource import WriterCommitMessage
+from pyspark.sql.datasource import CaseInsensitiveDict, WriterCommitMessage
 from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.types import StringType, StructField, StructType
 
 from actors.roles import key_partition
 from node.client import NodeClient
 from node.crashcheck import read_partition
-from node.local import LocalCluster, LocalNode
+from node.local import LocalCluster, LocalNode, free_port
 from node.spark import ShardnodeDataSource, register, sink
-from node.spark.nodes import SINGLE
-from node.spark.options import OptionError, SinkOptions, SourceOptions
+from node.spark.nodes import SINGLE, START_RETRIES, START_TIMEOUT_MS_MAX
+from node.spark.options import (
+    SINK_OPTIONS,
+    SOURCE_OPTIONS,
+    OptionError,
+    SinkOptions,
+    SourceOptions,
+)
 from node.spark.rows import Routing, requests_of
 from node.spark.sink import (
     SINKS_TOPIC,
     XID_FORMAT,
+    BatchWriter,
     Branch,
     Plan,
     SinkCommit,
@@ -52,7 +60,7 @@ from node.spark.sink import (
     plan_abort,
     plan_commit,
 )
-from node.spark.source import DataLost, Split, bounded, read_split, splits
+from node.spark.source import DataLost, Split, StreamReader, bounded, read_split, splits
 from tests.conftest import request_of, silent_router
 from tests.spark_driver import sink_query, source_query
 from wire.errors import (
@@ -62,6 +70,7 @@ from wire.errors import (
     RequestTimeout,
     TopicExists,
     UnknownPartition,
+    UnknownTopic,
 )
 from wire.records import Record
 from wire.xid import Xid
@@ -252,12 +261,16 @@ class FailingWriter(StreamWriter):
 
 
 class FailingSink(ShardnodeDataSource):
+    """The sink with an option of the test's, ``failMode``, which the sink itself would
+    refuse: it is taken out before the sink sees the options."""
+
     @classmethod
     def name(cls) -> str:
         return "shardnode_failing"
 
     def streamWriter(self, schema: Any, overwrite: bool) -> Any:
-        return FailingWriter(super().streamWriter(schema, overwrite),  # type: ignore[arg-type]
+        sinks = {k: v for k, v in self.options.items() if k.lower() != "failmode"}
+        return FailingWriter(ShardnodeDataSource(sinks).streamWriter(schema, overwrite),  # type: ignore[arg-type]
                              self.options["failMode"])
 
 
@@ -558,6 +571,12 @@ def test_a_bad_input_or_option_fails_the_query_naming_it(spark: SparkSession, no
                                                deliveryGuarantee="maybe")
     assert "maxRecordsPerRequest" in _start_error(ok, node, topic="t",
                                                   maxRecordsPerRequest="0")
+    # It was ignored.
+    assert "did you mean 'maxRecordsPerRequest'?" in _start_error(ok, node, topic="t",
+                                                                  maxRecordPerRequest="10")
+    # It failed every task attempt, with the node's UnknownTopic and no word of what to do.
+    text = _start_error(ok, node, topic="nope")
+    assert "topic 'nope' does not exist" in text and "create it first" in text
 
 
 def test_a_row_over_a_node_limit_fails_its_task_with_the_nodes_error(
@@ -572,8 +591,126 @@ def test_a_row_over_a_node_limit_fails_its_task_with_the_nodes_error(
         assert "key must be bin of at most 4096 bytes" in text
         assert c.end_offsets("t") == [0]
         assert_no_branches(c)
-        missing = spark.range(2).selectExpr("cast(id as string) as value")
-        assert "does not exist" in _start_error(missing, node, topic="nope")
+
+
+def test_a_stream_into_a_missing_topic_fails_at_its_start_saying_to_create_it(
+        spark: SparkSession, node: LocalNode, tmp_path: Path) -> None:
+    """The writer is made on the driver as the query starts: the topic is checked there.
+    Spark's own options (a query name, a path, the checkpoint) are not refused."""
+    q = (spark.readStream.format("rate").load().selectExpr("cast(value as string) as value")
+         .writeStream.format("shardnode").queryName("into_nosuch")
+         .option("endpoint", node.endpoint).option("topic", "nosuch")
+         .option("checkpointLocation", str(tmp_path / "ck")).start(str(tmp_path / "path")))
+    try:
+        with pytest.raises(PySparkException) as info:
+            q.awaitTermination(WAIT_S)  # raises the query's failure (False: still running)
+    finally:
+        q.stop()
+    text = str(info.value)
+    assert f"topic 'nosuch' does not exist on {node.endpoint}: create it first" in text
+    assert f"shardnode create-topic nosuch --host 127.0.0.1 --port {node.port}" in text
+
+
+def test_a_missing_topic_fails_the_writer_and_the_reader_as_they_are_made(
+        node: LocalNode) -> None:
+    """Without Spark: what PySpark calls on the driver as a query starts. The writer was
+    made without asking the node (every task failed later); the reader failed too, without
+    saying what to do."""
+    schema = StructType([StructField("value", StringType())])
+    source = ShardnodeDataSource({"endpoint": node.endpoint, "topic": "nosuch"})
+    makers: list[Callable[[], object]] = [
+        lambda: source.writer(schema, False), lambda: source.streamWriter(schema, False),
+        lambda: source.reader(schema), lambda: source.streamReader(schema)]
+    for make in makers:
+        with pytest.raises(UnknownTopic, match=r"'nosuch' does not exist on .*: create it first, "
+                           rf"e\.g\. `shardnode create-topic nosuch --host 127\.0\.0\.1 "
+                           rf"--port {node.port} --partitions N`"):
+            make()
+    with node.client() as c:
+        c.create_topic("t")
+    ok = ShardnodeDataSource({"endpoint": node.endpoint, "topic": "t"})
+    assert isinstance(ok.writer(schema, False), BatchWriter)
+    assert isinstance(ok.streamReader(schema), StreamReader)
+    by_column = ShardnodeDataSource({"endpoint": node.endpoint})  # each row names its topic
+    assert isinstance(by_column.writer(schema.add("topic", StringType()), False), BatchWriter)
+
+
+def test_a_check_that_passed_is_not_made_again_for_each_micro_batch(
+        node: LocalNode, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PySpark makes a stream's writer again for each batch's commit: the check that passed
+    is remembered for ``CHECKED_FOR_S`` in this process; one that failed is not."""
+    from node.spark import nodes
+
+    monkeypatch.setattr(nodes, "_checked", {})
+    made: list[int] = []
+    real = nodes.Nodes
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        made.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(nodes, "Nodes", counted)
+    with node.client() as c:
+        c.create_topic("checked")
+    schema = StructType([StructField("value", StringType())])
+    for _ in range(3):
+        ShardnodeDataSource({"endpoint": node.endpoint, "topic": "checked"}).streamWriter(
+            schema, False)
+    assert len(made) == 1
+    for _ in range(2):
+        with pytest.raises(UnknownTopic):
+            ShardnodeDataSource({"endpoint": node.endpoint, "topic": "nosuch"}).writer(
+                schema, False)
+    assert len(made) == 3
+
+
+def test_a_node_that_does_not_answer_fails_the_start_within_seconds_naming_it() -> None:
+    """Nothing listens at the endpoint: the writer's check gives up within its own bound,
+    not the six timeouts of 30 s (the default ``requestTimeoutMs``) of a task's request."""
+    schema = StructType([StructField("value", StringType())])
+    down = f"tcp://127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    with pytest.raises(NodeError, match=rf"could not reach {re.escape(down)} \(option "
+                       rf"'endpoint'\) as the query started: no reply from {re.escape(down)}"):
+        ShardnodeDataSource({"endpoint": down, "topic": "t"}).writer(schema, False)
+    assert time.monotonic() - start < 2 * (START_RETRIES + 1) * START_TIMEOUT_MS_MAX / 1000
+
+
+def test_an_unknown_option_is_refused_and_sparks_own_pass() -> None:
+    """Spark hands the options over case-insensitively, in lower case. A misspelled one was
+    silently ignored."""
+    base = {"endpoint": "tcp://a:1", "topic": "t"}
+    with pytest.raises(OptionError, match=r"sink does not take option 'maxrecordperrequest' "
+                       r"\(did you mean 'maxRecordsPerRequest'\?\); it takes endpoint, topic, "):
+        SinkOptions.parse(CaseInsensitiveDict({**base, "maxRecordPerRequest": "10"}))
+    with pytest.raises(OptionError, match=r"source does not take options 'deliveryguarantee' "
+                       r"\(a sink option\), 'zzz'; it takes endpoint, topic, startingOffsets"):
+        SourceOptions.parse(CaseInsensitiveDict({**base, "deliveryGuarantee": "exactly_once",
+                                                 "zzz": "1"}))
+    # What Spark adds itself (a path, a query's checkpoint and name, internal "__" ones).
+    sparks = {"path": "/p", "paths": '["/p"]', "checkpointLocation": "/ck", "queryName": "q",
+              "__partition_columns": "[]"}
+    sink = SinkOptions.parse(CaseInsensitiveDict({**base, **sparks, "MAXRECORDSPERREQUEST": "7"}))
+    assert sink.records_per_request_max == 7
+    assert SourceOptions.parse(CaseInsensitiveDict({**base, **sparks})).topic == "t"
+    # A stream reads on: an end of it was ignored.
+    assert SourceOptions.parse({**base, "endingOffsets": "latest"}).ending == "latest"
+    with pytest.raises(OptionError, match="'endingOffsets' is for batch reads"):
+        SourceOptions.parse({**base, "endingOffsets": "latest"}, streaming=True)
+
+
+def _readme_options(table: str) -> list[str]:
+    """The options README.md's Spark section lists in its table headed ``| <table> |``."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("\n## Spark\n"):]
+    section = section[:section.index("\n## ", 1)]
+    rows = section[section.index(f"| {table} |"):].split("\n\n")[0].splitlines()[2:]
+    return [name for row in rows for name in re.findall(r"`(\w+)`", row.split("|")[1])]
+
+
+def test_the_readme_lists_the_options_the_data_source_takes() -> None:
+    assert _readme_options("sink option") == list(SINK_OPTIONS)
+    assert _readme_options("source option") == list(SOURCE_OPTIONS)
 
 
 def test_options_are_checked_before_any_task() -> None:

@@ -12,7 +12,10 @@ The option ``endpoint`` names one node, or a cluster: some or all of its members
 comma-separated (``nodes.py``); each request then goes to the member owning its partition.
 The sink (``node/spark/sink.py``) writes exactly once by default, staging each task's rows
 in XA branches of the node, one on each member it writes to, that the driver commits with
-the batch; the source (``node/spark/source.py``) reads committed records by offset. Options:
+the batch; the source (``node/spark/source.py``) reads committed records by offset. The topic must
+exist (``shardnode create-topic``): as a query starts, on the driver, the data source checks
+that it does and that the node answers (``nodes.check_start``), and refuses an option it
+does not take. Options:
 ``options.py``; rows to records and back, and to their partitions' owners: ``rows.py``. Needs the
 ``spark`` extra (pyspark, pyarrow).
 """
@@ -30,6 +33,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from node.spark.nodes import check_start
 from node.spark.options import SinkOptions, SourceOptions
 from node.spark.rows import SOURCE_SCHEMA, check_input
 from node.spark.sink import BatchWriter, StreamWriter
@@ -51,9 +55,19 @@ class ShardnodeDataSource(DataSource):
     def schema(self) -> str:
         return SOURCE_SCHEMA
 
+    # PySpark makes the writer or reader on the driver as the query starts (and a stream's
+    # writer again for each batch's commit or abort): its options, input columns, node and
+    # topic are checked there, so that none of them fails every task instead.
+
     def _sink(self, schema: StructType) -> SinkOptions:
         opts = SinkOptions.parse(self.options)
         check_input(schema, opts.topic)
+        check_start(opts.endpoints, opts.request_timeout_ms, opts.topic)  # None: a column's
+        return opts
+
+    def _source(self, streaming: bool) -> SourceOptions:
+        opts = SourceOptions.parse(self.options, streaming)
+        check_start(opts.endpoints, opts.request_timeout_ms, opts.topic)
         return opts
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
@@ -63,10 +77,10 @@ class ShardnodeDataSource(DataSource):
         return StreamWriter(self._sink(schema))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return BatchReader(SourceOptions.parse(self.options))
+        return BatchReader(self._source(streaming=False))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return StreamReader(SourceOptions.parse(self.options))
+        return StreamReader(self._source(streaming=True))
 
 
 def register(spark: SparkSession) -> None:

@@ -7,17 +7,34 @@ request. A cluster is reached through a client routed by its map (``NodeClient``
 members: each partition's requests go to its owner, topics are made on the catalog member,
 a decision topic's record to its partition's owner) and, for what lives on one member (an
 XA branch, the list of its transactions), a plain client of that member (``member``).
+
+``check_start`` asks the node, within bounds of its own, whether it answers and has the
+query's topic, as a query starts on the driver.
 """
 
 from __future__ import annotations
 
+import shlex
+import time
 from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 from node.client import NodeClient
 from node.spark.options import OptionError
-from wire.errors import ErrorCode, error_for
+from wire.errors import ErrorCode, RequestTimeout, Unavailable, UnknownTopic, error_for
 
 SINGLE = 0  # the member id of a single node (its ``cluster_map`` answers node_id 0)
+# A query's start asks the node (``check_start``) with its own bounds: a node that does not
+# answer fails the query within about (START_RETRIES + 1) * START_TIMEOUT_MS_MAX for each
+# endpoint, not in the six ``requestTimeoutMs`` (3 minutes by default) of a task's request.
+START_TIMEOUT_MS_MAX = 5000
+START_RETRIES = 1
+# PySpark makes a stream's writer again for each micro-batch's commit: a check that passed
+# is not made again in this process for this long, so that a stream pays for it about once
+# a minute, not twice a batch. At most CHECKED_MAX are remembered.
+CHECKED_FOR_S = 60.0
+CHECKED_MAX = 256
+_checked: dict[tuple[tuple[str, ...], str | None], float] = {}
 
 
 class Nodes:
@@ -89,3 +106,41 @@ class Nodes:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_start(endpoints: Sequence[str], timeout_ms: int, topic: str | None) -> None:
+    """On the driver, as a query starts (the data source makes its reader or writer there):
+    the node, or the cluster, answers, and ``topic`` (when an option names it) exists, so
+    that neither fails every task later. Raises ``UnknownTopic`` saying to create the topic,
+    or the client's ``Unavailable`` or ``RequestTimeout`` naming the endpoints. Two
+    requests: the cluster's members and its topics (of the catalog member)."""
+    what = (tuple(endpoints), topic)
+    now = time.monotonic()
+    if now < _checked.get(what, 0.0):
+        return
+    try:
+        with Nodes(endpoints, min(timeout_ms, START_TIMEOUT_MS_MAX), START_RETRIES) as nodes:
+            if topic is not None:
+                nodes.client.partitions(topic)  # routed: the catalog member's list
+        if len(_checked) >= CHECKED_MAX:
+            _checked.clear()
+        _checked[what] = now + CHECKED_FOR_S
+    except UnknownTopic:
+        assert topic is not None
+        raise _missing_topic(topic, endpoints) from None
+    except (Unavailable, RequestTimeout) as exc:  # HandshakeFailed too: its type is kept
+        raise type(exc)(f"the shardnode data source could not reach {', '.join(endpoints)} "
+                        f"(option 'endpoint') as the query started: {exc.message}") from None
+
+
+def _missing_topic(topic: str, endpoints: Sequence[str]) -> UnknownTopic:
+    """The error of a topic that does not exist, with the command that creates it (through
+    any member of a cluster: it is made on the catalog member)."""
+    url = urlsplit(endpoints[0])
+    try:
+        where = f" --host {url.hostname} --port {url.port}" if url.hostname and url.port else ""
+    except ValueError:  # not a port: the node answered, so the endpoint is not plain tcp
+        where = ""
+    return UnknownTopic(f"topic {topic!r} does not exist on {', '.join(endpoints)}: create it "
+                        f"first, e.g. `shardnode create-topic {shlex.quote(topic)}{where} "
+                        f"--partitions N` (or NodeClient.create_topic)")

@@ -3,11 +3,14 @@
 Spark hands a data source its options as strings (``.option("maxRecordsPerRequest",
 "2000")``), case-insensitively. Each reader and writer turns them into one of the frozen
 records below before any task runs, so a bad option fails the query at its start with a
-message naming the option, not a task later with a ``ValueError``.
+message naming the option, not a task later with a ``ValueError``. An option neither the
+sink (``SINK_OPTIONS``) nor the source (``SOURCE_OPTIONS``) takes is refused, so that a
+misspelled one is not silently ignored; Spark's own (``SPARK_OPTIONS``) pass.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,11 +35,50 @@ TXN_RECORDS_MAX = 1_000_000
 TXN_BYTES_MAX = 256 << 20
 
 
+# The options each side takes, as README.md's tables list them (a test keeps them in step).
+SINK_OPTIONS = ("endpoint", "topic", "deliveryGuarantee", "sinkId", "maxRecordsPerRequest",
+                "maxBytesPerRequest", "requestsInFlight", "maxRecordsPerTransaction",
+                "maxBytesPerTransaction", "transactionTimeoutMs", "requestTimeoutMs")
+SOURCE_OPTIONS = ("endpoint", "topic", "startingOffsets", "endingOffsets",
+                  "maxRecordsPerTrigger", "maxRecordsPerPartition", "maxRecordsPerRead",
+                  "groupId", "failOnDataLoss", "requestTimeoutMs")
+# What Spark itself puts among a data source's options (PySpark 4): the path given to
+# ``save``, ``load`` or ``start`` (``paths``: several given to ``load``), and a streaming
+# query's ``checkpointLocation`` and ``queryName``. Names starting ``__`` are Spark's
+# internal ones (``__partition_columns``, ``__clustering_columns``): passed too.
+SPARK_OPTIONS = ("path", "paths", "checkpointLocation", "queryName")
+_NAMES = frozenset(SINK_OPTIONS + SOURCE_OPTIONS)
+
+
 class OptionError(ValueError):
     """An option of the ``shardnode`` data source is missing or wrong."""
 
 
+def check_known(options: Mapping[str, str], side: str, known: tuple[str, ...],
+                other: tuple[str, ...]) -> None:
+    """Refuse the options the ``side`` (``sink`` or ``source``) does not take,
+    case-insensitively (Spark hands the names over in lower case), each with the one meant
+    when it is close, or saying that it is the other side's."""
+    by_lower = {name.lower(): name for name in (*known, *SPARK_OPTIONS)}
+    others = {name.lower() for name in other}
+    unknown = sorted(k for k in options if k.lower() not in by_lower and not k.startswith("__"))
+    if not unknown:
+        return
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(key.lower(), list(by_lower), n=1, cutoff=0.8)
+        if key.lower() in others:
+            named.append(f"{key!r} (a {'source' if side == 'sink' else 'sink'} option)")
+        elif close:
+            named.append(f"{key!r} (did you mean {by_lower[close[0]]!r}?)")
+        else:
+            named.append(repr(key))
+    raise OptionError(f"the shardnode {side} does not take option{'s' * (len(named) > 1)} "
+                      f"{', '.join(named)}; it takes {', '.join(known)} (in any case)")
+
+
 def _get(options: Mapping[str, str], name: str) -> str | None:
+    assert name in _NAMES, f"option {name!r} is missing from SINK_OPTIONS or SOURCE_OPTIONS"
     # Spark's options are a case-insensitive dict; a plain dict (tests, the demo) is not.
     value = options.get(name)
     if value is None:
@@ -112,6 +154,7 @@ class SinkOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
+        check_known(options, "sink", SINK_OPTIONS, SOURCE_OPTIONS)
         guarantee = (_get(options, "deliveryGuarantee") or EXACTLY_ONCE).lower()
         if guarantee not in GUARANTEES:
             raise OptionError(f"option 'deliveryGuarantee' must be one of {GUARANTEES}, "
@@ -190,7 +233,14 @@ class SourceOptions:
     fail_on_data_loss: bool  # records retention deleted before they were read fail the query
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+    def parse(cls, options: Mapping[str, str], streaming: bool = False) -> SourceOptions:
+        """``streaming``: for ``readStream``, which reads on as records come (no
+        ``endingOffsets``)."""
+        check_known(options, "source", SOURCE_OPTIONS, SINK_OPTIONS)
+        if streaming and _get(options, "endingOffsets") is not None:
+            raise OptionError("option 'endingOffsets' is for batch reads (spark.read); a "
+                              "stream reads on as records come (stop it, or use "
+                              "trigger(availableNow=True) to read what there is)")
         topic = _topic(options, required=True)
         assert topic is not None
         group_id = _get(options, "groupId")
