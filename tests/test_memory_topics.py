@@ -132,11 +132,12 @@ def test_the_bytes_a_record_counts_are_what_it_takes(shape: str) -> None:
     """``memory_bytes_max`` bounds memory only if a record's count is its real cost: its
     batch decoded as the front door decodes it, kept, and the batch dropped."""
     m = MemoryTopics(1 << 40)
-    records: list[Any] = {
+    shapes: dict[str, list[Any]] = {
         "bare": [bytes([i % 256]) * 10 for i in range(100)],
         "keyed": [[b"v" * 10, b"k%07d" % i, [], None] for i in range(100)],
         "tagged": [[b"v" * 10, b"k%07d" % i, ["red", "blue"], 5] for i in range(100)],
-    }[shape]
+    }
+    records = shapes[shape]
     blob = msgpack.packb(records)
     tracemalloc.start()
     try:
