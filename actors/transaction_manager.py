@@ -45,6 +45,7 @@ from wire.messages import (
     DeleteTopic,
     Ended,
     ErrorReply,
+    FrontClosed,
     TxnBegin,
     TxnList,
     TxnOnce,
@@ -167,6 +168,8 @@ class TransactionManager(Actor):
             case CheckpointRequest(ckpt_id):
                 self.gate_closed_at = time.monotonic()
                 self.perform(self.state.checkpoint_requested(ckpt_id, time.monotonic()))
+            case FrontClosed():
+                self.perform(self.state.front_closed())
             case CheckpointFinished(ckpt_id):
                 if self.state.gate is not None:
                     log.info("checkpoint %d finished; gate was closed %.1f ms", ckpt_id,

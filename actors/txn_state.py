@@ -10,7 +10,8 @@ During a ``blocking`` checkpoint (SwiftMQ's) the gate is closed: new transaction
 back, and once the active ones have ended the manager says ready. In ``fuzzy`` mode it says
 ready at once, with the oldest LSN an active transaction still needs (none: see
 ``oldest_lsn``). Clients' transactions (``actors/transactions.py``) are checked here too: a
-blocking checkpoint also waits for those open and not prepared.
+blocking checkpoint also waits for those open and not prepared, but for the one at a clean
+stop (``front_closed``).
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class TxnState:
         self.held_total = 0  # requests ever held back at a closed gate
         self.ended = 0
         self.expired = 0
+        # The node is stopping and its front door is closed: no client can end an open
+        # transaction any more, so the gate no longer waits for them.
+        self.front_is_closed = False
 
     def oldest_lsn(self) -> int:
         """The oldest LSN an active transaction still needs; 0 when none needs any.
@@ -65,6 +69,14 @@ class TxnState:
 
     def recheck(self) -> list[Forward | Send]:
         """A client's transaction ended: a closed gate may now say ready."""
+        return self._maybe_ready()
+
+    def front_closed(self) -> list[Forward | Send]:
+        """A clean stop closed the front door: the checkpoint at stop waits for the writes
+        in flight only. A transaction still open is rolled back at the next start (its
+        records are staged in the shards the checkpoint flushes, as a fuzzy one's are);
+        waiting for it, the checkpoint gave up after ``checkpoint_timeout_ms``."""
+        self.front_is_closed = True
         return self._maybe_ready()
 
     def requests(self, writes: Writes, now: float) -> list[Forward | Send]:
@@ -136,7 +148,7 @@ class TxnState:
     def _maybe_ready(self) -> list[Forward | Send]:
         # The gate stays closed until the checkpoint finishes; ready is said once.
         if (self.gate is not None and not self.active and not self.ready_sent
-                and not self.open_transactions()):
+                and (self.front_is_closed or not self.open_transactions())):
             self.ready_sent = True
             return [self._ready(self.gate)]
         return []

@@ -59,6 +59,7 @@ from wire.messages import (
     Checkpoint,
     Done,
     ErrorReply,
+    FrontClosed,
     Stats,
     StatusReply,
     StatusRequest,
@@ -378,6 +379,9 @@ class Supervisor:
         if not all(self._alive(r) for r in self.behind_front) or self.mailbox is None:
             return
         self.checkpoint_done = None
+        # The front door is stopped: a blocking checkpoint's gate must not wait for
+        # transactions no client can end now.
+        self._tell(TRANSACTION_MANAGER, FrontClosed())
         if not self._tell(LOG_MANAGER, Checkpoint(0, SUPERVISOR)):
             return
         deadline = time.monotonic() + self.cfg.log.checkpoint_timeout_ms / 1000

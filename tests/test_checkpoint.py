@@ -154,6 +154,34 @@ def test_writes_held_at_a_blocking_checkpoints_gate_go_on_when_it_opens(
         assert len(set(acked)) == len(acked) > 0
 
 
+def test_a_clean_stop_with_blocking_checkpoints_does_not_wait_for_open_transactions(
+        make_node: MakeNode) -> None:
+    """A clean stop closes the front door first: no client can end a transaction open
+    then. The checkpoint at stop waited for it anyway (the blocking gate), for the whole
+    ``checkpoint_timeout_ms``, and gave up: the stop took that long, left no checkpoint,
+    and the next start refused a change of the writer count. It waits for the writes in
+    flight only, and the transaction is rolled back at the next start, as a fuzzy
+    checkpoint's would be."""
+    node = make_node(config("blocking"))
+    with node.client() as c:
+        c.create_topic("t", partitions=2)
+        c.produce("t", b"kept", partition=0)
+        tx = c.transaction()  # [txn] timeout_ms (60 s): open past the stop
+        tx.produce("t", b"open", partition=1)
+        tx.settle()  # open on the node
+    marker = node.data_dir / "writers" / "clean-stop"
+    started = time.monotonic()
+    node.stop()
+    took_s = time.monotonic() - started
+    assert marker.exists(), f"no checkpoint at stop:\n{node.log_tail()}"
+    assert took_s < 10, f"the stop took {took_s:.1f} s, checkpoint_timeout_ms is 10 s"
+    node2 = make_node(config("blocking"), data_dir=node.data_dir)
+    with node2.client() as c:
+        assert [r.value for r in c.read("t", 0, 0)] == [b"kept"]
+        assert c.read("t", 1, 0) == []  # the open transaction's record: rolled back
+        assert c.txn_list() == []
+
+
 def test_checkpoints_take_turns_between_the_snapshot_slots_across_restarts(
         make_node: MakeNode) -> None:
     node = make_node(config("fuzzy", ckpt=64 * 1024 * 1024))

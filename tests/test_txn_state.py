@@ -134,3 +134,18 @@ def test_the_transaction_manager_reads_only_the_correlation_ids_of_a_burst() -> 
     big = codec.encode(Writes(many, [(9, 0, [(1, 0, 1, b"\x01" * 100)])] * 5000, []))
     assert writes_corrs(memoryview(big)) == many
     assert writes_corrs(big[:20_000]) is None  # the ids cut short
+
+
+def test_once_the_front_door_is_closed_the_gate_waits_no_more_for_open_transactions() -> None:
+    """A clean stop closes the front door, then checkpoints: a transaction open then can
+    no longer be ended by its client, so the blocking gate waits only for the writes in
+    flight (it waited for the transaction until the checkpoint gave up)."""
+    open_txns = 1
+    s = TxnState("blocking", held_max=10, stale_s=5, gate_s_max=60,
+                 open_transactions=lambda: open_txns)
+    s.requests(items(1), now=0)
+    assert s.checkpoint_requested(4, now=0) == []  # a write in flight, a transaction open
+    assert s.front_closed() == []  # the write is still in flight
+    assert s.end([1]) == [ready(4, 0)]
+    assert s.checkpoint_finished(4, now=1) == []
+    assert s.checkpoint_requested(5, now=2) == [ready(5, 0)]  # and at the next one

@@ -546,6 +546,13 @@ class CheckpointFinished(Message):
     ckpt_id: int
 
 
+@message(87)
+class FrontClosed(Message):
+    """Supervisor → transaction manager, at a clean stop: the front door is closed, so no
+    client can end a transaction open now. The checkpoint at stop does not wait for them
+    (the next start rolls them back)."""
+
+
 @message(74)
 class FlushTo(Message):
     """Apply everything up to ``lsn`` and make it durable in RocksDB, then answer ``Flushed``."""
