@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, assert_never
+from typing import TYPE_CHECKING, Any, TypeVar, assert_never
 
 import msgpack
 
@@ -37,6 +37,7 @@ from wire.messages import (
     PlacedRow,
     ReadByKey,
     RecordsReply,
+    TxnCommitted,
     TxnStep,
     TxnWrite,
 )
@@ -54,12 +55,45 @@ KV_CREATING_OPS = frozenset({"kv_put", "kv_cas", "txn_kv"})
 # Commits: a namespace they may change is not answered from the cache meanwhile.
 COMMIT_OPS = frozenset({"txn_commit", "xa_commit"})
 TXN_TRACKED_OPS = COMMIT_OPS | {"txn_begin", "xa_start", "txn_abort", "xa_rollback"}
-TXNS_REMEMBERED_MAX = 65536  # transactions begun here whose KV namespaces the front door knows
+# Transactions begun here whose KV namespaces the front door knows, and as many xids of XA
+# branches begun here; and transactions holding compare-and-sets.
+TXNS_REMEMBERED_MAX = 65536
+# What transactions' compare-and-sets hold here (their conditions, until their commit is
+# decided or they end), in bytes: each condition's key and expected value, and
+# COND_OVERHEAD_BYTES (its tuple, list slot and bytes objects' headers; an estimate). Past
+# it a compare-and-set is refused TXN_LIMIT before it is staged. At least twice
+# limits.value_bytes_max, so that a condition on the largest value always fits.
+CONDS_BYTES_MAX = 32 * 1024 * 1024
+COND_OVERHEAD_BYTES = 200
+# A checked commit whose wait expired: its outcome is asked of the transaction manager this
+# long after, and again this long after each answer that did not tell it (``LateCommit``).
+LATE_COMMIT_ASK_MS = 1000
+# Answers that do not say a transaction's write or begin was refused: it may have been
+# taken all the same.
+NOT_REFUSED = (ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE, ErrorCode.INTERNAL)
+# Answers to the question about a late commit that do not tell its outcome: asked again.
+ASK_AGAIN = (*NOT_REFUSED, ErrorCode.BUSY)
 
 KvCond = tuple[int, int, bytes, bytes | None]  # a compare-and-set's txn, topic id, key, expected
 Cond = tuple[int, bytes, bytes | None]  # a transaction's compare-and-set: topic id, key, expected
 Keys = tuple[tuple[int, bytes], ...]
 Parked = tuple[bytes, int, str, dict[str, Any]]  # a client's request: identity, id, op, fields
+K = TypeVar("K")
+
+
+def cond_bytes(key: bytes, expected: bytes | None) -> int:
+    """What a compare-and-set's condition counts against CONDS_BYTES_MAX."""
+    return len(key) + len(expected or b"") + COND_OVERHEAD_BYTES
+
+
+def remembered_by(since: dict[K, float], horizon: float) -> list[K]:
+    """The keys of ``since`` (oldest first) remembered at ``horizon`` or before."""
+    old = []
+    for k, t in since.items():
+        if t > horizon:
+            break
+        old.append(k)
+    return old
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +109,25 @@ class KvRead:
     partition: int = 0  # read_by_key's
 
 
+@dataclass(slots=True)
+class LateCommit:
+    """A checked commit whose wait expired (its client was answered TIMEOUT): it may still
+    be applied, late. Until its outcome is known its keys stay held and its namespaces out
+    of the cache, as while it was in flight: a write of one of its keys logged before it
+    would be overwritten by a commit checked against an older value, and a value cached
+    meanwhile would be stale once it is applied. Known from its own late answer
+    (``KvDoor.late_answer``), or else from the transaction manager, asked on the front
+    door's tick ``LATE_COMMIT_ASK_MS`` after the wait expired (``KvDoor.ask``)."""
+
+    txn: int
+    writes: int  # as the commit said (-1: not said)
+    keys: Keys  # held
+    commit: tuple[int, ...] | None  # the namespaces it may change (None: any)
+    ask_at: float  # when to ask the transaction manager next
+    asking: int = 0  # the question in flight: its correlation id
+    asked: bool = False  # once asked, only the question's answer says it failed (late_answer)
+
+
 class KvDoor:
     """The front door's key/value part: ``door`` is the front door whose waits it uses."""
 
@@ -85,10 +138,18 @@ class KvDoor:
         self.late: dict[int, KeyOp] = {}  # KV writes sent that timed out: their answers
         self.creating: dict[str, list[Parked]] = {}  # namespaces being created: their requests
         # Transactions begun here (their KV namespaces, maybe none), and XA branches by xid:
-        # a commit of one not known may change any namespace.
+        # a commit of one not known may change any namespace. Remembered as the begin is
+        # sent (writes sent behind it in the same frame name their namespaces), and when,
+        # oldest first; forgotten when the transaction manager refuses the begin
+        # (``begin``), when a commit or rollback of it is sent, and ``cond_horizon_s``
+        # after the begin (``forget_old``: ended by then, unseen here, or an XA branch
+        # prepared, whose commit then counts as one that may change any namespace). At
+        # most TXNS_REMEMBERED_MAX of each.
         self.txns: dict[int, set[int]] = {}
+        self.txns_since: dict[int, float] = {}
         self.xids: dict[tuple[Any, ...], int] = {}
-        self.xa: set[int] = set()  # XA branches' transaction ids: no compare-and-set
+        self.xids_since: dict[tuple[Any, ...], float] = {}
+        self.xa: set[int] = set()  # those of txns that are XA branches: no compare-and-set
         self.gets_cached = 0
         # Transactions' compare-and-sets (txn_kv with `expected`), checked at their commit:
         # the conditions by transaction, and the commits waiting to be decided, one at a time.
@@ -102,8 +163,13 @@ class KvDoor:
         self.cond_horizon_s = 2 * cfg.txn.timeout_ms_max / 1000
         # Commits to decide: (corr, txn, writes, conditions).
         self.commits: collections.deque[tuple[int, int, int, list[Cond]]] = collections.deque()
+        # What the conditions in ``conds`` and ``commits`` hold (``cond_bytes``).
+        self.cond_bytes = 0
         self.deciding = False  # the first of commits is being decided or committed
-        self.late_bars: dict[int, Keys] = {}  # commits that timed out: the keys they hold
+        self.sent_commit = (0, 0, -1)  # the checked commit in flight: corr, txn, writes
+        # Checked commits whose wait expired, by correlation id (one at most: the next is
+        # decided once it is let go).
+        self.late_bars: dict[int, LateCommit] = {}
         # The last commit answered here: a read reflecting a later one saw a commit this
         # front door did not send (it restarted meanwhile), so the cache forgets everything.
         self.commit_lsn = 0
@@ -133,9 +199,11 @@ class KvDoor:
         d = self.door
         ns = req["namespace"]
         new = req.get("new") if op == "kv_cas" else req.get("value")
-        if new is not None and len(new) > d.lim.value_bytes_max:
-            raise NodeError(f"value of {len(new)} bytes; at most {d.lim.value_bytes_max} "
-                            f"(limits.value_bytes_max)", ErrorCode.BAD_REQUEST)
+        for name, value in (("value", new), ("expected value", req.get("expected"))):
+            if value is not None and len(value) > d.lim.value_bytes_max:
+                raise NodeError(f"{name} of {len(value)} bytes; at most "
+                                f"{d.lim.value_bytes_max} (limits.value_bytes_max)",
+                                ErrorCode.BAD_REQUEST)
         t = d.topics.get(kv_topic(ns))
         if t is None:  # (an existing namespace's name was checked when it was created)
             protocol.check_name("namespace", ns)
@@ -289,13 +357,19 @@ class KvDoor:
         late = self.late.pop(corr, None)
         return [] if late is None else self.steps(self.state.written(late, lsn))
 
-    def late_answer(self, corr: int) -> list[Out]:
-        """An answer nobody waits for: a commit that timed out has ended, or a KV write
-        that timed out was refused."""
-        bars = self.late_bars.pop(corr, None)
-        if bars is not None:
-            return self.unbar(bars)
-        late = self.late.pop(corr, None)
+    def late_answer(self, msg: Answer) -> list[Out]:
+        """An answer nobody waits for: a checked commit that timed out has ended, or a KV
+        write that timed out was refused."""
+        commit = self.late_bars.get(msg.corr)
+        if commit is not None:
+            if isinstance(msg, TxnCommitted):
+                return self.let_go(msg.corr, msg.lsn)
+            if not commit.asked:  # refused: nothing else can commit it now
+                return self.let_go(msg.corr, 0)
+            # Once the commit was sent again to ask, that may still commit it: only the
+            # question's answer, which comes after, tells.
+            return []
+        late = self.late.pop(msg.corr, None)
         return [] if late is None else self.steps(self.state.written(late, None))
 
     def answer(self, w: Waiting, msg: Answer) -> list[Out]:
@@ -337,6 +411,8 @@ class KvDoor:
         commit's namespaces and keys, a key's write, a key's load (``failure`` fails what
         waits on it)."""
         out: list[Out] = []
+        if w.undecided:
+            out += self.undecided(corr)
         if w.commit is not None:
             out += self.commit_done(w, late_corr=corr if timed_out else 0)
         if w.kv is not None:
@@ -357,6 +433,20 @@ class KvDoor:
             self.late[corr] = op
             return []
         return self.steps(self.state.written(op, None))
+
+    def undecided(self, corr: int) -> list[Out]:
+        """A commit with compare-and-sets failed (it timed out) before it was decided: it was
+        never sent, and its transaction is still open. Its conditions go back, for its retry
+        to be decided on them (dropped, the retry went unchecked, and the transaction
+        manager refused it TXN_CONFLICT); the commits behind it go on."""
+        for entry in self.commits:
+            if entry[0] == corr:
+                self.commits.remove(entry)
+                _corr, txn, _writes, conds = entry
+                self.conds[txn] = conds + self.conds.get(txn, [])
+                self.cond_since.setdefault(txn, self.door.clock)
+                return self.commit_next()
+        return []
 
     def load_failed(self, r: KvRead, failure: Failure) -> list[Out]:
         """A key's value could not be loaded: the compare-and-sets waiting on it fail with
@@ -405,8 +495,9 @@ class KvDoor:
         self.txn_wrote(txn, tid)
         conditional = "expected" in req
         conds = self.conds.get(txn) if conditional else None
+        cost = cond_bytes(key, req.get("expected"))
         if conditional:
-            self.cond_room(txn, conds, now)
+            self.cond_room(txn, conds, cost, now)
         blob = pack(((key, value),))
         corr = d.wait(identity, rid, now)
         if conditional:
@@ -416,11 +507,12 @@ class KvDoor:
                 conds = self.conds[txn] = []
                 self.cond_since[txn] = now
             conds.append((tid, key, req["expected"]))
+            self.cond_bytes += cost
             d.pending[corr].cond = (txn, tid, key, req["expected"])
         return Request(TRANSACTION_MANAGER, corr,
                        TxnWrite(corr, txn, seq, [(tid, 0, 1, blob)], (), conditional))
 
-    def cond_room(self, txn: int, conds: list[Cond] | None, now: float) -> None:
+    def cond_room(self, txn: int, conds: list[Cond] | None, cost: int, now: float) -> None:
         """Refuse a compare-and-set whose condition could not be remembered, before it is
         staged: every staged one is checked at the commit. (Past these bounds they went
         unremembered, and a commit was sent checked against the others, or none.)"""
@@ -429,27 +521,63 @@ class KvDoor:
             raise NodeError("a compare-and-set in a transaction needs a local transaction "
                             "(an XA branch's commit is its coordinator's)",
                             ErrorCode.BAD_REQUEST)
+        self.forget_old(now)
+        bytes_max = max(CONDS_BYTES_MAX, 2 * lim.value_bytes_max)
+        if self.cond_bytes + cost > bytes_max:
+            raise NodeError(f"the compare-and-sets of open transactions hold {self.cond_bytes} "
+                            f"bytes here; {cost} more would pass {bytes_max} "
+                            f"(front_kv.CONDS_BYTES_MAX); retry when some have ended",
+                            ErrorCode.TXN_LIMIT)
         if conds is not None:
             if len(conds) >= lim.batch_records_max:
                 raise NodeError(f"a transaction holds at most {lim.batch_records_max} "
                                 f"compare-and-sets (limits.batch_records_max)",
                                 ErrorCode.TXN_LIMIT)
             return
-        horizon = now - self.cond_horizon_s
-        while self.cond_since:
-            oldest, since = next(iter(self.cond_since.items()))
-            if since > horizon:
-                break
-            self.conds_forget(oldest)
         if len(self.conds) >= TXNS_REMEMBERED_MAX:
             raise NodeError(f"{len(self.conds)} transactions with compare-and-sets are "
                             f"open here, the most there may be; retry when some have "
                             f"ended", ErrorCode.TXN_LIMIT)
 
-    def conds_forget(self, txn: int) -> list[Cond]:
-        """A transaction's conditions, taken out of the table (empty if it had none)."""
+    def conds_take(self, txn: int) -> list[Cond]:
+        """A transaction's conditions, taken out of the table (empty if it had none), still
+        counted in ``cond_bytes``: for its commit to be decided on (``conds_done``)."""
         self.cond_since.pop(txn, None)
         return self.conds.pop(txn, [])
+
+    def conds_done(self, conds: list[Cond]) -> None:
+        """Conditions let go: their bytes no longer count."""
+        self.cond_bytes -= sum(cond_bytes(key, expected) for _tid, key, expected in conds)
+
+    def conds_drop(self, txn: int) -> None:
+        """A transaction ended, or must have: its conditions are let go."""
+        self.conds_done(self.conds_take(txn))
+
+    def forget_old(self, now: float) -> None:
+        """Forget what is remembered of transactions that must have ended: begun, or their
+        first compare-and-set made, ``cond_horizon_s`` ago or more. Their conditions go with
+        them: a commit then goes unchecked, which the transaction manager refuses, never
+        commits."""
+        horizon = now - self.cond_horizon_s
+        for txn in remembered_by(self.txns_since, horizon):
+            self.txn_forget(txn)
+            self.conds_drop(txn)
+        for xid in remembered_by(self.xids_since, horizon):
+            self.xid_forget(xid)
+        for txn in remembered_by(self.cond_since, horizon):
+            self.conds_drop(txn)
+
+    def txn_forget(self, txn: int) -> set[int] | None:
+        """The namespaces a transaction begun here writes, and it forgotten (None: not
+        known here, so it may write any)."""
+        self.txns_since.pop(txn, None)
+        self.xa.discard(txn)
+        return self.txns.pop(txn, None)
+
+    def xid_forget(self, xid: tuple[Any, ...]) -> int:
+        """The transaction of an XA branch begun here (0: not known), the xid forgotten."""
+        self.xids_since.pop(xid, None)
+        return self.xids.pop(xid, 0)
 
     def cond_refused(self, cond: KvCond) -> None:
         """A compare-and-set the transaction manager refused (an unknown transaction, a
@@ -460,8 +588,9 @@ class KvDoor:
         conds = self.conds.get(txn)
         if conds is not None and (tid, key, expected) in conds:
             conds.remove((tid, key, expected))
+            self.conds_done([(tid, key, expected)])
             if not conds:
-                self.conds_forget(txn)
+                self.conds_take(txn)
 
     def conditional_commit(self, identity: bytes, rid: int, req: dict[str, Any],
                            now: float) -> list[Out]:
@@ -472,7 +601,8 @@ class KvDoor:
         back and the commit answered TXN_CONFLICT."""
         txn = req["txn"]
         corr = self.door.wait(identity, rid, now)
-        self.commits.append((corr, txn, req.get("writes", -1), self.conds_forget(txn)))
+        self.door.pending[corr].undecided = True
+        self.commits.append((corr, txn, req.get("writes", -1), self.conds_take(txn)))
         return self.commit_next()
 
     def commit_next(self) -> list[Out]:
@@ -482,7 +612,7 @@ class KvDoor:
             corr, txn, writes, conds = self.commits[0]
             w = d.pending.get(corr)
             if w is None:  # timed out waiting
-                self.commits.popleft()
+                self.conds_done(self.commits.popleft()[3])
                 continue
             keys = tuple(dict.fromkeys((tid, key) for tid, key, _e in conds))
             values, loads = self.state.settled(keys)
@@ -491,9 +621,10 @@ class KvDoor:
                 out += self.steps(loads)
                 self.deciding = False
                 return out
-            self.commits.popleft()
+            self.conds_done(self.commits.popleft()[3])
+            w.undecided = False
             if all(values[(tid, key)] == expected for tid, key, expected in conds):
-                tids = self.txns.pop(txn, None)
+                tids = self.txn_forget(txn)
                 # With its compare-and-sets' namespaces: a write sent before its begin is not
                 # in ``txns``, and an empty set made the commit's end (``commit_done``,
                 # where () is "unknown") take back a commit anywhere that never started.
@@ -504,10 +635,11 @@ class KvDoor:
                 self.state.bar(keys)
                 w.commit, w.barred = (commit if commit is not None else ()), keys
                 self.deciding = True
+                self.sent_commit = (corr, txn, writes)
                 out.append(Request(TRANSACTION_MANAGER, corr,
                                    TxnStep(corr, txn, None, "commit", writes, checked=True)))
                 return out
-            self.txns.pop(txn, None)
+            self.txn_forget(txn)
             w.then = self.conflict(txn)
             out.append(Request(TRANSACTION_MANAGER, corr, TxnStep(corr, txn, None, "rollback")))
         return out
@@ -529,17 +661,13 @@ class KvDoor:
         txn = req.get("txn", 0)
         xid = tuple(req["xid"]) if "xid" in req else None
         if op in ("txn_begin", "xa_start"):
-            if txn and len(self.txns) < TXNS_REMEMBERED_MAX:
-                self.txns.setdefault(txn, set())
-                if xid is not None:
-                    self.xids[xid] = txn
-                    self.xa.add(txn)
+            if txn:  # (not a transaction manager's pick, unknown here)
+                w.then = self.begin(txn, xid)
             return
         if xid is not None:
-            txn = self.xids.pop(xid, 0)
-            self.xa.discard(txn)
-        self.conds_forget(txn)  # rolled back, or (a retry) committed already
-        tids = self.txns.pop(txn, None) if txn else None
+            txn = self.xid_forget(xid)
+        self.conds_drop(txn)  # rolled back, or (a retry) committed already
+        tids = self.txn_forget(txn) if txn else None
         if op not in COMMIT_OPS:
             return  # rolled back: nothing of it becomes visible
         if tids is not None and not tids:
@@ -547,6 +675,45 @@ class KvDoor:
         commit = None if tids is None else tuple(sorted(tids))
         self.state.commit_started(commit)
         w.commit = commit if commit is not None else ()
+
+    def begin(self, txn: int, xid: tuple[Any, ...] | None) -> Then:
+        """Remember a begin as it is sent (a retry of one keeps what its writes named), and
+        what it changed: refused, it began nothing, and that is undone when it is answered.
+        Not on a timeout: it may have begun, and its writes may be staged (forgotten, a
+        retried begin would remember it as writing no namespace, and its commit would leave
+        stale values cached); ``forget_old`` forgets it later."""
+        now = self.door.clock
+        self.forget_old(now)
+        new_txn = txn not in self.txns and len(self.txns) < TXNS_REMEMBERED_MAX
+        if new_txn:
+            self.txns[txn] = set()
+            self.txns_since[txn] = now
+            if xid is not None:
+                self.xa.add(txn)
+        had = None if xid is None else self.xids.get(xid)
+        new_xid = (xid is not None and txn in self.txns and had != txn
+                   and (had is not None or len(self.xids) < TXNS_REMEMBERED_MAX))
+        if new_xid:
+            assert xid is not None
+            self.xid_forget(xid)
+            self.xids[xid] = txn  # (a branch that ended unseen may have had it)
+            self.xids_since[xid] = now
+
+        def done(w: Waiting, ok: Fields | None, err: Failure | None) -> list[Out]:
+            d = self.door
+            if err is None:
+                assert ok is not None
+                return [Reply(w.identity, protocol.ok(w.rid, **ok))]
+            if err[0] not in NOT_REFUSED:
+                if new_txn:
+                    self.txn_forget(txn)
+                if new_xid and xid is not None and self.xids.get(xid) == txn:
+                    self.xid_forget(xid)
+                    if had is not None:
+                        self.xids[xid], self.xids_since[xid] = had, d.clock
+            d.errors += 1
+            return [Reply(w.identity, protocol.error(w.rid, *err))]
+        return done
 
     def commit_started(self, w: Waiting, tids: tuple[int, ...]) -> None:
         """A whole transaction (``txn_once``) writing topics ``tids`` is on its way: no read
@@ -572,18 +739,69 @@ class KvDoor:
 
     def commit_done(self, w: Waiting, late_corr: int = 0) -> list[Out]:
         """A commit that may change KV namespaces was answered (or failed; ``late_corr``:
-        it timed out, and may still be committed: the keys it holds stay held until its
-        answer comes, ``unbar``)."""
+        it timed out, and may still be committed: a checked one holds its keys and
+        namespaces until its outcome is known, ``LateCommit``)."""
         commit, w.commit = w.commit, None
+        if w.barred and late_corr:
+            corr, txn, writes = self.sent_commit
+            assert corr == late_corr, (corr, late_corr)
+            ask_at = self.door.clock + LATE_COMMIT_ASK_MS / 1000
+            self.late_bars[corr] = LateCommit(txn, writes, w.barred, commit or None, ask_at)
+            return []
         out = self.steps(self.state.commit_ended(commit or None))
         if w.barred:
-            if late_corr:
-                self.late_bars[late_corr] = w.barred
-                return out
             out += self.unbar(w.barred)
         return out
 
     def unbar(self, keys: Keys) -> list[Out]:
         self.deciding = False
+        self.sent_commit = (0, 0, -1)
         return self.steps(self.state.unbar(keys))
+
+    def let_go(self, corr: int, lsn: int) -> list[Out]:
+        """A checked commit that timed out has ended (``lsn``: committed there; 0: not, or
+        so long ago that the transaction manager forgot it): later reads wait for it, its
+        namespaces' cached values are dropped, and its keys let go."""
+        late = self.late_bars.pop(corr)
+        d = self.door
+        if lsn:
+            d.lsn_seen = max(d.lsn_seen, lsn)
+            self.committed(lsn)
+        out = self.steps(self.state.commit_ended(late.commit))
+        return out + self.unbar(late.keys)
+
+    def tick(self, now: float) -> list[Out]:
+        """Forget transactions that must have ended, and ask about checked commits that
+        timed out and are still not known to have ended."""
+        self.forget_old(now)
+        return [self.ask(corr, late, now) for corr, late in list(self.late_bars.items())
+                if not late.asking and late.ask_at <= now]
+
+    def ask(self, corr: int, late: LateCommit, now: float) -> Request:
+        """Ask the transaction manager how a checked commit that timed out ended: by
+        sending it again, as its client's retry would. While its keys are held (no write of
+        them logged since it was decided) that is as safe as the first: if the first came,
+        it answers the first's outcome once durable (the log manager's ledger); if it never
+        did, it commits now, on conditions that still hold; if the transaction has ended
+        otherwise (rolled back, timed out, a restart), it says so. The transaction manager
+        takes the front door's messages in order, so the answer comes after the first's
+        and after every earlier question's: it is the outcome, durable."""
+        d = self.door
+        q = d.wait(b"", 0, now, bounded=False)  # one at a time, of one commit at most
+        late.asking, late.asked = q, True
+
+        def answered(_w: Waiting, ok: Fields | None, err: Failure | None) -> list[Out]:
+            if self.late_bars.get(corr) is not late or late.asking != q:
+                return []  # let go already (the commit's own answer came)
+            late.asking = 0
+            if err is None:
+                return self.let_go(corr, (ok or {}).get("lsn", 0))
+            if err[0] in ASK_AGAIN:  # not told: the keys stay held, and it is asked again
+                late.ask_at = d.clock + LATE_COMMIT_ASK_MS / 1000
+                return []
+            return self.let_go(corr, 0)  # rolled back, or forgotten long ago: ended
+
+        d.pending[q].then = answered
+        return Request(TRANSACTION_MANAGER, q,
+                       TxnStep(q, late.txn, None, "commit", late.writes, checked=True))
 

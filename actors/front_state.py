@@ -26,7 +26,7 @@ import msgpack
 
 from actors.cluster_state import ClusterView, Gather, join_offsets, join_produce
 from actors.front_cluster import ClusterDoor
-from actors.front_kv import KV_OPS, TXN_TRACKED_OPS, KvCond, KvDoor, KvRead
+from actors.front_kv import KV_OPS, NOT_REFUSED, TXN_TRACKED_OPS, KvCond, KvDoor, KvRead
 from actors.instructions import Produce, Reply, Request, ToPeer
 from actors.kv_state import KeyOp
 from actors.memory_topics import MemoryTopics, OutOfRange
@@ -113,8 +113,6 @@ Route = Callable[[dict[str, Any]], Target]
 # An answer to a request the front door waits on, as the fields of a reply, or an error.
 Fields = dict[str, Any]
 Failure = tuple[int, str]
-# Answers that do not say a transaction's write was refused: it may be staged all the same.
-NOT_REFUSED = (ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE, ErrorCode.INTERNAL)
 # What to do with a request's answer instead of replying (the request is one of the front
 # door's own steps): given the waiting entry, the fields or the failure, the instructions.
 Then = Callable[["Waiting", Fields | None, Failure | None], list[Out]]
@@ -156,6 +154,7 @@ class Waiting:
     commit: tuple[int, ...] | None = None  # a commit: the KV namespaces it may change
     barred: tuple[tuple[int, bytes], ...] = ()  # its compare-and-sets' keys, held meanwhile
     cond: KvCond | None = None  # a transaction's compare-and-set: its condition, remembered
+    undecided: bool = False  # a commit with compare-and-sets waiting for its decision
 
 
 class FrontDoorState:
@@ -341,7 +340,7 @@ class FrontDoorState:
         place, and its part of KV state (``KvDoor.give_back``)."""
         if w.peer and self.cluster is not None:
             self.cluster.forward_ended()
-        if w.commit is None and w.kv is None and w.kv_read is None:
+        if w.commit is None and w.kv is None and w.kv_read is None and not w.undecided:
             return []
         return self.kv.give_back(corr, w, failure, timed_out)
 
@@ -422,9 +421,11 @@ class FrontDoorState:
         return {"shards": rows, "writers": [g.replies[i]["writer"] for i in sorted(g.replies)]}
 
     def tick(self, now: float) -> list[Out]:
-        """Copy the catalog every ``catalog_sync_ms`` (a member other than the catalog's)."""
+        """Copy the catalog every ``catalog_sync_ms`` (a member other than the catalog's);
+        what KV state waits for in time (``KvDoor.tick``)."""
         self.clock = now
-        return [] if self.cluster is None else self.cluster.tick(now)
+        out = self.kv.tick(now)
+        return out if self.cluster is None else out + self.cluster.tick(now)
 
     # ---- routes: an op's checked fields → (the actor, the message given its corr) ------
 
@@ -694,6 +695,7 @@ class FrontDoorState:
             for tid in self.memory_tids - memory:
                 self.memory.drop(tid)  # deleted
             self.memory_tids = memory
+            self.kv.state.catalog({t.topic_id for t in msg.topics})  # deleted ones go
             # A restarted front door has acknowledged nothing yet, but its clients may have
             # been told of writes up to the durable LSN: reads wait for those too.
             self.lsn_seen = max(self.lsn_seen, msg.version, msg.durable_lsn)
@@ -723,7 +725,7 @@ class FrontDoorState:
             return self.ack(msg.corr, msg.lsn, msg.parts)
         w = self.pending.pop(msg.corr, None)
         if w is None:
-            return self.kv.late_answer(msg.corr)
+            return self.kv.late_answer(msg)
         if w.kv is not None or w.kv_read is not None:
             return self.kv.answer(w, msg)
         out = self.kv.commit_done(w) if w.commit is not None else []

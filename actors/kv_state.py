@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import collections
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass, field
 
 # What an entry costs beyond its key's and value's lengths: the ordered dict's slot and
@@ -172,6 +172,7 @@ class KvState:
         # Keys whose writes wait for a transaction's commit, decided on their values (its
         # compare-and-sets): nothing of them is sent until the commit is answered.
         self.barred: set[Key] = set()
+        self.topics: set[int] = set()  # the topic ids of the catalog (``catalog``)
 
     # ---- reads --------------------------------------------------------------------
 
@@ -410,6 +411,22 @@ class KvState:
             if line is not None:
                 out += self.pump(k, line)
         return out
+
+    def catalog(self, tids: Set[int]) -> None:
+        """The catalog now holds these topics (and namespaces): what is kept of the others,
+        deleted (their entries, generations, last acknowledged LSN), goes. A topic id is
+        never used again, so nothing read or written before can match a new topic's; what
+        is still waiting or in flight keeps its line until answered."""
+        gone = self.topics - tids
+        self.topics = set(tids)
+        for per_topic in (self.acked_lsn, self.generation):
+            for tid in [t for t in per_topic if t not in tids]:
+                del per_topic[tid]
+        for part in [k for k in self.partition_generation if k[0] not in tids]:
+            del self.partition_generation[part]
+        if gone:  # (and a value a read filled after an earlier deletion)
+            for k in [k for k in self.cache.entries if k[0] not in tids]:
+                self.cache.drop(k)
 
     def forget(self) -> None:
         """Something may have changed any namespace (a commit this front door did not see):

@@ -655,3 +655,41 @@ def test_compare_and_sets_past_the_bounds_are_refused_never_committed_unchecked(
     (commit,) = s.request(ID, req("txn_commit", rid=6, txn=5), now=later)
     assert isinstance(commit, Request) and isinstance(commit.msg, TxnStep)
     assert commit.msg.checked is False
+
+
+def test_a_commit_with_compare_and_sets_that_timed_out_undecided_is_decided_at_its_retry() -> None:
+    """A commit with compare-and-sets is decided once nothing of its keys is in flight. One
+    that times out before it is decided was never sent (a put of its key held at a blocking
+    checkpoint's gate, which waits for this transaction, keeps it waiting past its time):
+    its conditions stay for its retry. They were dropped with it, so the client's retry
+    went to the transaction manager unchecked and was refused TXN_CONFLICT, as after a
+    restart of the front door, and the transaction could only be rolled back."""
+    s = state(request_timeout_ms=1000)
+    (begin,) = s.request(ID, req("txn_begin", rid=1, txn=5), now=0.0)
+    assert isinstance(begin, Request)
+    s.answer(TxnId(begin.corr, 5))
+    (write,) = s.request(ID, req("txn_kv", rid=2, txn=5, seq=0, namespace="cfg", key=b"k",
+                                 value=b"new", expected=b"old"), now=0.0)
+    assert isinstance(write, Request)
+    s.answer(TxnWritten(write.corr, 4, 1))
+    (put,) = s.request(ID, req("kv_put", rid=3, namespace="cfg", key=b"k", value=b"old",
+                               producer_id=1, seq=0), now=0.0)
+    assert isinstance(put, Produce)  # in flight: the commit waits for it
+    assert s.request(ID, req("txn_commit", rid=4, txn=5, writes=1), now=0.0) == []
+    late = [reply_of(r) for r in s.expire(1.0)]  # both: the put may still be logged
+    assert [(r["id"], r["code"]) for r in late] == [(3, ErrorCode.TIMEOUT), (4, ErrorCode.TIMEOUT)]
+    assert s.request(ID, req("txn_commit", rid=5, txn=5, writes=1), now=1.1) == []  # waits again
+    (commit,) = s.ack(put.corr, 6, [(0, 0, 1)])  # the put's late answer: its value is known
+    assert isinstance(commit, Request) and isinstance(commit.msg, TxnStep)
+    assert (commit.msg.step, commit.msg.checked) == ("commit", True)  # decided on b"old"
+    (rep,) = s.answer(TxnCommitted(commit.corr, 7, []))
+    assert (reply_of(rep)["id"], reply_of(rep)["ok"]) == (5, True)
+    assert not s.pending and not s.kv.commits and not s.kv.conds
+
+
+def test_a_deleted_topic_leaves_nothing_in_the_kv_state() -> None:
+    s = state()
+    s.kv.partitions_written(1, [(p, 0, 1) for p in range(4)])
+    s.kv.partitions_written(3, [(0, 0, 1)])
+    s.catalog(Catalog(8, [Topic("one", 1, 2), Topic("kv:cfg", 1, 3)], 8))  # "t" deleted
+    assert set(s.kv.state.partition_generation) == {(3, 0)}

@@ -229,3 +229,38 @@ def test_a_transactions_keys_are_settled_then_held_until_its_commit_is_answered(
     assert s.write(later) == []  # held: it would land between the check and the commit
     assert s.unbar([a, b]) == [Send(later)]
 
+
+
+def test_what_is_kept_of_deleted_topics_goes_with_them() -> None:
+    """50 create/delete cycles of 1 024-partition topics left 51 200 entries, and no topic."""
+    s = KvState(1 << 20)
+    s.catalog({NS})
+    for cycle in range(50):
+        tid = 100 + cycle  # a new topic each time: ids are never used again
+        s.catalog({NS, tid})
+        s.partitions_written(tid, [(p, 0, 1) for p in range(1024)])
+        s.read_filled(tid, 0, b"k", b"rows", 10, s.read_generation(tid, 0))
+        op = KeyOp(cycle, tid, b"k", b"v")
+        s.write(op)
+        s.written(op, 10 + cycle)
+        s.commit_started([tid])
+        s.commit_ended([tid])
+        s.catalog({NS})  # deleted
+    assert s.partition_generation == {} and s.acked_lsn == {} and s.generation == {}
+    assert not s.cache.entries and s.cache.bytes == 0 and not s.lines
+
+
+def test_a_catalog_change_keeps_what_its_topics_have() -> None:
+    s = KvState(1 << 20)
+    s.catalog({NS, 8})
+    op = put(1, b"k", b"v")
+    s.write(op)
+    s.written(op, 10)
+    s.partitions_written(NS, [(2, 0, 1)])
+    s.commit_started([NS])
+    s.commit_ended([NS])
+    kept = (dict(s.acked_lsn), dict(s.generation), dict(s.partition_generation))
+    s.catalog({NS})  # topic 8 deleted, the namespace kept
+    assert (s.acked_lsn, s.generation, s.partition_generation) == kept
+    s.written(put(2, b"k", b"w"), 11)
+    assert s.cached(NS, b"k") == (True, b"w")
