@@ -33,7 +33,7 @@ import collections
 import itertools
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,16 +161,19 @@ class World:
 
 class Fuzzer:
     """Frames of requests, valid and mutated, drawn from ``random.Random(seed)``; another
-    ``stream`` than 0 draws others from the same seed (one for each member of a cluster)."""
+    ``stream`` than 0 draws others from the same seed (one for each member of a cluster).
+    ``weights``: how often an op is picked after the first round, against 1 for an op it
+    does not name (tests/test_fuzz_blocking.py picks checkpoints and transactions more)."""
 
-    def __init__(self, world: World, stream: int = 0) -> None:
+    def __init__(self, world: World, stream: int = 0,
+                 weights: Mapping[str, float] = OP_WEIGHTS) -> None:
         self.rng = random.Random(world.seed if stream == 0 else f"{world.seed}/{stream}")
         self.w = world
         self.stream = stream
         self.exports = 0  # exports asked for into a fresh directory
         self.ids = itertools.count(1)
         self.ops = sorted(OPS)
-        self.weights = [OP_WEIGHTS.get(op, 1.0) for op in self.ops]
+        self.weights = [weights.get(op, 1.0) for op in self.ops]
         # Every op goes out as the table has it and mutated first, then ops drawn at random.
         self.first = [(op, mutated) for op in self.ops for mutated in (False, True)]
 
@@ -562,10 +565,12 @@ class Exchange:
     what is wrong is collected in ``problems``."""
 
     def __init__(self, endpoint: str, seed: int, name: str = "",
-                 answer_wait_ms: int = ANSWER_WAIT_MS) -> None:
+                 answer_wait_ms: int = ANSWER_WAIT_MS, in_flight_max: int = IN_FLIGHT_MAX
+                 ) -> None:
         self.seed = seed
         self.name = name  # in each problem's text, after the seed (a cluster's member)
         self.answer_wait_ms = answer_wait_ms  # past the node's request_timeout_ms
+        self.in_flight_max = in_flight_max  # answers awaited before more is sent
         self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
@@ -602,7 +607,7 @@ class Exchange:
         # Past twice the limit ZeroMQ drops the connection (front_door: MAXMSGSIZE).
         assert all(len(part) < 2 * FRAME_MAX for part in frame.parts), self.seed
         self.sock.send_multipart(frame.parts)
-        while len(self.awaited) + self.anonymous_expected - self.anonymous_got > IN_FLIGHT_MAX:
+        while len(self.awaited) + self.anonymous_expected - self.anonymous_got > self.in_flight_max:
             self.receive()
 
     def settle(self) -> None:
