@@ -189,8 +189,8 @@ class TransactionManager(Actor):
                 if not self.send_bytes(LOG_MANAGER, frame, wait_ms=1000):
                     # The log manager is behind or restarting: these never began.
                     unsent = [c for cs, _f in passing[i:] for c in cs]
-                    self.state.end(unsent)
                     self.perform([busy(corr) for corr in unsent])
+                    self.perform(self.state.end(unsent))  # a closed gate may say ready
                     break
         if self.incoming:
             incoming, self.incoming = self.incoming, []
@@ -213,8 +213,8 @@ class TransactionManager(Actor):
                     unsent = self.send_writes(role, writes, wait_ms=1000)
                     if unsent:
                         # The log manager is behind or restarting: the rest never began.
-                        self.state.end(unsent)
                         self.perform([busy(corr) for corr in unsent])
+                        self.perform(self.state.end(unsent))  # a closed gate may say ready
                 case Send(role, msg, wait_ms):
                     if role == LOG_MANAGER:
                         self.flush_to_log()  # in the order they were made

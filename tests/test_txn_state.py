@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from actors.base import ActorContext
 from actors.instructions import Forward, Send
-from actors.roles import LOG_MANAGER
+from actors.roles import LOG_MANAGER, TRANSACTION_MANAGER
 from actors.txn_state import TxnState, busy
+from config import load_config
 from wire.messages import CheckpointReady, ProduceRow, Writes
 
 
@@ -149,3 +155,31 @@ def test_once_the_front_door_is_closed_the_gate_waits_no_more_for_open_transacti
     assert s.end([1]) == [ready(4, 0)]
     assert s.checkpoint_finished(4, now=1) == []
     assert s.checkpoint_requested(5, now=2) == [ready(5, 0)]  # and at the next one
+
+
+def test_writes_the_log_manager_could_not_take_end_at_once_and_the_gate_says_ready(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The transaction manager's shell: writes it could not pass on (the log manager's
+    mailbox full) are answered BUSY and end, and a blocking gate waiting for them says
+    ready then (what ``end`` said was dropped: ready waited for the next tick)."""
+    from actors.transaction_manager import TransactionManager
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = load_config(overrides={"log": {"checkpoint_mode": "blocking"}})
+    tm = TransactionManager(ActorContext(TRANSACTION_MANAGER, cfg.to_dict(), str(run_dir), 0))
+    try:
+        sent: list[tuple[str, object]] = []
+
+        def send(role: str, msg: object, wait_ms: int = 0) -> bool:
+            sent.append((role, msg))
+            return True
+
+        monkeypatch.setattr(tm, "send", send)
+        monkeypatch.setattr(tm, "send_writes", lambda role, writes, wait_ms=0: writes.corrs)
+        (fwd,) = tm.state.requests(items(1, 2), now=0)
+        assert tm.state.checkpoint_requested(4, now=0) == []  # waits for writes 1 and 2
+        tm.perform([fwd])
+        assert (LOG_MANAGER, CheckpointReady(4, 0)) in sent
+    finally:
+        tm.close()
