@@ -59,6 +59,7 @@ from wire.messages import (
     TopicsReply,
     TxnCommitted,
     TxnId,
+    TxnOutcome,
     TxnsReply,
     TxnWritten,
     ValueReply,
@@ -312,7 +313,7 @@ class FrontDoor(Actor):
                 self.state.catalog(msg)
             case (Ack() | Done() | RecordsReply() | ValueReply() | TopicsReply() | StatusReply()
                   | OffsetsReply() | ErrorReply() | TxnId() | TxnWritten() | TxnCommitted()
-                  | TxnsReply() | ShardsReply()
+                  | TxnOutcome() | TxnsReply() | ShardsReply()
                   | Exported()):
                 self.perform(self.state.answer(msg))
             case _:

@@ -37,6 +37,7 @@ from wire.messages import (
     PlacedRow,
     ReadByKey,
     RecordsReply,
+    TxnAsk,
     TxnCommitted,
     TxnStep,
     TxnWrite,
@@ -73,10 +74,15 @@ LATE_COMMIT_ASK_MS = 1000
 NOT_REFUSED = (ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE, ErrorCode.INTERNAL)
 # Answers to the question about a late commit that do not tell its outcome: asked again.
 ASK_AGAIN = (*NOT_REFUSED, ErrorCode.BUSY)
+# Refusals of a checked commit that leave its transaction open (the transaction manager
+# refused it before committing, or reopened it when the log manager could not take it):
+# its conditions go back to the transaction, for the client's retry to be checked on them.
+LEAVES_OPEN = (ErrorCode.BUSY, ErrorCode.TXN_STATE, ErrorCode.TXN_LIMIT)
 
 KvCond = tuple[int, int, bytes, bytes | None]  # a compare-and-set's txn, topic id, key, expected
 Cond = tuple[int, bytes, bytes | None]  # a transaction's compare-and-set: topic id, key, expected
 Keys = tuple[tuple[int, bytes], ...]
+Decided = tuple[int, list[Cond]]  # a checked commit sent: its transaction and conditions
 Parked = tuple[bytes, int, str, dict[str, Any]]  # a client's request: identity, id, op, fields
 K = TypeVar("K")
 
@@ -115,17 +121,19 @@ class LateCommit:
     be applied, late. Until its outcome is known its keys stay held and its namespaces out
     of the cache, as while it was in flight: a write of one of its keys logged before it
     would be overwritten by a commit checked against an older value, and a value cached
-    meanwhile would be stale once it is applied. Known from its own late answer
-    (``KvDoor.late_answer``), or else from the transaction manager, asked on the front
-    door's tick ``LATE_COMMIT_ASK_MS`` after the wait expired (``KvDoor.ask``)."""
+    meanwhile would be stale once it is applied. Its conditions stay with it: given back to
+    the transaction if it turns out open, let go if it committed or ended. Known from its
+    own late answer (``KvDoor.late_answer``), or else from the transaction manager, asked
+    on the front door's tick ``LATE_COMMIT_ASK_MS`` after the wait expired (``KvDoor.ask``:
+    a question, which changes nothing)."""
 
+    corr: int  # the commit's
     txn: int
-    writes: int  # as the commit said (-1: not said)
+    conds: list[Cond]
     keys: Keys  # held
     commit: tuple[int, ...] | None  # the namespaces it may change (None: any)
     ask_at: float  # when to ask the transaction manager next
     asking: int = 0  # the question in flight: its correlation id
-    asked: bool = False  # once asked, only the question's answer says it failed (late_answer)
 
 
 class KvDoor:
@@ -166,10 +174,9 @@ class KvDoor:
         # What the conditions in ``conds`` and ``commits`` hold (``cond_bytes``).
         self.cond_bytes = 0
         self.deciding = False  # the first of commits is being decided or committed
-        self.sent_commit = (0, 0, -1)  # the checked commit in flight: corr, txn, writes
-        # Checked commits whose wait expired, by correlation id (one at most: the next is
+        # The checked commit whose wait expired, until its outcome is known (the next is
         # decided once it is let go).
-        self.late_bars: dict[int, LateCommit] = {}
+        self.late_commit: LateCommit | None = None
         # The last commit answered here: a read reflecting a later one saw a commit this
         # front door did not send (it restarted meanwhile), so the cache forgets everything.
         self.commit_lsn = 0
@@ -360,17 +367,16 @@ class KvDoor:
     def late_answer(self, msg: Answer) -> list[Out]:
         """An answer nobody waits for: a checked commit that timed out has ended, or a KV
         write that timed out was refused."""
-        commit = self.late_bars.get(msg.corr)
-        if commit is not None:
+        late = self.late_commit
+        if late is not None and msg.corr == late.corr:
+            # Its outcome: nothing else can commit the transaction meanwhile (the question
+            # changes nothing, and a retry of the commit waits for this one's outcome).
             if isinstance(msg, TxnCommitted):
-                return self.let_go(msg.corr, msg.lsn)
-            if not commit.asked:  # refused: nothing else can commit it now
-                return self.let_go(msg.corr, 0)
-            # Once the commit was sent again to ask, that may still commit it: only the
-            # question's answer, which comes after, tells.
-            return []
-        late = self.late.pop(msg.corr, None)
-        return [] if late is None else self.steps(self.state.written(late, None))
+                return self.let_go(msg.lsn)
+            return self.let_go(0, still_open=isinstance(msg, ErrorReply)
+                               and msg.code in LEAVES_OPEN)
+        op = self.late.pop(msg.corr, None)
+        return [] if op is None else self.steps(self.state.written(op, None))
 
     def answer(self, w: Waiting, msg: Answer) -> list[Out]:
         """An answer to a KV write (one that failed: durable ones are acks) or read."""
@@ -414,7 +420,9 @@ class KvDoor:
         if w.undecided:
             out += self.undecided(corr)
         if w.commit is not None:
-            out += self.commit_done(w, late_corr=corr if timed_out else 0)
+            # Failed here without timing out, it was never sent: its transaction is open.
+            out += self.commit_done(w, still_open=not timed_out,
+                                    late_corr=corr if timed_out else 0)
         if w.kv is not None:
             out += self.failed(corr, w.kv, timed_out)
         if w.kv_read is not None and w.kv_read.kind == "load":
@@ -443,8 +451,7 @@ class KvDoor:
             if entry[0] == corr:
                 self.commits.remove(entry)
                 _corr, txn, _writes, conds = entry
-                self.conds[txn] = conds + self.conds.get(txn, [])
-                self.cond_since.setdefault(txn, self.door.clock)
+                self.conds_restore(txn, conds)
                 return self.commit_next()
         return []
 
@@ -463,8 +470,7 @@ class KvDoor:
         k = (r.tid, r.key)
         if self.commits and any((tid, key) == k for tid, key, _e in self.commits[0][3]):
             corr, txn, _writes, conds = self.commits.popleft()
-            self.conds[txn] = conds + self.conds.get(txn, [])
-            self.cond_since.setdefault(txn, d.clock)
+            self.conds_restore(txn, conds)
             w = d.pending.pop(corr, None)
             if w is not None:
                 out += d.settle(w, None, failure)
@@ -553,6 +559,28 @@ class KvDoor:
         """A transaction ended, or must have: its conditions are let go."""
         self.conds_done(self.conds_take(txn))
 
+    def conds_restore(self, txn: int, conds: list[Cond]) -> None:
+        """Conditions of a commit that did not commit, given back to their transaction,
+        which is still open: to a commit of it waiting to be decided (a retry sent while
+        they were out), else to the table, for the next. (Dropped, the retry went unchecked
+        and was refused TXN_CONFLICT, or was checked against the conditions staged since
+        only, and a key written meanwhile was overwritten: a lost update.)"""
+        if not conds:
+            return
+        for _corr, waiting_txn, _writes, waiting in self.commits:
+            if waiting_txn == txn:
+                waiting[:0] = conds
+                return
+        self.conds[txn] = conds + self.conds.get(txn, [])
+        self.cond_since.setdefault(txn, self.door.clock)
+
+    def checks(self, txn: int) -> bool:
+        """Whether a commit of ``txn`` is to be decided here: it has conditions, or a
+        commit of it that timed out holds them (a retry then waits for its outcome, and
+        takes them back if the transaction is still open)."""
+        late = self.late_commit
+        return txn in self.conds or (late is not None and late.txn == txn)
+
     def forget_old(self, now: float) -> None:
         """Forget what is remembered of transactions that must have ended: begun, or their
         first compare-and-set made, ``cond_horizon_s`` ago or more. Their conditions go with
@@ -610,10 +638,7 @@ class KvDoor:
         out: list[Out] = []
         while self.commits and not self.deciding:
             corr, txn, writes, conds = self.commits[0]
-            w = d.pending.get(corr)
-            if w is None:  # timed out waiting
-                self.conds_done(self.commits.popleft()[3])
-                continue
+            w = d.pending[corr]  # (one that timed out waiting left the queue: ``undecided``)
             keys = tuple(dict.fromkeys((tid, key) for tid, key, _e in conds))
             values, loads = self.state.settled(keys)
             if values is None:
@@ -621,7 +646,7 @@ class KvDoor:
                 out += self.steps(loads)
                 self.deciding = False
                 return out
-            self.conds_done(self.commits.popleft()[3])
+            self.commits.popleft()
             w.undecided = False
             if all(values[(tid, key)] == expected for tid, key, expected in conds):
                 tids = self.txn_forget(txn)
@@ -634,11 +659,14 @@ class KvDoor:
                 self.state.commit_started(commit)
                 self.state.bar(keys)
                 w.commit, w.barred = (commit if commit is not None else ()), keys
+                # The conditions go with it until its outcome is known: given back if it
+                # leaves the transaction open (``commit_done``).
+                w.decided = (txn, conds)
                 self.deciding = True
-                self.sent_commit = (corr, txn, writes)
                 out.append(Request(TRANSACTION_MANAGER, corr,
                                    TxnStep(corr, txn, None, "commit", writes, checked=True)))
                 return out
+            self.conds_done(conds)  # rolled back: they are let go
             self.txn_forget(txn)
             w.then = self.conflict(txn)
             out.append(Request(TRANSACTION_MANAGER, corr, TxnStep(corr, txn, None, "rollback")))
@@ -691,26 +719,34 @@ class KvDoor:
             if xid is not None:
                 self.xa.add(txn)
         had = None if xid is None else self.xids.get(xid)
-        new_xid = (xid is not None and txn in self.txns and had != txn
-                   and (had is not None or len(self.xids) < TXNS_REMEMBERED_MAX))
+        # An xid free here is remembered as the begin is sent; one held by another branch
+        # only once the begin is answered OK (replaced as it was sent, a commit by that xid
+        # sent before the refusal came back took the new entry, "writes no namespace", and
+        # the branch's namespaces stayed cached). Meanwhile a commit by xid names the other
+        # branch's namespaces, or (not known) any: never fewer than it may change.
+        new_xid = (xid is not None and txn in self.txns and had is None
+                   and len(self.xids) < TXNS_REMEMBERED_MAX)
+        taken_xid = xid is not None and txn in self.txns and had is not None and had != txn
         if new_xid:
             assert xid is not None
-            self.xid_forget(xid)
-            self.xids[xid] = txn  # (a branch that ended unseen may have had it)
+            self.xids[xid] = txn
             self.xids_since[xid] = now
 
         def done(w: Waiting, ok: Fields | None, err: Failure | None) -> list[Out]:
             d = self.door
             if err is None:
                 assert ok is not None
+                if taken_xid and xid is not None:  # the other branch had ended unseen
+                    self.xid_forget(xid)
+                    self.xids[xid], self.xids_since[xid] = txn, d.clock
                 return [Reply(w.identity, protocol.ok(w.rid, **ok))]
             if err[0] not in NOT_REFUSED:
                 if new_txn:
                     self.txn_forget(txn)
                 if new_xid and xid is not None and self.xids.get(xid) == txn:
                     self.xid_forget(xid)
-                    if had is not None:
-                        self.xids[xid], self.xids_since[xid] = had, d.clock
+            elif taken_xid and xid is not None and self.xids.get(xid) == had:
+                self.xid_forget(xid)  # it may have begun: its xid's commit may change any
             d.errors += 1
             return [Reply(w.identity, protocol.error(w.rid, *err))]
         return done
@@ -737,71 +773,92 @@ class KvDoor:
             self.commit_lsn = commit_lsn
             self.state.forget()
 
-    def commit_done(self, w: Waiting, late_corr: int = 0) -> list[Out]:
-        """A commit that may change KV namespaces was answered (or failed; ``late_corr``:
-        it timed out, and may still be committed: a checked one holds its keys and
-        namespaces until its outcome is known, ``LateCommit``)."""
+    def commit_done(self, w: Waiting, still_open: bool = False, late_corr: int = 0
+                    ) -> list[Out]:
+        """A commit that may change KV namespaces was answered, or failed (``still_open``:
+        it left its transaction open; ``late_corr``: it timed out, and may still be
+        committed: a checked one holds its keys, namespaces and conditions until its
+        outcome is known, ``LateCommit``). A checked one's conditions go back to its
+        transaction if it is open, and are let go if it committed or ended."""
         commit, w.commit = w.commit, None
-        if w.barred and late_corr:
-            corr, txn, writes = self.sent_commit
-            assert corr == late_corr, (corr, late_corr)
-            ask_at = self.door.clock + LATE_COMMIT_ASK_MS / 1000
-            self.late_bars[corr] = LateCommit(txn, writes, w.barred, commit or None, ask_at)
-            return []
+        decided, w.decided = w.decided, None
+        if decided is not None:
+            txn, conds = decided
+            if late_corr:
+                ask_at = self.door.clock + LATE_COMMIT_ASK_MS / 1000
+                self.late_commit = LateCommit(late_corr, txn, conds, w.barred, commit or None,
+                                              ask_at)
+                return []
+            self.conds_settle(txn, conds, still_open)
         out = self.steps(self.state.commit_ended(commit or None))
         if w.barred:
             out += self.unbar(w.barred)
         return out
 
+    def conds_settle(self, txn: int, conds: list[Cond], still_open: bool) -> None:
+        """A checked commit's outcome is known: its conditions go back to the transaction
+        if it is still open, and are let go if it committed or ended."""
+        if still_open:
+            self.conds_restore(txn, conds)
+        else:
+            self.conds_done(conds)
+
     def unbar(self, keys: Keys) -> list[Out]:
         self.deciding = False
-        self.sent_commit = (0, 0, -1)
         return self.steps(self.state.unbar(keys))
 
-    def let_go(self, corr: int, lsn: int) -> list[Out]:
-        """A checked commit that timed out has ended (``lsn``: committed there; 0: not, or
-        so long ago that the transaction manager forgot it): later reads wait for it, its
-        namespaces' cached values are dropped, and its keys let go."""
-        late = self.late_bars.pop(corr)
+    def let_go(self, lsn: int, still_open: bool = False) -> list[Out]:
+        """The checked commit that timed out has an outcome (``lsn``: committed there; 0:
+        not, and ``still_open``: its transaction is open): later reads wait for it, its
+        namespaces' cached values are dropped, its conditions settled and its keys let go."""
+        late, self.late_commit = self.late_commit, None
+        assert late is not None
         d = self.door
         if lsn:
             d.lsn_seen = max(d.lsn_seen, lsn)
             self.committed(lsn)
+        self.conds_settle(late.txn, late.conds, still_open)
         out = self.steps(self.state.commit_ended(late.commit))
         return out + self.unbar(late.keys)
 
     def tick(self, now: float) -> list[Out]:
-        """Forget transactions that must have ended, and ask about checked commits that
-        timed out and are still not known to have ended."""
+        """Forget transactions that must have ended, and ask about the checked commit that
+        timed out if its outcome is still not known."""
         self.forget_old(now)
-        return [self.ask(corr, late, now) for corr, late in list(self.late_bars.items())
-                if not late.asking and late.ask_at <= now]
+        late = self.late_commit
+        if late is None or late.asking or late.ask_at > now:
+            return []
+        return [self.ask(late, now)]
 
-    def ask(self, corr: int, late: LateCommit, now: float) -> Request:
-        """Ask the transaction manager how a checked commit that timed out ended: by
-        sending it again, as its client's retry would. While its keys are held (no write of
-        them logged since it was decided) that is as safe as the first: if the first came,
-        it answers the first's outcome once durable (the log manager's ledger); if it never
-        did, it commits now, on conditions that still hold; if the transaction has ended
-        otherwise (rolled back, timed out, a restart), it says so. The transaction manager
-        takes the front door's messages in order, so the answer comes after the first's
-        and after every earlier question's: it is the outcome, durable."""
+    def ask(self, late: LateCommit, now: float) -> Request:
+        """Ask the transaction manager how a checked commit that timed out ended
+        (``TxnAsk``, which changes nothing: sending the commit again could commit a
+        transaction whose client's own retry had been told TXN_CONFLICT, once the first
+        reopened it). The transaction manager takes the front door's messages in order, so
+        the question comes after the commit and its answer is the commit's effect:
+        committed (from the log manager's ledger, once durable), still open (the commit
+        was refused leaving it open, or reopened: its conditions go back), ended, still
+        committing (asked again), or not known (forgotten long ago: its namespaces'
+        values are dropped and its keys let go)."""
         d = self.door
         q = d.wait(b"", 0, now, bounded=False)  # one at a time, of one commit at most
-        late.asking, late.asked = q, True
+        late.asking = q
 
         def answered(_w: Waiting, ok: Fields | None, err: Failure | None) -> list[Out]:
-            if self.late_bars.get(corr) is not late or late.asking != q:
+            if self.late_commit is not late or late.asking != q:
                 return []  # let go already (the commit's own answer came)
             late.asking = 0
             if err is None:
-                return self.let_go(corr, (ok or {}).get("lsn", 0))
-            if err[0] in ASK_AGAIN:  # not told: the keys stay held, and it is asked again
-                late.ask_at = d.clock + LATE_COMMIT_ASK_MS / 1000
-                return []
-            return self.let_go(corr, 0)  # rolled back, or forgotten long ago: ended
+                assert ok is not None
+                outcome = ok.get("outcome")
+                if outcome is None:  # TxnCommitted
+                    return self.let_go(ok["lsn"])
+                if outcome != "committing":
+                    return self.let_go(0, still_open=outcome == "open")
+            elif err[0] not in ASK_AGAIN:
+                return self.let_go(0)  # refused: forgotten by the log manager's ledger
+            late.ask_at = d.clock + LATE_COMMIT_ASK_MS / 1000  # not told: asked again
+            return []
 
         d.pending[q].then = answered
-        return Request(TRANSACTION_MANAGER, q,
-                       TxnStep(q, late.txn, None, "commit", late.writes, checked=True))
-
+        return Request(TRANSACTION_MANAGER, q, TxnAsk(q, late.txn))

@@ -26,7 +26,16 @@ import msgpack
 
 from actors.cluster_state import ClusterView, Gather, join_offsets, join_produce
 from actors.front_cluster import ClusterDoor
-from actors.front_kv import KV_OPS, NOT_REFUSED, TXN_TRACKED_OPS, KvCond, KvDoor, KvRead
+from actors.front_kv import (
+    KV_OPS,
+    LEAVES_OPEN,
+    NOT_REFUSED,
+    TXN_TRACKED_OPS,
+    Decided,
+    KvCond,
+    KvDoor,
+    KvRead,
+)
 from actors.instructions import Produce, Reply, Request, ToPeer
 from actors.kv_state import KeyOp
 from actors.memory_topics import MemoryTopics, OutOfRange
@@ -83,6 +92,7 @@ from wire.messages import (
     TxnId,
     TxnList,
     TxnOnce,
+    TxnOutcome,
     TxnsReply,
     TxnStep,
     TxnWrite,
@@ -155,6 +165,7 @@ class Waiting:
     barred: tuple[tuple[int, bytes], ...] = ()  # its compare-and-sets' keys, held meanwhile
     cond: KvCond | None = None  # a transaction's compare-and-set: its condition, remembered
     undecided: bool = False  # a commit with compare-and-sets waiting for its decision
+    decided: Decided | None = None  # one decided and sent: its conditions, until its outcome
 
 
 class FrontDoorState:
@@ -364,7 +375,7 @@ class FrontDoorState:
             return self.kv.request(identity, rid, op, req, now)
         if op == "read_by_key":
             return self.kv.read_by_key(identity, rid, req, now)
-        if op == "txn_commit" and req["txn"] in self.kv.conds:
+        if op == "txn_commit" and self.kv.checks(req["txn"]):
             return self.kv.conditional_commit(identity, rid, req, now)
         if op == "txn_kv":
             return [self.kv.txn_kv(identity, rid, req, now)]
@@ -728,7 +739,12 @@ class FrontDoorState:
             return self.kv.late_answer(msg)
         if w.kv is not None or w.kv_read is not None:
             return self.kv.answer(w, msg)
-        out = self.kv.commit_done(w) if w.commit is not None else []
+        out: list[Out] = []
+        if w.commit is not None:
+            # A checked commit refused in a way that leaves its transaction open gives its
+            # conditions back, for the retry to be checked on them (``KvDoor.commit_done``).
+            out = self.kv.commit_done(w, still_open=isinstance(msg, ErrorReply)
+                                      and msg.code in LEAVES_OPEN)
         fields: Fields
         match msg:
             case Done(lsn=lsn):
@@ -756,6 +772,8 @@ class FrontDoorState:
                 fields = {"lsn": lsn, "parts": parts}
                 if w.produced is not None:
                     fields["produced"] = w.produced
+            case TxnOutcome(outcome=outcome):
+                fields = {"outcome": outcome}
             case TxnsReply(field=name, rows=rows):
                 fields = {name: rows}
             case OffsetsReply(lsn=lsn, offsets=offsets):

@@ -46,6 +46,7 @@ from wire.messages import (
     Ended,
     ErrorReply,
     FrontClosed,
+    TxnAsk,
     TxnBegin,
     TxnList,
     TxnOnce,
@@ -159,6 +160,8 @@ class TransactionManager(Actor):
                 self.perform(self.state.recheck())
             case TxnList():
                 self.perform(self.txns.listing(msg, time.monotonic()))
+            case TxnAsk():
+                self.perform(self.txns.ask(msg))
             case TxnTable():
                 self.txns.sync(msg, time.monotonic())
                 log.info("transactions: %d prepared in doubt, %d open rolled back at start",
@@ -232,6 +235,8 @@ class TransactionManager(Actor):
             return
         msgs, self.to_log = self.to_log, []
         sent = self.send_many(LOG_MANAGER, [codec.encode(m) for m in msgs], wait_ms=1000)
+        for msg in msgs[:sent]:
+            self.txns.sent(msg)
         for msg in msgs[sent:]:
             self.txns.unsent(msg)
             corr = getattr(msg, "corr", 0)

@@ -58,9 +58,11 @@ from wire.errors import ErrorCode, NodeError
 from wire.messages import (
     ErrorReply,
     TxnAppend,
+    TxnAsk,
     TxnBegin,
     TxnId,
     TxnList,
+    TxnOutcome,
     TxnResolve,
     TxnsReply,
     TxnStart,
@@ -143,7 +145,7 @@ class Transactions:
             phase = (Phase.COMMITTED if committed
                      else Phase.ABORTED if txn in aborted else Phase.ROLLED_BACK)
             self._remember(Txn(txn, None if xid is None else Xid(*xid), phase, now, math.inf,
-                               seq=writes))
+                               seq=writes, before=phase))  # (logged: ``sent``)
         for txn, xid, _prepared, records, nbytes, shards, _first_lsn in table.open:
             self._add(Txn(txn, None if xid is None else Xid(*xid), Phase.PREPARED, now,
                           math.inf, records=records, bytes=nbytes,
@@ -281,6 +283,33 @@ class Transactions:
         return [self._state(corr, t, step.replace("_", " in one phase "
                                                   if step == "commit_one_phase" else " "))]
 
+    def ask(self, msg: TxnAsk) -> list[Out]:
+        """How transaction ``txn`` ended, for the front door (a checked commit of it timed
+        out there), changing nothing. The front door's messages are taken in order, so the
+        answer reflects every step it sent before the question: committed (the log
+        manager's ledger answers ``TxnCommitted`` with its LSN once durable; asked so, a
+        commit already logged is answered, never made), or ``TxnOutcome``: still open
+        (the commit never came, was refused leaving it open, or was reopened when the log
+        manager could not take it), ended (rolled back, timed out, or at a restart),
+        committing (its commit not yet taken by the log manager's mailbox: it may yet be
+        reopened), or not known (forgotten, or never begun)."""
+        corr, txn = msg.corr, msg.txn
+        if not self.synced:
+            return [self._error(corr, ErrorCode.UNAVAILABLE, STARTING_TEXT)]
+        if txn in self.live:
+            return [self._outcome(corr, "open")]
+        done = self.finished.get(txn)
+        if done is None:
+            return [self._outcome(corr, "unknown")]
+        if done.phase is not Phase.COMMITTED:
+            return [self._outcome(corr, "ended")]
+        if done.before is not Phase.COMMITTED:  # not yet in the log manager's mailbox
+            return [self._outcome(corr, "committing")]
+        return [Request(LOG_MANAGER, corr, TxnResolve(corr, txn, "commit"))]
+
+    def _outcome(self, corr: int, outcome: str) -> Send:
+        return Send(FRONT_DOOR, TxnOutcome(corr, outcome), ANSWER_WAIT_MS)
+
     def _again(self, corr: int, t: Txn, step: str) -> list[Out]:
         """A step on a finished transaction: the same outcome again, or why not."""
         if t.phase is Phase.COMMITTED and step in ("commit", "commit_one_phase"):
@@ -328,6 +357,15 @@ class Transactions:
             self.timed_out += 1
             out.append(Send(LOG_MANAGER, TxnResolve(0, t.txn, "rollback"), ANSWER_WAIT_MS))
         return out
+
+    def sent(self, msg: Message) -> None:
+        """The log manager's mailbox took ``msg``: a step it logs can no longer be undone.
+        (Else ``unsent`` of a later message naming the transaction — a retried commit's,
+        a question's — reopened one whose commit the log manager had taken.)"""
+        if isinstance(msg, TxnResolve):
+            t = self.live.get(msg.txn) or self.finished.get(msg.txn)
+            if t is not None:
+                t.before = t.phase
 
     def unsent(self, msg: Message) -> None:
         """The log manager's mailbox did not take ``msg``: undo what sending it did."""

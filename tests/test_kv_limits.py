@@ -22,10 +22,13 @@ from wire.messages import (
     ErrorReply,
     KvGet,
     RecordsReply,
+    TxnAsk,
     TxnBegin,
     TxnCommitted,
     TxnId,
+    TxnOutcome,
     TxnStep,
+    TxnTable,
     TxnWrite,
     TxnWritten,
 )
@@ -210,9 +213,10 @@ def test_conditions_are_let_go_when_their_transaction_ends_in_any_way() -> None:
     assert isinstance(load.msg, KvGet)
     commit = sent(s.answer(RecordsReply(load.corr, msgpack.packb([[b"k", b"old"]]), 4)))
     assert isinstance(commit.msg, TxnStep) and commit.msg.checked
-    assert s.kv.cond_bytes == 0 and not s.kv.commits
+    assert s.kv.cond_bytes > 0 and not s.kv.commits and not s.kv.conds  # with the commit
     (rep,) = s.answer(TxnCommitted(commit.corr, 8, []))
     assert reply_of(rep)["ok"] is True
+    assert s.kv.cond_bytes == 0
     # Refused: the value is not the one expected.
     begin(s, 2)
     assert isinstance(cas(s, 2, 0, expected=b"other"), Request)
@@ -257,26 +261,25 @@ def put_k(s: FrontDoorState, now: float) -> list[Any]:
 def test_a_checked_commit_that_timed_out_is_asked_about_and_its_keys_let_go() -> None:
     """Its keys stayed held until a late answer, which may never come: every put of them and
     every other conditional commit timed out after it, for good. Now the front door asks
-    the transaction manager (the same checked commit, sent again: while the keys are held
-    that is as safe as the first, and its answer is final and durable) and lets go on the
-    answer. Until then its keys stay held and its namespace is not answered from the cache
-    (the commit may yet be applied: a put logged before it would be overwritten by a
-    commit checked against an older value, and a cached value would be stale)."""
+    the transaction manager how the transaction ended (``TxnAsk``, which changes nothing)
+    and lets go on the answer. Until then its keys stay held and its namespace is not
+    answered from the cache (the commit may yet be applied: a put logged before it would
+    be overwritten by a commit checked against an older value, and a cached value would
+    be stale)."""
     s = state()
-    commit = timed_out_commit(s)
+    timed_out_commit(s)
     assert put_k(s, 1.5) == []  # held
     assert s.kv.state.blocked(CFG)
     assert s.tick(1.5) == []  # not yet: its late answer may still come
     ask = sent(s.tick(30.0))
-    assert ask.role == TRANSACTION_MANAGER and isinstance(ask.msg, TxnStep)
-    assert (ask.msg.txn, ask.msg.step, ask.msg.writes, ask.msg.checked) == (5, "commit", 1, True)
+    assert ask.role == TRANSACTION_MANAGER and ask.msg == TxnAsk(ask.corr, 5)
     assert s.tick(40.0) == []  # one question at a time
-    assert s.answer(ErrorReply(commit.corr, ErrorCode.TXN_STATE, "late")) == []  # the ask decides
     assert s.kv.state.blocked(CFG)
     (put,) = s.answer(TxnCommitted(ask.corr, 40, []))
     assert isinstance(put, Produce)  # the put goes on, after the commit
     assert s.lsn_seen >= 40 and not s.kv.state.blocked(CFG)
-    assert (s.kv.late_bars, s.kv.deciding, s.kv.state.barred) == ({}, False, set())
+    assert (s.kv.late_commit, s.kv.deciding, s.kv.state.barred) == (None, False, set())
+    assert (s.kv.conds, s.kv.cond_bytes) == ({}, 0)  # committed: its conditions let go
 
 
 def test_conditions_of_a_commit_that_timed_out_waiting_its_turn_stay_counted() -> None:
@@ -288,39 +291,45 @@ def test_conditions_of_a_commit_that_timed_out_waiting_its_turn_stay_counted() -
     begin(s, 6, now=0.5)
     assert isinstance(cas(s, 6, 0, key=b"j", now=0.5), Request)
     assert s.request(ID, req("txn_commit", rid=21, txn=6), now=0.5) == []
-    held = 1 + 3 + front_kv.COND_OVERHEAD_BYTES
-    assert s.kv.cond_bytes == held
+    one = 1 + 3 + front_kv.COND_OVERHEAD_BYTES  # (the commit that timed out holds one)
+    assert s.kv.cond_bytes == 2 * one
     (rep,) = s.expire(1.5)
     assert reply_of(rep)["code"] == ErrorCode.TIMEOUT
     assert not s.kv.commits and s.kv.conds[6] == [(CFG, b"j", b"old")]
-    assert s.kv.cond_bytes == held
+    assert s.kv.cond_bytes == 2 * one
     sent(s.request(ID, req("txn_abort", rid=22, txn=6), now=1.6))
-    assert (s.kv.conds, s.kv.cond_bytes) == ({}, 0)
+    assert (s.kv.conds, s.kv.cond_bytes) == ({}, one)
 
 
-@pytest.mark.parametrize("code, final", [
-    (ErrorCode.TXN_TIMED_OUT, True),  # rolled back: it never commits
-    (ErrorCode.TXN_STATE, True),
-    (ErrorCode.TXN_UNKNOWN, True),  # forgotten long ago: ended
+@pytest.mark.parametrize("answer, final", [
+    (ErrorCode.TXN_UNKNOWN, True),  # forgotten by the log manager's ledger: ended long ago
     (ErrorCode.UNAVAILABLE, False),  # the transaction manager is starting: ask again
     (ErrorCode.TIMEOUT, False),
     (ErrorCode.BUSY, False),
+    ("ended", True),  # rolled back, timed out, or at a restart: it never commits
+    ("unknown", True),  # forgotten: its namespaces' values dropped, its keys let go
+    ("open", True),
+    ("committing", False),  # not in the log yet: ask again
 ])
-def test_what_the_answer_to_the_question_says(code: ErrorCode, final: bool) -> None:
+def test_what_the_answer_to_the_question_says(answer: ErrorCode | str, final: bool) -> None:
     s = state()
     timed_out_commit(s)
     assert put_k(s, 1.5) == []
     ask_at = TIMEOUT_S + front_kv.LATE_COMMIT_ASK_MS / 1000
     ask = sent(s.tick(ask_at))
-    out = s.answer(ErrorReply(ask.corr, code, "no"))
+    out = s.answer(TxnOutcome(ask.corr, answer) if isinstance(answer, str)
+                   else ErrorReply(ask.corr, answer, "no"))
     if final:
         (put,) = out
-        assert isinstance(put, Produce) and not s.kv.late_bars and not s.kv.deciding
+        assert isinstance(put, Produce) and s.kv.late_commit is None and not s.kv.deciding
         assert not s.kv.state.blocked(CFG)
+        # Open, the transaction keeps its conditions for its commit; else they are let go.
+        assert s.kv.conds == ({5: [(CFG, b"k", b"old")]} if answer == "open" else {})
+        assert (s.kv.cond_bytes > 0) == (answer == "open")
         return
-    assert out == [] and s.kv.late_bars and s.kv.state.blocked(CFG)
+    assert out == [] and s.kv.late_commit is not None and s.kv.state.blocked(CFG)
     again = sent(s.tick(ask_at + front_kv.LATE_COMMIT_ASK_MS / 1000))
-    assert again.msg == TxnStep(again.corr, 5, None, "commit", 1, checked=True)
+    assert again.msg == TxnAsk(again.corr, 5)
 
 
 def test_a_late_answer_of_the_commit_itself_lets_its_keys_go() -> None:
@@ -331,7 +340,7 @@ def test_a_late_answer_of_the_commit_itself_lets_its_keys_go() -> None:
     assert put_k(s, 1.2) == []
     (put,) = s.answer(TxnCommitted(commit.corr, 40, []))
     assert isinstance(put, Produce) and s.lsn_seen >= 40
-    assert not s.kv.late_bars and s.tick(100.0) == []
+    assert s.kv.late_commit is None and s.tick(100.0) == []
 
 
 def test_the_next_conditional_commit_is_decided_once_the_first_is_let_go() -> None:
@@ -341,7 +350,173 @@ def test_the_next_conditional_commit_is_decided_once_the_first_is_let_go() -> No
     assert isinstance(cas(s, 6, 0, key=b"j"), Request)
     assert s.request(ID, req("txn_commit", rid=40, txn=6), now=1.5) == []  # waits its turn
     ask = sent(s.tick(TIMEOUT_S + front_kv.LATE_COMMIT_ASK_MS / 1000))
-    load = sent(s.answer(ErrorReply(ask.corr, ErrorCode.TXN_TIMED_OUT, "rolled back")))
+    load = sent(s.answer(TxnOutcome(ask.corr, "ended")))
     assert isinstance(load.msg, KvGet) and load.msg.key == b"j"
     commit = sent(s.answer(RecordsReply(load.corr, msgpack.packb([[b"j", b"old"]]), 4)))
     assert isinstance(commit.msg, TxnStep) and commit.msg.txn == 6
+
+
+# ---- the question about a late commit changes nothing; conditions kept until the outcome
+
+
+def test_the_question_about_a_late_commit_commits_nothing_after_a_conflict() -> None:
+    """The front door asked how a checked commit that timed out ended by sending it again:
+    when the first was reopened (the log manager's mailbox did not take it, answered BUSY)
+    and the client's retry, unchecked, had been told TXN_CONFLICT, the question committed
+    the transaction. Now it is a question (``TxnAsk``): the transaction stays open, the
+    keys are let go and the conditions go back to it, and a retry is checked on them."""
+    from actors.transactions import Phase, Transactions
+
+    cfg = load_config(overrides={"limits": {"request_timeout_ms": int(TIMEOUT_S * 1000)}})
+    tm = Transactions(cfg.txn, first_id=1000)
+    tm.sync(TxnTable([], [], 1000, []), 0.0)
+    s = state()
+
+    def to_tm(r: Request) -> Any:
+        assert r.role == TRANSACTION_MANAGER
+        match r.msg:
+            case TxnBegin():
+                (o,) = tm.begin(r.msg, 0.0)
+            case TxnWrite():
+                (o,) = tm.write(r.msg, 0.0)
+            case TxnStep():
+                (o,) = tm.step(r.msg, 0.0)
+            case TxnAsk():
+                (o,) = tm.ask(r.msg)
+            case _:
+                raise AssertionError(r.msg)
+        return o
+
+    b = sent(s.request(ID, req("txn_begin", rid=1, txn=5), now=0.0))
+    to_tm(b)
+    s.answer(TxnId(b.corr, 5))
+    w = cas(s, 5, 0, now=0.0)
+    to_tm(w)
+    load = sent(s.request(ID, req("txn_commit", rid=3, txn=5, writes=1), now=0.0))
+    c1 = sent(s.answer(RecordsReply(load.corr, msgpack.packb([[b"k", b"old"]]), 4)))
+    (rep,) = s.expire(TIMEOUT_S)
+    assert reply_of(rep)["code"] == ErrorCode.TIMEOUT
+    # The client's retry waits for the first commit's outcome (it was sent unchecked).
+    assert s.request(ID, req("txn_commit", rid=4, txn=5, writes=1), now=TIMEOUT_S) == []
+    q = sent(s.tick(TIMEOUT_S + front_kv.LATE_COMMIT_ASK_MS / 1000))
+    # The transaction manager takes C1, then the question, in order.
+    resolve = to_tm(c1)
+    tm.unsent(resolve.msg)  # not taken by the log manager: reopened, C1 answered BUSY
+    answer = to_tm(q)
+    assert answer.msg == TxnOutcome(q.corr, "open") and tm.live[5].phase is Phase.ACTIVE
+    # The question's answer lets go and gives the conditions to the waiting retry, which
+    # is decided on them (the key is loaded again: its namespace's values were dropped).
+    load2 = sent(s.answer(answer.msg))
+    assert isinstance(load2.msg, KvGet) and load2.msg.key == b"k"
+    assert s.answer(ErrorReply(c1.corr, ErrorCode.BUSY, "log manager busy")) == []  # late
+    c2 = sent(s.answer(RecordsReply(load2.corr, msgpack.packb([[b"k", b"old"]]), 5)))
+    assert isinstance(c2.msg, TxnStep) and c2.msg.checked and c2.msg.step == "commit"
+    assert tm.live[5].phase is Phase.ACTIVE  # nothing committed it but the checked retry
+
+
+def staged_two(s: FrontDoorState) -> Request:
+    """Transaction 5 with compare-and-sets on "k1" and "k2" (both staged), its checked
+    commit sent: the decided commit."""
+    begin(s, 5)
+    assert isinstance(cas(s, 5, 0, key=b"k1"), Request)
+    assert isinstance(cas(s, 5, 1, key=b"k2"), Request)
+    load1, load2 = s.request(ID, req("txn_commit", rid=12, txn=5, writes=2), now=0.0)
+    assert isinstance(load1, Request) and isinstance(load2, Request)
+    assert s.answer(RecordsReply(load1.corr, msgpack.packb([[b"k1", b"old"]]), 4)) == []
+    commit = sent(s.answer(RecordsReply(load2.corr, msgpack.packb([[b"k2", b"old"]]), 4)))
+    assert isinstance(commit.msg, TxnStep) and commit.msg.checked
+    return commit
+
+
+@pytest.mark.parametrize("code", [ErrorCode.TXN_STATE, ErrorCode.BUSY, ErrorCode.TXN_LIMIT])
+def test_a_checked_commit_refused_leaving_its_transaction_open_keeps_its_conditions(
+        code: ErrorCode) -> None:
+    """The conditions were dropped when the commit was decided: refused in a way that
+    leaves the transaction open ("2 writes sent, 1 staged; it stays open", or BUSY), the
+    client's retry was decided on the conditions staged again only, or none, and a key
+    written meanwhile was overwritten (a lost update). Now they go back to the transaction,
+    and a retry after a write of k1 is refused TXN_CONFLICT."""
+    s = state()
+    commit = staged_two(s)
+    (rep,) = s.answer(ErrorReply(commit.corr, code, "it stays open"))
+    assert reply_of(rep)["code"] == code
+    assert s.kv.conds[5] == [(CFG, b"k1", b"old"), (CFG, b"k2", b"old")]
+    (put,) = s.request(ID, req("kv_put", rid=30, namespace="cfg", key=b"k1", value=b"mine",
+                               producer_id=1, seq=0), now=0.1)
+    assert isinstance(put, Produce)
+    s.ack(put.corr, 20, [])
+    # The client's retry (node/transaction.py sends the missing write, then the commit).
+    out = s.request(ID, req("txn_commit", rid=14, txn=5, writes=2), now=0.2)
+    values = {b"k1": b"mine", b"k2": b"old"}
+    while out and all(isinstance(o, Request) and isinstance(o.msg, KvGet) for o in out):
+        loads, out = out, []
+        for load in loads:
+            assert isinstance(load, Request) and isinstance(load.msg, KvGet)
+            out += s.answer(RecordsReply(load.corr, msgpack.packb(
+                [[load.msg.key, values[load.msg.key]]]), 21))
+    rollback = sent(out)
+    assert isinstance(rollback.msg, TxnStep) and rollback.msg.step == "rollback"
+
+
+def test_a_checked_commit_the_front_door_could_not_send_keeps_its_conditions() -> None:
+    """Failed BUSY at the front door (the transaction manager's queue full), its retry
+    went unchecked and was refused TXN_CONFLICT ("the front door restarted")."""
+    s = state()
+    commit = staged_two(s)
+    (rep,) = s.fail([commit.corr], ErrorCode.BUSY, "the transaction-manager queue is full")
+    assert reply_of(rep)["code"] == ErrorCode.BUSY
+    loads = s.request(ID, req("txn_commit", rid=14, txn=5, writes=2), now=0.1)
+    # Decided again, on both conditions (their values loaded again).
+    assert sorted(o.msg.key for o in loads if isinstance(o, Request)
+                  and isinstance(o.msg, KvGet)) == [b"k1", b"k2"]
+
+
+def test_a_late_refusal_leaving_the_transaction_open_gives_its_conditions_back() -> None:
+    s = state()
+    commit = timed_out_commit(s)
+    assert s.kv.late_commit is not None and 5 not in s.kv.conds
+    s.answer(ErrorReply(commit.corr, ErrorCode.TXN_STATE, "it stays open"))
+    assert s.kv.late_commit is None and s.kv.conds[5] == [(CFG, b"k", b"old")]
+    # A final refusal lets them go.
+    s2 = state()
+    commit = timed_out_commit(s2)
+    s2.answer(ErrorReply(commit.corr, ErrorCode.TXN_TIMED_OUT, "rolled back"))
+    assert (s2.kv.late_commit, s2.kv.conds, s2.kv.cond_bytes) == (None, {}, 0)
+
+
+def test_a_commit_by_xid_while_another_branch_s_start_of_it_is_refused_names_its_namespaces(
+        ) -> None:
+    """An xa_start reusing an xid held by a branch begun here replaced the xid's entry as it
+    was sent: an xa_commit by that xid sent before the refusal came took the new entry
+    ("writes no namespace") and a stale value stayed cached. Now the xid is taken only on
+    the begin's OK answer."""
+    s = state()
+    xid = [1, b"g", b"b"]
+    a = sent(s.request(ID, req("xa_start", rid=1, txn=7, xid=xid), now=0.0))
+    s.answer(TxnId(a.corr, 7))
+    w = sent(s.request(ID, req("txn_kv", rid=2, txn=7, seq=0, namespace="cfg", key=b"k",
+                               value=b"v2"), now=0.0))
+    s.answer(TxnWritten(w.corr, 3, 1))
+    g = sent(s.request(ID, req("kv_get", rid=3, namespace="cfg", key=b"k"), now=0.0))
+    s.answer(RecordsReply(g.corr, msgpack.packb([[b"k", b"v1"]]), 10))  # cached: v1
+    dup = sent(s.request(ID, req("xa_start", rid=4, txn=8, xid=xid), now=0.0))
+    c = sent(s.request(ID, req("xa_commit", rid=5, xid=xid, one_phase=True), now=0.0))
+    assert s.pending[c.corr].commit == (CFG,) and s.kv.state.blocked(CFG)
+    s.answer(ErrorReply(dup.corr, ErrorCode.XAER_DUPID, "in use"))
+    s.answer(TxnCommitted(c.corr, 20, []))
+    g2 = sent(s.request(ID, req("kv_get", rid=6, namespace="cfg", key=b"k"), now=0.1))
+    assert isinstance(g2.msg, KvGet)  # not the stale v1 from the cache
+
+
+def test_an_xid_another_branch_held_is_taken_on_the_begin_s_ok() -> None:
+    s = state()
+    xid = [1, b"g", b"b"]
+    a = sent(s.request(ID, req("xa_start", rid=1, txn=7, xid=xid), now=0.0))
+    s.answer(TxnId(a.corr, 7))
+    b = sent(s.request(ID, req("xa_start", rid=2, txn=8, xid=xid), now=0.0))
+    assert s.kv.xids == {(1, b"g", b"b"): 7}  # not yet
+    s.answer(TxnId(b.corr, 8))  # branch 7 had ended unseen
+    assert s.kv.xids == {(1, b"g", b"b"): 8}
+    c = sent(s.request(ID, req("xa_start", rid=3, txn=9, xid=xid), now=0.0))
+    s.expire(TIMEOUT_S)  # it may have begun: the xid's commit may change any namespace
+    assert c.corr not in s.pending and s.kv.xids == {}

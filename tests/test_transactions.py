@@ -21,11 +21,13 @@ from wire.messages import (
     Done,
     ErrorReply,
     TxnAppend,
+    TxnAsk,
     TxnBegin,
     TxnCommitted,
     TxnId,
     TxnList,
     TxnOnce,
+    TxnOutcome,
     TxnResolve,
     TxnsReply,
     TxnStart,
@@ -402,6 +404,57 @@ def test_a_transaction_with_compare_and_sets_commits_only_checked() -> None:
     assert t.live[txn].phase is Phase.ACTIVE  # open: the client rolls it back
     (req,) = t.step(TxnStep(4, txn, None, "commit", checked=True), 0.0)
     assert isinstance(req, Request) and req.msg == TxnResolve(4, txn, "commit")
+
+
+def outcome(t: Transactions, txn: int, corr: int = 9) -> str:
+    (o,) = t.ask(TxnAsk(corr, txn))
+    assert isinstance(o, Send) and o.role == FRONT_DOOR and isinstance(o.msg, TxnOutcome), o
+    return o.msg.outcome
+
+
+def test_the_question_about_a_commit_says_how_it_ended_and_changes_nothing() -> None:
+    """The front door asks how a checked commit that timed out there ended. It asked by
+    sending the commit again, which committed a transaction whose first commit had been
+    reopened (the log manager's mailbox did not take it) after its client's own retry was
+    refused TXN_CONFLICT. The question commits nothing; asked after the commit (the front
+    door's messages are taken in order) it tells the commit's effect."""
+    t = machine()
+    assert outcome(t, 12345) == "unknown"  # never begun, or forgotten
+    txn = begin(t)
+    t.write(TxnWrite(2, txn, 0, ((1, 0, 1, BLOB),), (), conditional=True), 0.0)
+    assert outcome(t, txn) == "open"  # the commit never came
+    (c1,) = t.step(TxnStep(4, txn, None, "commit", 1, checked=True), 0.0)
+    assert isinstance(c1, Request)
+    assert outcome(t, txn) == "committing"  # not in the log manager's mailbox yet
+    t.unsent(c1.msg)  # it did not take it: reopened, the commit answered BUSY
+    assert outcome(t, txn) == "open" and t.live[txn].phase is Phase.ACTIVE
+    # The client's retry, unchecked, is refused; the question after it commits nothing.
+    assert error_code(t.step(TxnStep(5, txn, None, "commit", 1), 0.0)) == ErrorCode.TXN_CONFLICT
+    assert outcome(t, txn) == "open" and t.live[txn].phase is Phase.ACTIVE
+    # Committed and taken by the log manager: its ledger answers with the LSN, once
+    # durable. That request not taken in turn leaves the commit alone.
+    (c2,) = t.step(TxnStep(6, txn, None, "commit", 1, checked=True), 0.0)
+    t.sent(c2.msg)
+    (q,) = t.ask(TxnAsk(7, txn))
+    assert isinstance(q, Request) and q.role == LOG_MANAGER
+    assert q.msg == TxnResolve(7, txn, "commit")
+    t.unsent(q.msg)
+    assert t.finished[txn].phase is Phase.COMMITTED and txn not in t.live
+    # Ended without commit: rolled back, or timed out.
+    rolled = begin(t, corr=10)
+    t.sent(step(t, "rollback", rolled)[0].msg)
+    timed = begin(t, corr=11, timeout_ms=10)
+    t.tick(1.0)
+    assert (outcome(t, rolled), outcome(t, timed)) == ("ended", "ended")
+
+
+def test_the_question_waits_for_the_log_to_say_what_it_holds() -> None:
+    t = Transactions(CFG.txn, first_id=100)
+    assert error_code(t.ask(TxnAsk(1, 5))) == ErrorCode.UNAVAILABLE  # asked again later
+    t.sync(TxnTable([], [[5, None, True, 1], [6, None, False, 0]], 7, []), now=0.0)
+    (q,) = t.ask(TxnAsk(2, 5))  # committed before the restart: the ledger has its LSN
+    assert isinstance(q, Request) and q.msg == TxnResolve(2, 5, "commit")
+    assert outcome(t, 6) == "ended"
 
 
 def test_an_xa_branch_takes_no_compare_and_set() -> None:

@@ -617,6 +617,18 @@ class TxnStep(Message):
 TXN_STEPS = ("end", "prepare", "commit", "commit_one_phase", "rollback")
 
 
+@message(88)
+class TxnAsk(Message):
+    """How did transaction ``txn`` end? Front door → transaction manager, about a checked
+    commit whose wait expired; it changes nothing. Taken in order with the front door's
+    other messages, so its answer reflects every step the front door sent before it.
+    Answered ``TxnCommitted`` (from the log manager's ledger, once durable) if the
+    transaction committed, else ``TxnOutcome``."""
+
+    corr: int
+    txn: int
+
+
 @message(86, arrays=tuple)
 class TxnOnce(CarriesParts):
     """A whole local transaction, id ``txn`` (the client's pick): begin, records (``parts``,
@@ -717,6 +729,22 @@ class TxnCommitted(Message):
     parts: Sequence[TxnPartRow]
 
 
+@message(94)
+class TxnOutcome(Message):
+    """The answer to ``TxnAsk`` when the transaction has not committed (yet): one of
+    TXN_OUTCOMES."""
+
+    corr: int
+    outcome: str
+
+
+# What a transaction not committed is, as ``TxnOutcome`` says: still open (its commit never
+# came, was refused leaving it open, or was reopened), ended without commit (rolled back,
+# timed out, or rolled back at a restart), committing (sent to the log, not durable yet:
+# ask again), or not known (forgotten long ago, or never begun).
+TXN_OUTCOMES = ("open", "ended", "committing", "unknown")
+
+
 @message(93)
 class TxnsReply(Message):
     """Rows ``[txn, xid, state, age_ms, records, bytes, partitions]`` (xid printed, or ""),
@@ -777,8 +805,8 @@ class Exported(Message):
 # The requests the log manager's logic admits (``LogState.admit``), and the answers the
 # front door matches to a waiting client (``FrontDoorState.answer``).
 Answer = (Ack | Done | TopicsReply | ErrorReply | RecordsReply | ValueReply | StatusReply
-          | OffsetsReply | TxnId | TxnWritten | TxnCommitted | TxnsReply | ShardsReply
-          | Exported)
+          | OffsetsReply | TxnId | TxnWritten | TxnCommitted | TxnOutcome | TxnsReply
+          | ShardsReply | Exported)
 LogRequest = (Append | CreateTopic | DeleteTopic | AlterTopic | CommitOffset | DeleteRecord
               | ListTopics
               | EndOffsets
