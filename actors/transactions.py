@@ -25,6 +25,10 @@ them). What may fail where is the point of writing it down:
 - **abort** (``tpc_abort``; ``txn_abort``, ``xa_rollback``): from any unfinished state; the
   Rollback record drops what was staged; no offsets are taken, so none are skipped.
   Rolling back again answers as the first time; after a commit it fails.
+- **ask** (the front door's ``TxnAsk``, about a checked commit whose wait expired there):
+  how the transaction stands, changing nothing: open, ended, committing, not known, or
+  committed (its LSN from the log manager's ledger). Taken in order after the front door's
+  earlier steps, so the answer includes the commit it asks about if that was sent.
 
 A transaction that was open but not prepared when the transaction manager (or the node)
 restarted is rolled back at its start: its client may have lost writes in flight, and
