@@ -252,15 +252,15 @@ def test_a_frame_of_empty_arrays_is_refused_without_being_decoded_whole(
     pid = _front_door_pid(small_node)
     n = FRAME_MAX - 200
     if shape == "request":
-        frame, says = _empty_arrays(n), "map and array items"
+        frame, code, says = _empty_arrays(n), ErrorCode.BAD_REQUEST, "map and array items"
     else:
         frame = req(op="produce", id=801, topic="t", partition=0, producer_id=1, seq=next(_SEQ),
                     records=_empty_arrays(n - 100))
-        says = "records decode to more than a batch holds"
+        code, says = ErrorCode.BATCH_TOO_LARGE, "records; the limit is 100"
     assert len(frame) <= FRAME_MAX
     before = _memory_kib(pid, "VmRSS")
     for _ in range(3):
-        assert_error(ask(sock, frame), ErrorCode.BAD_REQUEST, says)
+        assert_error(ask(sock, frame), code, says)
     grown_mib = (_memory_kib(pid, "VmHWM") - before) / 1024
     # Decoded whole, one frame would take about 120 MiB; two copies of the frame are 4.
     assert grown_mib < 32, f"the front door's peak grew by {grown_mib:.0f} MiB"

@@ -33,7 +33,9 @@ from wire.errors import (
 from wire.protocol import (
     OFFSET_MAX,
     OPS,
+    REQUEST_ARRAY_LEN_MAX,
     REQUEST_ITEMS_MAX,
+    REQUEST_MAP_LEN_MAX,
     TXN_ONCE_WRITES_MAX,
     Field,
     check_once_writes,
@@ -892,6 +894,8 @@ def test_the_largest_requests_the_table_allows_decode_within_the_bound() -> None
     [[]] * (REQUEST_ITEMS_MAX + 1),  # one array longer than the bound
     [[[]] * 64] * 64,  # arrays within it, their items over it
     {"op": "status", "id": 1, "x": [{}] * 4000},  # maps
+    {f"k{i}": 1 for i in range(REQUEST_MAP_LEN_MAX + 1)},  # one map longer than its bound
+    [["ab"] * REQUEST_ARRAY_LEN_MAX] * 20,  # items over the bound, each array within its own
 ])
 def test_a_request_decoding_to_more_items_than_any_request_holds_ends_the_frame(
         evil: Any) -> None:
@@ -903,13 +907,23 @@ def test_a_request_decoding_to_more_items_than_any_request_holds_ends_the_frame(
     first, err = out
     assert isinstance(first, tuple) and first[:2] == (8, "status")
     assert isinstance(err, NodeError) and err.code == ErrorCode.BAD_REQUEST
-    assert f"request 2 of the frame decodes to over {REQUEST_ITEMS_MAX}" in err.message
+    assert "request 2 of the frame decodes to more than any request holds" in err.message
     (alone,) = parse_requests(pack(evil), FRAME_MAX)
     assert isinstance(alone, NodeError) and "request 1 of the frame" in alone.message
 
 
+def test_a_batch_over_its_count_is_batch_too_large_however_far_over() -> None:
+    """Far enough over, a batch's records trip the decoding's bounds first: the count its
+    array's header says still decides the answer."""
+    for n in (11, 1000, 100_000):
+        with pytest.raises(BadRequest) as info:
+            check_batch(pack([b"v"] * n), 10, 10)
+        assert info.value.code == ErrorCode.BATCH_TOO_LARGE
+        assert info.value.message == f"batch has {n} records; the limit is 10"
+
+
 @pytest.mark.parametrize("records", [
-    [[]] * 20_000,  # more records than a batch holds, each an empty array
+    [[[]] * 70] * 100,  # records within the count, each an array of 70 empty arrays
     [[[[]] * 70] * 4] * 90,  # records within the count, nested past what one may hold
 ])
 def test_records_decoding_to_more_than_a_batch_holds_are_refused(records: Any) -> None:

@@ -37,9 +37,12 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 NAME_LEN_MAX = 200  # topic and group names (NAME_RE says the same)
 OFFSET_MAX = 2**63 - 1
 REQUESTS_PER_FRAME_MAX = 1024  # a client's Pipeline keeps at most this many in flight
-# What one request may decode to: its maps' and arrays' items (``wire.records.counting_hook``).
-# The largest the table allows, a txn_once of TXN_ONCE_WRITES_MAX writes, holds under 700.
+# What one request may decode to: its maps' and arrays' items in all, and in one array or
+# map (``wire.records.bounds``). The largest the table allows, a txn_once of
+# TXN_ONCE_WRITES_MAX writes, holds about 450 in all, 64 in one array, 8 in one map.
 REQUEST_ITEMS_MAX = 4096
+REQUEST_ARRAY_LEN_MAX = 256
+REQUEST_MAP_LEN_MAX = 64
 REPLY_FRAME_BYTES_MAX = 262144  # replies are joined into one frame up to this size
 # How long the node lets ``compact`` take (RocksDB rewrites the topic's SST files); a client
 # waits a little longer, so that it hears the node's TIMEOUT rather than its own.
@@ -492,7 +495,7 @@ def parse_requests(frame: bytes | memoryview, frame_bytes_max: int,
                        f"request of {len(frame)} bytes is over the limit of {frame_bytes_max}")]
     if not frame:
         return [_error(0, ErrorCode.BAD_REQUEST, "request is not msgpack: the frame is empty")]
-    bound, left = bounds(REQUEST_ITEMS_MAX)
+    bound, left = bounds(REQUEST_ITEMS_MAX, REQUEST_ARRAY_LEN_MAX, REQUEST_MAP_LEN_MAX)
     try:  # most frames carry one request: one call, without an Unpacker's set-up
         one = msgpack.unpackb(frame, raw=False, strict_map_key=False, **bound)
     except msgpack.ExtraData:
@@ -543,8 +546,9 @@ def _items_over(read: int) -> NodeError:
     """The answer to a request that decodes to more than any request holds: it ends the
     frame (its id is not read)."""
     return _error(0, ErrorCode.BAD_REQUEST,
-                  f"request {read + 1} of the frame decodes to over {REQUEST_ITEMS_MAX} map "
-                  f"and array items (no request holds that many); it and the rest of the "
+                  f"request {read + 1} of the frame decodes to more than any request holds "
+                  f"(at most {REQUEST_ITEMS_MAX} map and array items, {REQUEST_ARRAY_LEN_MAX} "
+                  f"in one array, {REQUEST_MAP_LEN_MAX} in one map); it and the rest of the "
                   f"frame were not read")
 
 
