@@ -184,11 +184,19 @@ class LogManager(Actor):
             self.flush_queue()
         self.hand_off_groups()
         self.tell_ended()
-        if self.truncator.busy:
-            self.truncated(self.truncator.collect(self.cfg.log.checkpoint_timeout_ms / 1000))
+        # A job's failure (``ThreadJob.collect`` raises it) must not cut the rest short:
+        # the export's wait, and the writer's close, which cuts the log's zero tail.
+        try:
+            if self.truncator.busy:
+                self.truncated(self.truncator.collect(self.cfg.log.checkpoint_timeout_ms / 1000))
+        except RuntimeError:
+            log.exception("the checkpoint's file job failed as the log manager stopped")
         self.truncator.close()
-        if self.copier.busy:
-            self.copier.collect(self.cfg.log.snapshot_timeout_ms / 1000)
+        try:
+            if self.copier.busy:
+                self.copier.collect(self.cfg.log.snapshot_timeout_ms / 1000)
+        except RuntimeError:
+            log.exception("the export's copy failed as the log manager stopped")
         self.copier.close()
         self.writer.close()
 

@@ -26,6 +26,11 @@ log = logging.getLogger("shardnode")
 # which stops the actors in order, while it lives; SIGTERM from the kernel when it died
 # (``_die_with_parent``) stops the actor.
 STOP_SIGNAL = signal.SIGUSR1
+# Blocked in the supervisor around an actor's spawn, so that the new process starts with
+# them blocked (a signal mask is inherited, across exec too) and takes one only once its
+# handler is set: a SIGTERM to the process group while an actor started (a rest-for-one
+# restart starts several) killed it before it could leave the signal to the supervisor.
+STOP_SIGNALS = (signal.SIGTERM, STOP_SIGNAL)
 
 # Exit codes an actor uses to tell the supervisor why it stopped.
 EXIT_FAILED = 1  # an unexpected error: restart it
@@ -95,7 +100,7 @@ def actor_main(ctx: ActorContext, actor_class: type[Actor]) -> None:
         if nice:
             os.nice(nice)
     actor: Actor | None = None
-    supervisor = os.getppid()
+    supervisor = ctx.parent_pid
 
     def on_stop_signal(signum: int, frame: Any) -> None:
         if signum == signal.SIGTERM and os.getppid() == supervisor:
@@ -108,8 +113,9 @@ def actor_main(ctx: ActorContext, actor_class: type[Actor]) -> None:
         else:
             raise SystemExit(0)
 
-    signal.signal(signal.SIGTERM, on_stop_signal)
-    signal.signal(STOP_SIGNAL, on_stop_signal)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, on_stop_signal)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked by the spawn
     code = 0
     try:
         actor = actor_class(ctx)

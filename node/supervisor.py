@@ -39,7 +39,7 @@ from actors.durable import fsync_dir, write_atomic
 from actors.front_door import FrontDoor
 from actors.instructions import Spawn, StopNode, Terminate
 from actors.log_manager import LogManager
-from actors.process import STOP_SIGNAL, actor_main
+from actors.process import STOP_SIGNAL, STOP_SIGNALS, actor_main
 from actors.roles import (
     CACHE_MANAGER,
     FRONT_DOOR,
@@ -100,6 +100,16 @@ def data_dir_error(data: Path, exc: OSError) -> DataDirError:
         return DataDirError(f"the data dir {data} is not a directory")
     where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(data) else ""
     return DataDirError(f"cannot use the data dir {data}: {exc.strerror or exc}{where}")
+
+
+def start_shielded(proc: BaseProcess) -> None:
+    """Start ``proc`` with the stop signals blocked, as it inherits them: it takes one only
+    once it has set its handler and unblocked them (``actors.process.STOP_SIGNALS``)."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        proc.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 @dataclass
@@ -198,6 +208,9 @@ class Supervisor:
         if sock_path.exists():
             sock_path.unlink()
         self.mailbox.bind(mailbox_address(self.run_dir, SUPERVISOR))
+        # From here a signal stops the node cleanly, while it starts too (recovery may
+        # take a while): SIGTERM ended the supervisor outright until it served.
+        self._take_signals()
         self.perform(self.policy.start(time.monotonic(), ready_timeout_s))
         while not self.policy.up:
             if self.stopping:
@@ -211,7 +224,7 @@ class Supervisor:
         ctx = ActorContext(role, self.cfg.to_dict(), str(self.run_dir), os.getpid())
         proc = self.spawn.Process(target=actor_main, args=(ctx, actor_class(role)),
                                   name=f"shardnode-{role}")
-        proc.start()
+        start_shielded(proc)
         child = self.children[role]
         child.process = proc
         child.pid = proc.pid or 0
@@ -301,15 +314,19 @@ class Supervisor:
             self.stop_reason = reason
             log.info("stopping the node: %s", reason)
 
-    def serve_forever(self, watch_parent: bool = False) -> None:
-        """Watch the actors until a stop is requested (signal, too many restarts, or —
-        with ``watch_parent`` — the process that started the node exiting)."""
-        parent = os.getppid()
+    def _take_signals(self) -> None:
+        """SIGTERM and SIGINT (Ctrl-C) stop the node cleanly."""
         def on_signal(signum: int, frame: Any) -> None:
             self.request_stop(signal.Signals(signum).name)
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+
+    def serve_forever(self, watch_parent: bool = False) -> None:
+        """Watch the actors until a stop is requested (signal, too many restarts, or —
+        with ``watch_parent`` — the process that started the node exiting)."""
+        parent = os.getppid()
+        self._take_signals()
         while not self.stopping:
             self.poll_mailbox(100)
             self.check_children()
@@ -381,7 +398,9 @@ class Supervisor:
         self.checkpoint_done = None
         # The front door is stopped: a blocking checkpoint's gate must not wait for
         # transactions no client can end now.
-        self._tell(TRANSACTION_MANAGER, FrontClosed())
+        if not self._tell(TRANSACTION_MANAGER, FrontClosed()):
+            log.warning("the transaction manager's mailbox is full: the checkpoint at stop "
+                        "may wait for open transactions until it gives up")
         if not self._tell(LOG_MANAGER, Checkpoint(0, SUPERVISOR)):
             return
         deadline = time.monotonic() + self.cfg.log.checkpoint_timeout_ms / 1000

@@ -188,6 +188,37 @@ def test_sigterm_to_the_whole_process_group_stops_cleanly_with_the_checkpoint(
     assert marker.exists(), f"no checkpoint at stop:\n{node.log_tail()}"
 
 
+def _handles_sigterm(results: Any) -> None:
+    """A child started shielded: sets its handler, then takes the signals blocked until now."""
+    from actors.process import STOP_SIGNALS
+
+    got: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    results.put(got)
+
+
+def test_an_actor_sent_sigterm_as_it_starts_takes_it_once_its_handler_is_set() -> None:
+    """Started with the stop signals blocked (``start_shielded``), a process takes a SIGTERM
+    sent before it set its handler once it has: a SIGTERM to the process group while an
+    actor started (a restart) killed it, and the checkpoint at stop was skipped."""
+    import multiprocessing
+
+    from node.supervisor import start_shielded
+
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    proc = ctx.Process(target=_handles_sigterm, args=(results,))
+    start_shielded(proc)
+    assert proc.pid is not None
+    os.kill(proc.pid, signal.SIGTERM)  # long before the new interpreter sets a handler
+    try:
+        assert results.get(timeout=30) == [signal.SIGTERM]
+    finally:
+        proc.join(30)
+    assert proc.exitcode == 0
+
+
 def test_actors_exit_when_the_supervisor_dies(node: LocalNode) -> None:
     # Six actors, plus multiprocessing's resource tracker: every one of them must go.
     actors = [p for p in node.processes() if node.proc is not None and p.pid != node.proc.pid]
