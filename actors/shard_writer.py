@@ -378,10 +378,21 @@ class ShardWriter(Actor):
             settings = owners[1] if len(owners) > 1 else {}
             here = [p for p in range(partitions)  # in a cluster, the partitions placed here
                     if not owners or not owners[0] or owners[0][p] == self.node_id]
+            kv = name.startswith(KV_PREFIX)
             for p in here:
+                found = self.stores.get((topic_id, p))
+                if found is not None and found.kv != kv and found.applied_lsn < e.lsn:
+                    # Its creation was cut short before its first flush: RocksDB's files
+                    # without every column family, from which the open told its kind
+                    # wrong (a namespace's records then failed its writer at every start).
+                    log.warning("shard t%d-p%d was made before its creation was durable: "
+                                "opened again as %s", topic_id, p,
+                                "a namespace's" if kv else "a topic's")
+                    found.close()
+                    del self.stores[(topic_id, p)]
                 if self.owns(topic_id, p) and (topic_id, p) not in self.stores:
                     store = ShardStore(shard_dir(self.shards_dir, topic_id, p), topic_id, p,
-                                       self.memory, kv=name.startswith(KV_PREFIX))
+                                       self.memory, kv=kv)
                     if settings:
                         store.set_settings(e.lsn, settings)
                     store.finish(e.lsn)

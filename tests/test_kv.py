@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -136,6 +137,33 @@ def test_values_come_back_from_the_shard_after_a_restart_and_a_kill(make_node: M
     with n.client() as c:
         assert c.kv_get("keep", b"k299") == b"v299"
         assert c.kv_cas("keep", b"k299", b"v299", b"x") is True
+
+
+def test_a_namespace_shard_whose_creation_a_kill_cut_short_is_made_again(
+        make_node: MakeNode) -> None:
+    """A kill while a namespace's shard was being created can leave RocksDB's files
+    without the ``kv`` column family and nothing applied; the open told it a topic's
+    shard, and the namespace's records failed its writer at every start (the node never
+    came up again). Its creation, replayed from the log, makes it again as it should be."""
+    from actors.shard_options import StoreMemory
+    from actors.shard_store import ShardStore, shard_dir
+
+    n = make_node()
+    with n.client() as c:
+        c.kv_put("cut", b"k", b"v")
+    n.kill()  # before any checkpoint: the log holds the namespace's creation
+    # The namespace's shard (the node's first topic: id 1, one partition) as such a kill
+    # leaves it; one just after the put, before the writer applied the creation, left its
+    # directory empty, or none.
+    d = shard_dir(n.data_dir / "shards", 1, 0)
+    shutil.rmtree(d, ignore_errors=True)
+    cfg = load_config()
+    ShardStore(d, 1, 0, StoreMemory.of(cfg.shards, cfg.storage), kv=False).close()
+    n.start()
+    with n.client() as c:
+        assert c.kv_get("cut", b"k") == b"v"
+        c.kv_put("cut", b"k2", b"v2")
+        assert c.kv_scan("cut") == [(b"k", b"v"), (b"k2", b"v2")]
 
 
 def test_cas_increments_from_8_processes_add_up(node: LocalNode) -> None:
