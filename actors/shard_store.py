@@ -158,6 +158,19 @@ def parse_shard_dir(name: str) -> tuple[int, int] | None:
     return None if m is None else (int(m.group(1)), int(m.group(2)))
 
 
+class ShardDamaged(Exception):
+    """RocksDB met an error reading a shard (a corrupt block, say)."""
+
+
+def ended(it: Any, path: Path) -> None:
+    """Raise ``ShardDamaged`` if ``it`` stopped at an error, not at the data's end: a
+    corrupt SST block ended reads early, as if the partition ended there, with no error."""
+    try:
+        it.status()
+    except Exception as exc:
+        raise ShardDamaged(f"shard {path} is damaged: {exc}") from None
+
+
 class ShardStore:
     def __init__(self, path: Path, topic_id: int, partition: int,
                  memory: StoreMemory, kv: bool | None = None) -> None:
@@ -234,6 +247,7 @@ class ShardStore:
         while it.valid() and bytes(it.key()).startswith(STAGED_DONE):
             found.append(U64.unpack(bytes(it.key())[len(STAGED_DONE):])[0])
             it.next()
+        ended(it, self.path)
         return found
 
     def _delete_done(self, txns: list[int]) -> None:
@@ -433,6 +447,7 @@ class ShardStore:
         while it.valid() and it.key().startswith(prefix):
             found.append((it.key(), it.value()))
             it.next()
+        ended(it, self.path)
         return found
 
     def apply_commit(self, lsn: int, txn: int, first: int, count: int,
@@ -512,6 +527,7 @@ class ShardStore:
         it = self.cf["records"].iter()
         it.seek_for_prev(off)
         if not it.valid():
+            ended(it, self.path)
             return False
         at, raw = it.key(), it.value()
         if at == off and raw[:1] != RUN_HEAD:
@@ -809,6 +825,7 @@ class ShardStore:
                 size += n
                 rows.append(self._row(at, fields))
             it.next()
+        ended(it, self.path)
         return rows
 
     @staticmethod
@@ -872,12 +889,14 @@ class ShardStore:
                 size += n
                 rows.append(self._row(U64.unpack(off)[0], fields))
             it.next()
+        ended(it, self.path)
         return rows
 
     def offset_for_timestamp(self, timestamp: int) -> int | None:
         it = self.cf["time"].iter()
         it.seek(U64.pack(timestamp))
         if not it.valid():
+            ended(it, self.path)
             return None
         return max(int(U64.unpack(it.key()[8:16])[0]), self.first_offset)
 
@@ -913,4 +932,5 @@ class ShardStore:
             size += len(key) + len(value)
             pairs.append([key, value])
             it.next()
+        ended(it, self.path)
         return pairs

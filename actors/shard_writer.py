@@ -157,6 +157,13 @@ class ShardWriter(Actor):
                     self.stores[(topic_id, partition)] = ShardStore(d, topic_id, partition, self.memory)
                 except StoreFormatError as exc:
                     raise RefuseToStart(str(exc)) from None
+                except Exception as exc:
+                    if "Corruption" not in str(exc):
+                        raise  # another failure (I/O, say): the actor fails, to be restarted
+                    # No restart mends it: the node stops, naming the shard.
+                    raise RefuseToStart(f"shard {d} is damaged ({exc}): restore the data dir "
+                                        f"from a snapshot export (shardnode start "
+                                        f"--from-snapshot)") from None
         # A shard needs the log from its applied LSN on, or from the transaction writes the
         # writer held in memory when it stopped, to hold them again.
         floor = min([self.catalog_lsn] + [s.held_lsn - 1 if s.held_lsn else s.applied_lsn
