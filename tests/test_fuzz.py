@@ -741,7 +741,13 @@ def test_bad_input_is_answered_and_the_node_keeps_serving(fuzz_node: LocalNode, 
     assert ex.codes.get("ok", 0) > REQUESTS_PER_SEED // 10, ex.codes  # not all refused
     assert ex.ok_ops["snapshot_export"] >= 1, f"seed {seed}: no export done: {ex.codes}"
 
-    with fuzz_node.client(timeout_ms=10_000) as c:
+    serves_and_nothing_restarted(fuzz_node, seed)
+
+
+def serves_and_nothing_restarted(node: LocalNode, seed: int) -> None:
+    """After a seed's fuzz: a topic is created, written and read back, and no actor of the
+    node has restarted."""
+    with node.client(timeout_ms=10_000) as c:
         after = f"fz{seed}-after"
         c.create_topic(after, partitions=2)
         values = [b"after-%d" % i for i in range(5)]

@@ -40,7 +40,15 @@ import pytest
 from node.client import NodeClient
 from node.local import LocalNode
 from tests.conftest import module_node
-from tests.test_fuzz import CONFIG, OP_WEIGHTS, SEEDS, Exchange, Fuzzer, World
+from tests.test_fuzz import (
+    CONFIG,
+    OP_WEIGHTS,
+    SEEDS,
+    Exchange,
+    Fuzzer,
+    World,
+    serves_and_nothing_restarted,
+)
 
 REQUESTS_PER_SEED = 800
 # limits.request_timeout_ms: short, so that a write held at the gate while a checkpoint
@@ -171,15 +179,7 @@ def test_bad_input_with_blocking_checkpoints_is_answered_and_the_node_keeps_serv
         until(f"seed {seed}: the log manager to count the checkpoints",
               lambda: figures(c, "log")["checkpoints"] > before)
 
-    with node.client(timeout_ms=10_000) as c:
-        after = f"fz{seed}-after"
-        c.create_topic(after, partitions=2)
-        values = [b"after-%d" % i for i in range(5)]
-        c.produce_batch(after, values, partition=1)
-        assert [r.value for r in c.read(after, 1, 0)] == values
-        actors = c.status()["actors"]
-    assert [(a["role"], a["restarts"], a["state"]) for a in actors] == [
-        (a["role"], 0, "running") for a in actors], f"seed {seed}"
+    serves_and_nothing_restarted(node, seed)
 
 
 def test_a_transaction_opened_before_a_checkpoint_commits_and_the_checkpoint_completes(
