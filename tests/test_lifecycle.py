@@ -159,10 +159,16 @@ def test_sigint_stops_cleanly(node: LocalNode) -> None:
     members = node.processes()
     assert node.proc is not None
     node.proc.send_signal(signal.SIGINT)
+    exits_whole(node, members, "SIGINT")
+
+
+def exits_whole(node: LocalNode, members: list[psutil.Process], after: str) -> None:
+    """The supervisor exits 0 within 30 s, and every process of the node within 10 s more."""
+    assert node.proc is not None
     assert node.proc.wait(30) == 0
     deadline = time.monotonic() + 10
     while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in members):
-        assert time.monotonic() < deadline, "actors left behind after SIGINT"
+        assert time.monotonic() < deadline, f"actors left behind after {after}"
         time.sleep(0.02)  # ok-sleep: poll until the actors are gone, under a deadline
     node.proc = None
 
@@ -179,12 +185,7 @@ def test_sigterm_to_the_whole_process_group_stops_cleanly_with_the_checkpoint(
     members = node.processes()
     assert node.proc is not None
     os.killpg(node.proc.pid, signal.SIGTERM)
-    assert node.proc.wait(30) == 0
-    deadline = time.monotonic() + 10
-    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in members):
-        assert time.monotonic() < deadline, "actors left behind after SIGTERM"
-        time.sleep(0.02)  # ok-sleep: poll until the actors are gone, under a deadline
-    node.proc = None
+    exits_whole(node, members, "SIGTERM")
     assert marker.exists(), f"no checkpoint at stop:\n{node.log_tail()}"
 
 
