@@ -159,12 +159,16 @@ class LogManager(Actor):
     # ---- start and stop ---------------------------------------------------------------
 
     def on_start(self) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
             rec = recover(self.log_dir, self.state)
         except (CorruptLog, SnapshotRefused, FormatRefused) as exc:
             raise RefuseToStart(str(exc)) from None
+        except OSError as exc:
+            # An unreadable file, a full or read-only disk: the same at every restart, so
+            # the node stops and says what failed rather than restart into it again.
+            raise RefuseToStart(f"recovering the log in {self.log_dir} failed: {exc}") from None
         self.recovery_ms = (time.monotonic() - t0) * 1000
         self.replayed_bytes = rec.replayed_bytes
         self.log_bytes = segments_bytes(self.log_dir)

@@ -10,6 +10,11 @@ RocketMQ's design, and it is idempotent because each shard skips LSNs it already
 Reads carry ``lsn_min``: a read waits (bounded, in a parked list) until the writer has
 applied at least that LSN, so a client always reads what it was told is durable.
 
+A writer lists the shards it made in ``writers/<role>.shards`` (written with every catalog
+change it applies, before the change's LSN is saved). After the start's replay every listed
+shard it owns must be open: one whose directory is gone (deleted by hand, a lost disk) would
+otherwise take writes that the log acknowledged and drop them, so the node refuses to start.
+
 This is the shell: RocksDB, the log files and the sockets. What to apply when, which reads
 wait, and what the writer reports are ``actors/writer_state.py``, a state machine with no
 I/O whose instructions ``perform`` carries out.
@@ -90,6 +95,27 @@ def body_of(e: Entry) -> Any:
     return msgpack.unpackb(e.payload, raw=False)
 
 
+def read_shards_file(path: Path) -> set[Shard] | None:
+    """The shards a writer's shards file lists (one directory name a line); None when
+    there is none."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    listed = set()
+    for name in text.split():
+        shard = parse_shard_dir(name)
+        if shard is None:
+            raise RefuseToStart(f"{path} lists {name!r}, which names no shard: the file is "
+                                f"damaged; remove it to start without the check it allows")
+        listed.add(shard)
+    return listed
+
+
+def write_shards_file(path: Path, listed: set[Shard]) -> None:
+    write_atomic(path, "".join(f"t{t}-p{p}\n" for t, p in sorted(listed)).encode())
+
+
 class ShardWriter(Actor):
     # Every writer is handed every group and applies only its own shards' records: their
     # values are read where they lie in the frame (views, ``wire.views``), and the records
@@ -105,7 +131,11 @@ class ShardWriter(Actor):
         self.log_dir = data / "log"
         self.shards_dir = data / "shards"
         self.state_file = data / "writers" / f"{self.role}.lsn"
+        self.shards_file = data / "writers" / f"{self.role}.shards"
         self.stores: dict[Shard, ShardStore] = {}
+        # The shards this writer made whose topic it has not seen deleted: what the shards
+        # file says, kept by the catalog changes applied (``apply_catalog``).
+        self.listed: set[Shard] = set()
         sc = self.cfg.shards
         self.memory = StoreMemory.of(sc, self.cfg.storage)
         self.state = WriterState(
@@ -144,6 +174,7 @@ class ShardWriter(Actor):
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
         if self.state_file.exists():
             self.catalog_lsn = int(self.state_file.read_text().strip() or 0)
+        listed = read_shards_file(self.shards_file)
         for d in sorted(self.shards_dir.iterdir()):
             if d.name.endswith(TOMBSTONE_SUFFIX):
                 shutil.rmtree(d, ignore_errors=True)  # a deletion cut short by a crash
@@ -169,8 +200,21 @@ class ShardWriter(Actor):
         floor = min([self.catalog_lsn] + [s.held_lsn - 1 if s.held_lsn else s.applied_lsn
                                           for s in self.stores.values()])
         self.processed_lsn = floor
+        # A data dir from before the shards file (or from a snapshot export): what is here.
+        self.listed = set(self.stores) if listed is None else listed
         t0 = time.monotonic()
         self.perform(self.state.recover(floor))
+        missing = sorted(s for s in self.listed if self.owns(*s) and s not in self.stores)
+        if missing:
+            dirs = ", ".join(str(shard_dir(self.shards_dir, *s)) for s in missing)
+            raise RefuseToStart(
+                f"{len(missing)} shard(s) missing: {dirs}. This writer made them and their "
+                f"topics were not deleted ({self.shards_file} lists them), so their records "
+                f"are gone with them, and the writes the log takes for them would be lost: "
+                f"restore the data dir from a backup or a snapshot export (shardnode start "
+                f"--from-snapshot)")
+        if listed is None:
+            write_shards_file(self.shards_file, self.listed)
         # Commits below here were applied before this start: a read may reflect any of them.
         self.commit_lsn = self.processed_lsn
         self.recovery_ms = (time.monotonic() - t0) * 1000
@@ -406,12 +450,18 @@ class ShardWriter(Actor):
                     store.flush()
                     self.stores[(topic_id, p)] = store
                     self.keep_alive()  # a wide topic takes a while
+                if (topic_id, p) in self.stores:
+                    self.listed.add((topic_id, p))
         else:
             topic_id, _name = e.body()
             for shard in [s for s in self.stores if s[0] == topic_id]:
                 self.held.drop_shard(shard)
                 self.stores.pop(shard).destroy()
+            self.listed -= {s for s in self.listed if s[0] == topic_id}
         fsync_dir(self.shards_dir)
+        if e.kind != Kind.TOPIC_ALTER:
+            # Before the LSN: a crash between the two replays the change, which is idempotent.
+            write_shards_file(self.shards_file, self.listed)
         self._save_catalog_lsn(e.lsn)
 
     # ---- messages, and carrying out the state's instructions -------------------------

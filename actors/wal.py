@@ -95,6 +95,29 @@ class CorruptLog(Exception):
         self.position = position
 
 
+class CorruptSnapshot(CorruptLog):
+    """Every snapshot present fails its check. Recovery rebuilds the state from the
+    segments when they still hold the log from its first LSN (the first snapshot's write
+    was cut short); otherwise the records before the segments are held by a snapshot only,
+    and the node refuses to start on this (``needed``)."""
+
+    def __init__(self, path: Path, reason: str, needed: bool = False,
+                 log_starts: int | None = None) -> None:
+        if not needed:
+            text = f"snapshot {path} fails its check: {reason}"
+        else:
+            where = ("no log segment is left" if log_starts is None else
+                     f"the log's segments start at LSN {log_starts}")
+            text = (f"snapshot {path} is corrupt ({reason}) and no other snapshot is valid; "
+                    f"{where}, so the records before them are held by a snapshot only. It "
+                    f"cannot be rebuilt here: restore the data directory from a backup, or "
+                    f"start a node from a snapshot export (shardnode start --from-snapshot)")
+        Exception.__init__(self, text)
+        self.segment = path
+        self.position = 0
+        self.reason = reason
+
+
 class SnapshotRefused(Exception):
     """A snapshot that checks out but that this node cannot restore (written in another
     format): the node refuses to start on it rather than crash on it at every restart."""
@@ -339,11 +362,21 @@ def _write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
 def load_snapshot(log_dir: Path) -> tuple[dict[str, Any] | None, int | None]:
     """The newest valid snapshot of a log directory and the slot it is in (None, None if
     there is none). A slot that fails its check is a write cut short and is passed over;
-    if every snapshot present fails, the log cannot be trusted and ``CorruptLog`` is
-    raised. A snapshot of a format this node does not read raises ``FormatRefused``."""
+    if every snapshot present fails, ``CorruptSnapshot`` is raised (``recover`` decides
+    whether the log can do without it). A snapshot of a format this node does not read
+    raises ``FormatRefused``."""
+    best, best_slot, failed = read_snapshots(log_dir)
+    if best is None and failed is not None:
+        raise failed
+    return best, best_slot
+
+
+def read_snapshots(log_dir: Path
+                   ) -> tuple[dict[str, Any] | None, int | None, CorruptSnapshot | None]:
+    """The newest valid snapshot, its slot, and the last slot that failed its check."""
     best: dict[str, Any] | None = None
     best_slot: int | None = None
-    failed: CorruptLog | None = None
+    failed: CorruptSnapshot | None = None
     for slot, name in enumerate(SNAPSHOT_SLOTS):
         path = log_dir / name
         try:
@@ -353,7 +386,7 @@ def load_snapshot(log_dir: Path) -> tuple[dict[str, Any] | None, int | None]:
         try:
             snap = logrecord.decode_snapshot(data)
         except ValueError as exc:
-            failed = CorruptLog(path, 0, str(exc))
+            failed = CorruptSnapshot(path, str(exc))
             continue
         form = snap.get("format") if isinstance(snap, dict) else None
         if not isinstance(form, int) or form > formats.SNAPSHOT.current:
@@ -361,12 +394,10 @@ def load_snapshot(log_dir: Path) -> tuple[dict[str, Any] | None, int | None]:
             formats.SNAPSHOT.check(path, form)
         if best is None or snap["last_lsn"] > best["last_lsn"]:
             best, best_slot = snap, slot
-    if best is None and failed is not None:
-        raise failed
     if best is not None:
         assert best_slot is not None
         formats.SNAPSHOT.check(log_dir / SNAPSHOT_SLOTS[best_slot], best.get("format"))
-    return best, best_slot
+    return best, best_slot, failed
 
 
 # ---- reading segments -------------------------------------------------------------------
@@ -548,21 +579,38 @@ def recover(log_dir: Path, state: LogState, chunk_bytes: int = SCAN_CHUNK_BYTES)
     """Load the newest snapshot, replay every later record into ``state``, cut a torn tail.
 
     Reads each segment a chunk at a time (``SegmentScan``). Raises ``CorruptLog`` when
-    damage is followed by valid records or LSNs skip, ``FormatRefused`` when the snapshot
+    damage is followed by valid records or LSNs skip, ``CorruptSnapshot`` when no snapshot
+    is valid and the segments do not start at the first LSN, ``FormatRefused`` when the snapshot
     or a segment is of a format this node does not read (``wire/formats.py``), and
     ``SnapshotRefused`` when a snapshot of a format it reads cannot be restored.
     """
-    snap, slot = load_snapshot(log_dir)
+    segments = list_segments(log_dir)
+    snap, slot, failed = read_snapshots(log_dir)
     if snap is not None:
         assert slot is not None
         try:
             state.restore(snap)
         except ValueError as exc:
             raise SnapshotRefused(log_dir / SNAPSHOT_SLOTS[slot], str(exc)) from None
-    segments = list_segments(log_dir)
-    if segments and segments[0][0] > state.last_lsn + 1:
+    # Records missing before the segments: held only by a snapshot that failed its check,
+    # or lost.
+    if segments:
+        missing = segments[0][0] > state.last_lsn + 1
+    else:
+        missing = snap is None and failed is not None
+    if missing and failed is not None:
+        raise CorruptSnapshot(failed.segment, failed.reason, needed=True,
+                              log_starts=segments[0][0] if segments else None)
+    if missing:
         raise CorruptLog(segments[0][1], 0, f"the log starts at LSN {segments[0][0]} but the "
                          f"snapshot ends at {state.last_lsn}: records are missing")
+    if failed is not None and snap is None:
+        # The segments hold the log from its first LSN: the first snapshot's write was cut
+        # short (a kill between its file's creation and its fdatasync), and nothing was
+        # truncated yet, since that waits for the snapshot.
+        log.warning("%s; the log's segments hold it from its first LSN, so the state is "
+                    "rebuilt from them, and the next checkpoint writes the snapshot again",
+                    failed)
     replayed = 0
     torn = 0
     last_path: Path | None = None

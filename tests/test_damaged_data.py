@@ -1,5 +1,5 @@
 """A node started on damaged data: it recovers with every acknowledged record exactly once,
-or refuses to start naming the damaged file. The xfail tests are confirmed problems."""
+or refuses to start naming the damaged file."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from actors import wal
 from node.local import LocalNode, NodeFailed
 from node.supervisor import run_dir_for
+from tests.test_crash import wait_until
 from wire.errors import NodeError
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ def test_a_deleted_middle_segment_refuses_to_start_naming_the_gap(make_node: Mak
     assert text.count("refuses to start") == 1
 
 
-# ---- confirmed problems -----------------------------------------------------------------
+# ---- damage ----------------------------------------------------------------------------
 
 
 def test_a_corrupt_sst_is_an_error_not_missing_records(make_node: MakeNode,
@@ -129,43 +130,57 @@ def test_a_corrupt_sst_is_an_error_not_missing_records(make_node: MakeNode,
         n.stop()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "a shard directory deleted while the node was stopped: the node starts without it, "
-    "and produces to the partition are acknowledged then dropped ('no shard here; skipped')"))
-def test_a_deleted_shard_dir_refuses_to_start_or_keeps_acknowledged_writes(
-        make_node: MakeNode, tmp_path: Path) -> None:
+def test_a_deleted_shard_dir_refuses_to_start_naming_it(make_node: MakeNode,
+                                                        tmp_path: Path) -> None:
+    """Started without it, the node took writes for the partition, acknowledged them, and
+    its writer dropped them ('no shard here; skipped')."""
     node = make_node()
     fill(node, n=50)
     node.stop()
-    shutil.rmtree(shard_dir(node.data_dir, "t1-p0"))
+    gone = shard_dir(node.data_dir, "t1-p0")
+    shutil.rmtree(gone)
     n, text = start_or_refusal(node.data_dir, tmp_path / "after.log")
-    if n is None:
-        assert "t1-p0" in text and "refuses to start" in text
-        return
-    try:
-        with n.client() as c:
-            p, off = c.produce("t", b"after the damage", partition=0)
-            try:
-                got = c.read("t", p, off)
-            except Exception as exc:
-                got = []
-                why = str(exc)
-            else:
-                why = ""
-        assert got and got[0].value == b"after the damage", (
-            f"acknowledged at {(p, off)} but not readable: {why}")
-    finally:
+    if n is not None:
         n.stop()
+        pytest.fail("started without a shard its writer made")
+    (line,) = [ln for ln in text.splitlines() if "refuses to start" in ln]
+    assert f"shard(s) missing: {gone}." in line, line
+    assert "Traceback" not in text, text[-1500:]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "a corrupt snapshot is reported as a 'log segment' with 'valid records follow, so this "
-    "is not a torn tail. ... move it aside': moving the only snapshot aside loses the log"))
-def test_a_corrupt_snapshot_is_named_as_one_without_advice_to_move_it_aside(
-        make_node: MakeNode, tmp_path: Path) -> None:
+def test_a_topic_deleted_by_a_writer_killed_before_it_saved_the_change_starts(
+        make_node: MakeNode) -> None:
+    """The kill lands after the shard's directory is gone and before the writer's shards
+    file says so: the delete, replayed from the log, takes it off the list."""
     node = make_node()
-    fill(node, n=20)
-    node.stop()  # a clean stop leaves one snapshot, which holds the whole log
+    fill(node, n=5)
+    with node.client() as c:
+        c.create_topic("u", partitions=2)
+        c.produce("u", b"kept", partition=1)
+    node.stop()
+    writers = node.data_dir / "writers"
+    before = {f: f.read_bytes() for f in writers.glob("*")}
+    node2 = make_node(data_dir=node.data_dir)
+    with node2.client() as c:
+        c.delete_topic("t")
+    wait_until("the writers to apply the delete",
+               lambda: not list((node2.data_dir / "shards").glob("t1-p*")))
+    node2.kill()
+    for f, data in before.items():  # as the writers' files were before the delete
+        f.write_bytes(data)
+    node3 = make_node(data_dir=node.data_dir)
+    with node3.client() as c:
+        assert [r.value for r in c.read("u", 1, 0)] == [b"kept"]
+        assert "t" not in [t.name for t in c.list_topics()]
+
+
+def test_a_corrupt_snapshot_the_log_needs_is_named_as_one_without_advice_to_move_it_aside(
+        make_node: MakeNode, tmp_path: Path) -> None:
+    node = make_node(SMALL_SEGMENTS)
+    fill(node)
+    node.stop()  # a clean stop checkpoints: the segments before it are deleted
+    first_lsn = wal.list_segments(node.data_dir / "log")[0][0]
+    assert first_lsn > 1, "the log was not truncated: it does not need the snapshot"
     log_dir = node.data_dir / "log"
     _snap, slot = wal.load_snapshot(log_dir)
     assert slot is not None
@@ -178,10 +193,29 @@ def test_a_corrupt_snapshot_is_named_as_one_without_advice_to_move_it_aside(
         n.stop()
         pytest.fail("started on a corrupt snapshot")
     (line,) = [ln for ln in text.splitlines() if "refuses to start" in ln]
-    assert str(path) in line
+    assert f"snapshot {path} is corrupt" in line, line
+    assert f"segments start at LSN {first_lsn}" in line, line
     assert f"log segment {path}" not in line, line
     assert "valid records follow" not in line, line
     assert "move it aside" not in line, line
+
+
+def test_a_first_snapshot_cut_short_by_a_kill_is_rebuilt_from_the_log(
+        make_node: MakeNode) -> None:
+    """A kill between the first snapshot file's creation and its fdatasync leaves it
+    empty; nothing was truncated yet, so the node starts from the segments."""
+    node = make_node()
+    values = fill(node, n=20)
+    node.kill()
+    log_dir = node.data_dir / "log"
+    assert wal.list_segments(log_dir)[0][0] == 1
+    for name in wal.SNAPSHOT_SLOTS:  # as before the first checkpoint, if one ran
+        (log_dir / name).unlink(missing_ok=True)
+    (log_dir / wal.SNAPSHOT_SLOTS[0]).write_bytes(b"")
+    node2 = make_node(data_dir=node.data_dir)
+    assert [read_all(node2, p) for p in range(2)] == values
+    node2.stop()  # its checkpoint writes the snapshot again
+    assert wal.load_snapshot(log_dir)[0] is not None
 
 
 def test_a_shard_with_a_corrupt_current_file_refuses_to_start_naming_it(
@@ -197,3 +231,20 @@ def test_a_shard_with_a_corrupt_current_file_refuses_to_start_naming_it(
         pytest.fail("started on a shard with a corrupt CURRENT")
     assert "Traceback" not in text, text[-1500:]
     assert "refuses to start" in text and str(shard) in text
+
+
+def test_a_log_file_that_cannot_be_read_refuses_to_start_naming_the_error(
+        make_node: MakeNode, tmp_path: Path) -> None:
+    node = make_node()
+    fill(node, n=5)
+    node.stop()
+    log_dir = node.data_dir / "log"
+    last = wal.list_segments(log_dir)[-1][0]
+    (log_dir / wal.segment_name(last + 1_000_000)).mkdir()  # read as a segment: EISDIR
+    n, text = start_or_refusal(node.data_dir, tmp_path / "refused.log")
+    if n is not None:
+        n.stop()
+        pytest.fail("started on a log it could not read")
+    (line,) = [ln for ln in text.splitlines() if "refuses to start" in ln]
+    assert f"recovering the log in {log_dir} failed: [Errno 21] Is a directory" in line, line
+    assert "Traceback" not in text, text[-1500:]

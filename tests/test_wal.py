@@ -24,6 +24,7 @@ from actors.log_state import LogState
 from actors.wal import (
     SCAN_CHUNK_BYTES,
     CorruptLog,
+    CorruptSnapshot,
     SegmentScan,
     list_segments,
     recover,
@@ -714,6 +715,72 @@ def test_recovery_refuses_a_snapshot_of_another_format(log_dir: Path) -> None:
 def test_recovery_refuses_a_log_with_records_missing(log_dir: Path) -> None:
     write_log(log_dir, [(1, produces(1, 3, 10)), (5, produces(5, 3, 10))])
     with pytest.raises(CorruptLog, match="LSN 5 follows 3"):
+        recover(log_dir, fresh_state())
+
+
+@pytest.mark.parametrize("cut", [b"", bytes(wal.SNAPSHOT_GROW_BYTES)])
+def test_a_first_snapshot_cut_short_is_rebuilt_from_a_log_that_starts_at_lsn_1(
+        log_dir: Path, cut: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    """A kill between the snapshot file's creation and its fdatasync leaves it empty or
+    zeros; nothing was truncated yet, so the segments hold everything."""
+    create = encode(1, Kind.TOPIC_CREATE, [1, "t", 1])
+    write_log(log_dir, [(1, create + produces(2, 8, 10))])
+    whole = fresh_state()
+    recover(log_dir, whole)
+    (log_dir / wal.SNAPSHOT_SLOTS[0]).write_bytes(cut)
+    state = fresh_state()
+    rec = recover(log_dir, state)
+    assert state.last_lsn == 9 and state.snapshot() == whole.snapshot()
+    assert rec.snapshot_slot is None  # the next checkpoint writes slot 0 again
+    assert "rebuilt from them" in caplog.text
+
+
+def snapshot_at(log_dir: Path, slot: int, lsns: int) -> None:
+    """A snapshot in ``slot`` of topic t and produces up to LSN ``lsns``."""
+    state = fresh_state()
+    state.replay(Entry(0, 1, Kind.TOPIC_CREATE, msgpack.packb([1, "t", 1])))
+    for lsn in range(2, lsns + 1):
+        state.replay(Entry(0, lsn, Kind.PRODUCE, msgpack.packb([7, lsn, 0, [[1, 0, lsn, 1, b""]]])))
+    wal.write_snapshot(log_dir, slot, logrecord.encode_snapshot(state.snapshot()))
+
+
+def spoil(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[40] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_corrupt_snapshot_the_log_needs_is_refused_as_a_snapshot(log_dir: Path) -> None:
+    snapshot_at(log_dir, 0, 5)
+    write_log(log_dir, [(6, produces(6, 3, 10))])  # 1-5 were truncated: only in the snapshot
+    spoil(log_dir / wal.SNAPSHOT_SLOTS[0])
+    with pytest.raises(CorruptSnapshot) as info:
+        recover(log_dir, fresh_state())
+    text = str(info.value)
+    assert text.startswith(f"snapshot {log_dir / wal.SNAPSHOT_SLOTS[0]} is corrupt (")
+    assert "segments start at LSN 6" in text and "restore the data directory" in text
+    assert "log segment" not in text and "aside" not in text
+
+
+def test_a_corrupt_newer_snapshot_is_named_when_the_older_one_ends_before_the_log(
+        log_dir: Path) -> None:
+    snapshot_at(log_dir, 0, 3)
+    snapshot_at(log_dir, 1, 5)  # durable, then segments up to 5 deleted
+    write_log(log_dir, [(6, produces(6, 3, 10))])
+    spoil(log_dir / wal.SNAPSHOT_SLOTS[1])
+    with pytest.raises(CorruptSnapshot, match=r"checkpoint-1\.snap is corrupt"):
+        recover(log_dir, fresh_state())
+    # While the segments still reach back to the older one, the newer one's write was cut
+    # short, and the older one is used.
+    write_log(log_dir, [(4, produces(4, 2, 10))])
+    state = fresh_state()
+    assert recover(log_dir, state).snapshot_slot == 0 and state.last_lsn == 8
+
+
+def test_a_corrupt_snapshot_with_no_segment_left_is_refused(log_dir: Path) -> None:
+    snapshot_at(log_dir, 0, 5)
+    spoil(log_dir / wal.SNAPSHOT_SLOTS[0])
+    with pytest.raises(CorruptSnapshot, match="no log segment is left"):
         recover(log_dir, fresh_state())
 
 
