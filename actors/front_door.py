@@ -49,6 +49,7 @@ from wire.messages import (
     Done,
     ErrorReply,
     Exported,
+    GateHeld,
     Hello,
     OffsetsReply,
     OtherWrite,
@@ -311,6 +312,8 @@ class FrontDoor(Actor):
                     self.perform(ack(corr, lsn, parts))
             case Catalog():
                 self.state.catalog(msg)
+            case GateHeld(corrs, held):  # a blocking checkpoint's (actors/front_kv.py)
+                self.perform(self.state.kv.gate_held(corrs, held))
             case (Ack() | Done() | RecordsReply() | ValueReply() | TopicsReply() | StatusReply()
                   | OffsetsReply() | ErrorReply() | TxnId() | TxnWritten() | TxnCommitted()
                   | TxnOutcome() | TxnsReply() | ShardsReply()

@@ -664,13 +664,28 @@ class KvDoor:
                 w.decided = (txn, conds)
                 self.deciding = True
                 out.append(Request(TRANSACTION_MANAGER, corr,
-                                   TxnStep(corr, txn, None, "commit", writes, checked=True)))
+                                   TxnStep(corr, txn, None, "commit", writes, checked=True,
+                                           ahead_of=self.state.gated_on(keys))))
                 return out
             self.conds_done(conds)  # rolled back: they are let go
             self.txn_forget(txn)
             w.then = self.conflict(txn)
             out.append(Request(TRANSACTION_MANAGER, corr, TxnStep(corr, txn, None, "rollback")))
         return out
+
+    def gate_held(self, corrs: Sequence[int], held: bool) -> list[Out]:
+        """The transaction manager holds these writes at a blocking checkpoint's gate (or let
+        them through): a checked commit waiting for one of its keys' writes may now be
+        decided ahead of those held (the gate waits for the commit: it would wait for good,
+        ``checkpoint_timeout_ms``, with the write waiting for the gate)."""
+        for corr in corrs:
+            w = self.door.pending.get(corr)
+            op = w.kv if w is not None else self.late.get(corr)
+            if op is not None and op.sent:
+                self.state.held_at_gate(op, held)
+        if held and self.commits and not self.deciding:
+            return self.commit_next()
+        return []
 
     def conflict(self, txn: int) -> Then:
         def done(w: Waiting, _ok: Fields | None, err: Failure | None) -> list[Out]:

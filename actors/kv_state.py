@@ -77,6 +77,10 @@ class Line:
     loading: bool = False
     acked: int = 0  # writes of the key acknowledged (a load's answer is stale if any came)
     acked_at_load: int = 0
+    # Those in flight that a blocking checkpoint's gate holds (their correlation ids): they
+    # reach the log only after every open transaction ends, so a transaction's commit may
+    # be decided ahead of them (``settled``), on the value without them.
+    gated: set[int] = field(default_factory=set)
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,18 +303,34 @@ class KvState:
         for k in keys:
             tid, key = k
             line = self.lines.get(k)
-            if self.blocked(tid) or (line is not None and (line.queue or line.in_flight
-                                                           or line.loading)):
+            if self.blocked(tid) or (line is not None and (
+                    line.queue or line.in_flight > len(line.gated) or line.loading)):
                 ready = False
                 continue
             e = self.cache.get(k, self.gen(tid))
             if e is None:
                 ready = False
-                line = self.lines[k] = Line()
+                if line is None:
+                    line = self.lines[k] = Line()
                 loads.append(self._load(line, tid, key))
                 continue
             values[k] = e[0]
         return (values if ready else None), loads
+
+    def held_at_gate(self, op: KeyOp, held: bool) -> None:
+        """The transaction manager holds this write in flight at a blocking checkpoint's
+        gate (``held``), or let it through as the gate opened."""
+        line = self.lines.get((op.tid, op.key))
+        if line is None:
+            return
+        if held:
+            line.gated.add(op.corr)
+        else:
+            line.gated.discard(op.corr)
+
+    def gated_on(self, keys: Iterable[Key]) -> list[int]:
+        """The writes of ``keys`` held at the gate that a commit decided now goes ahead of."""
+        return sorted(c for k in keys if (line := self.lines.get(k)) for c in line.gated)
 
     def bar(self, keys: Iterable[Key]) -> None:
         """A commit decided on these keys' values is sent: their writes wait for it."""
@@ -334,8 +354,9 @@ class KvState:
         if line is None:
             return []
         line.loading = False
-        # Nothing of the key was written since the load was sent: its answer is the value.
-        if (line.acked == line.acked_at_load and not line.in_flight
+        # Nothing of the key was written since the load was sent: its answer is the value
+        # (without the writes held at the gate, which are not in the log).
+        if (line.acked == line.acked_at_load and line.in_flight == len(line.gated)
                 and generation == self.gen(tid) and not self.blocked(tid)):
             self.cache.put(k, value, lsn, generation)
         return self.pump(k, line)
@@ -364,6 +385,7 @@ class KvState:
         if line is None:
             return []
         line.in_flight -= 1
+        line.gated.discard(op.corr)
         line.acked += 1
         return self.pump(k, line)
 

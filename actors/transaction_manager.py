@@ -62,6 +62,8 @@ log = logging.getLogger("shardnode")
 SYNC_RETRY_S = 1.0  # ask the log manager again for its transactions if no answer came
 GATE_TEXT = ("a blocking checkpoint is waiting for open transactions to end; begin this one "
              "after it (retry)")
+AHEAD_TEXT = ("a write of a compare-and-set's key left the checkpoint's gate as the commit was "
+              "decided; commit again (retry)")
 CORRS_READ_BYTES = 8192  # read this much of a burst at a time to find its correlation ids
 WRITES_ARRAY_LEN = 1 + len(dataclasses.fields(Writes))  # its tag, then its fields: corrs first
 WRITES_HEADER = 0x90 | WRITES_ARRAY_LEN  # msgpack's fixarray of that length
@@ -155,6 +157,11 @@ class TransactionManager(Actor):
                 else:
                     self.perform([Send(FRONT_DOOR, ErrorReply(corr, ErrorCode.BUSY, GATE_TEXT),
                                        wait_ms=100)])
+            case TxnStep(corr, ahead_of=ahead_of) if ahead_of and not self.state.holds(ahead_of):
+                # Decided at the front door ahead of writes it was told were held at the
+                # gate, which has let some through since: they may be logged before it.
+                self.perform([Send(FRONT_DOOR, ErrorReply(corr, ErrorCode.BUSY, AHEAD_TEXT),
+                                   wait_ms=100)])
             case TxnStep():
                 self.perform(self.txns.step(msg, time.monotonic()))
                 self.perform(self.state.recheck())

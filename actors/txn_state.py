@@ -16,12 +16,12 @@ stop (``front_closed``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from actors.instructions import Forward, Send
 from actors.roles import FRONT_DOOR, LOG_MANAGER
 from wire.errors import ErrorCode
-from wire.messages import CheckpointReady, ErrorReply, Writes
+from wire.messages import CheckpointReady, ErrorReply, GateHeld, Writes
 
 HELD_FULL_TEXT = "the log manager cannot take more now (a full queue or a checkpoint); retry later"
 
@@ -50,6 +50,7 @@ class TxnState:
         self.gate_since = 0.0
         self.held: list[Writes] = []  # bursts held back at the closed gate, in order
         self.held_count = 0  # the requests in them
+        self.held_corrs: set[int] = set()  # their correlation ids
         self.began = 0
         self.held_total = 0  # requests ever held back at a closed gate
         self.ended = 0
@@ -86,12 +87,21 @@ class TxnState:
             return [self._begin(writes, now)]
         room = max(0, self.held_max - self.held_count)
         n = len(writes.corrs)
+        out: list[Forward | Send] = []
         if room:
             self.held.append(writes if n <= room else writes.slice(0, room))
             taken = min(n, room)
             self.held_count += taken
             self.held_total += taken
-        return [busy(corr) for corr in writes.corrs[room:]]
+            corrs = list(writes.corrs[:taken])
+            self.held_corrs.update(corrs)
+            # For the front door's checked commits, which may go ahead of these (GateHeld).
+            out.append(Send(FRONT_DOOR, GateHeld(corrs, True), wait_ms=100))
+        return out + [busy(corr) for corr in writes.corrs[room:]]
+
+    def holds(self, corrs: Iterable[int]) -> bool:
+        """Whether every one of these write requests is held at the closed gate."""
+        return self.gate is not None and all(c in self.held_corrs for c in corrs)
 
     def begin(self, corrs: list[int], now: float) -> bool:
         """Begin these write transactions at once, their requests to be passed on as they
@@ -130,7 +140,9 @@ class TxnState:
         if not self.held:
             return []
         held, self.held, self.held_count = self.held, [], 0
-        return [self._begin(Writes.join(held), now)]
+        released, self.held_corrs = self.held_corrs, set()
+        return [self._begin(Writes.join(held), now),
+                Send(FRONT_DOOR, GateHeld(sorted(released), False), wait_ms=100)]
 
     def tick(self, now: float) -> list[Forward | Send]:
         """Forget transactions whose request was lost (a restarted log manager, say)."""

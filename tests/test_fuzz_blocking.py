@@ -222,3 +222,44 @@ def test_a_transaction_opened_before_a_checkpoint_commits_and_the_checkpoint_com
         assert results["checkpoint"] >= committed.lsn, (results, committed)
         assert results.get("produce") == (0, 1), results
         assert [r.value for r in c.read(topic, 0, 0)] == [b"in the transaction", b"held"]
+
+
+def test_a_compare_and_set_commit_goes_ahead_of_a_put_of_its_key_held_at_the_gate(
+        blocking_node: LocalNode) -> None:
+    """A transaction with a compare-and-set on a key, open before a checkpoint, keeps the
+    checkpoint waiting at the closed gate, where a plain put of the same key is held. The
+    front door decides the commit ahead of the put (the put reaches the log after it): it
+    commits, the checkpoint completes, and the put lands on top. (The commit waited for the
+    put's answer, the put for the gate, the gate for the commit: the checkpoint gave up
+    after checkpoint_timeout_ms, and the commit was refused TXN_CONFLICT or timed out.)"""
+    node = blocking_node
+    ns = "gate-kv"
+    results: dict[str, Any] = {}
+
+    def checkpoint() -> int:
+        with node.client(timeout_ms=ANSWER_WAIT_MS) as c:
+            return c.checkpoint()
+
+    def put() -> int:
+        with node.client(timeout_ms=ANSWER_WAIT_MS) as c:
+            return c.kv_put(ns, b"k", b"put at the gate")
+
+    with node.client(timeout_ms=10_000) as c:
+        until("the gate open with nothing held", lambda: not (f := figures(c, "txn"))["gate"]
+              and f["held"] == 0, timeout_s=3 * CHECKPOINT_TIMEOUT_MS / 1000)
+        c.kv_put(ns, b"k", b"before")
+        tx = c.transaction(timeout_ms=TXN_TIMEOUT_MS_MAX)
+        tx.kv_cas(ns, b"k", b"before", b"by the transaction")
+        tx.settle()  # open on the node
+        ckpt = in_thread(results, "checkpoint", checkpoint)
+        until("the gate to close", lambda: figures(c, "txn")["gate"])
+        held = in_thread(results, "put", put)
+        until("the put to be held at the gate", lambda: figures(c, "txn")["held"])
+        assert ckpt.is_alive() and held.is_alive(), results  # both wait
+        committed = tx.commit()
+        ckpt.join(ANSWER_WAIT_MS / 1000)
+        held.join(ANSWER_WAIT_MS / 1000)
+        assert type(results.get("checkpoint")) is int, results
+        assert results["checkpoint"] >= committed.lsn, (results, committed)
+        assert type(results.get("put")) is int and results["put"] > committed.lsn, results
+        assert c.kv_get(ns, b"k") == b"put at the gate"

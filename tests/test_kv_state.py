@@ -231,6 +231,34 @@ def test_a_transactions_keys_are_settled_then_held_until_its_commit_is_answered(
 
 
 
+def test_a_commit_is_decided_ahead_of_writes_of_its_keys_held_at_the_gate() -> None:
+    """A blocking checkpoint's gate holds a put of a key whose compare-and-set a transaction
+    checks, and waits for the transaction: the commit, decided on the value without the
+    put (which reaches the log after it), goes ahead, naming the put."""
+    s = KvState(1 << 20)
+    a = (NS, b"a")
+    first = put(1, b"a", b"1")
+    s.write(first)
+    s.written(first, 5)
+    held = put(2, b"a", b"2")
+    assert s.write(held) == [Send(held)]
+    assert s.settled([a]) == (None, [])  # in flight: its place in the log is not known
+    s.held_at_gate(held, True)
+    assert s.settled([a]) == ({a: b"1"}, [])
+    assert s.gated_on([a]) == [2]
+    s.held_at_gate(held, False)  # let through: the commit waits for its answer again
+    assert s.settled([a]) == (None, [])
+    s.held_at_gate(held, True)
+    s.lost(held)  # its request timed out: the value is loaded, without it
+    values, (load,) = s.settled([a])
+    assert values is None and isinstance(load, Load)
+    assert s.loaded(NS, b"a", b"1", 5, load.generation) == []
+    assert s.settled([a]) == ({a: b"1"}, [])
+    s.written(held, 9)  # its answer: no longer held, and the key's value
+    assert s.gated_on([a]) == []
+    assert s.settled([a]) == ({a: b"2"}, [])
+
+
 def test_what_is_kept_of_deleted_topics_goes_with_them() -> None:
     """50 create/delete cycles of 1 024-partition topics left 51 200 entries, and no topic."""
     s = KvState(1 << 20)

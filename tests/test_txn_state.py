@@ -8,10 +8,10 @@ import pytest
 
 from actors.base import ActorContext
 from actors.instructions import Forward, Send
-from actors.roles import LOG_MANAGER, TRANSACTION_MANAGER
+from actors.roles import FRONT_DOOR, LOG_MANAGER, TRANSACTION_MANAGER
 from actors.txn_state import TxnState, busy
 from config import load_config
-from wire.messages import CheckpointReady, ProduceRow, Writes
+from wire.messages import CheckpointReady, GateHeld, ProduceRow, Writes
 
 
 def ready(ckpt_id: int, oldest_lsn: int) -> Send:
@@ -32,6 +32,11 @@ def forward(*corrs: int) -> Forward:
     return Forward(LOG_MANAGER, items(*corrs))
 
 
+def gate_held(*corrs: int, held: bool = True) -> Send:
+    """The front door told that these are held at the gate (or let through)."""
+    return Send(FRONT_DOOR, GateHeld(list(corrs), held), wait_ms=100)
+
+
 def test_fuzzy_mode_forwards_and_is_ready_at_once() -> None:
     s = TxnState("fuzzy", held_max=10, stale_s=5, gate_s_max=60)
     (fwd,) = s.requests(items(1, 2), now=0)
@@ -44,14 +49,16 @@ def test_blocking_gate_waits_for_active_and_holds_new() -> None:
     s = TxnState("blocking", held_max=10, stale_s=5, gate_s_max=60)
     s.requests(items(1, 2), now=0)
     assert s.checkpoint_requested(3) == []  # two still active
-    assert s.requests(items(4, 5), now=0) == []  # held back
+    assert s.requests(items(4, 5), now=0) == [gate_held(4, 5)]  # held back
     assert s.held_total == 2
+    assert s.holds([4, 5]) and s.holds([5]) and not s.holds([4, 1])
     assert s.end([1]) == []
     assert s.end([2]) == [ready(3, 0)]
     assert s.end([2]) == []  # ready is said once
     assert s.checkpoint_finished(99, now=1) == []  # not ours
-    assert s.checkpoint_finished(3, now=1) == [forward(4, 5)]
+    assert s.checkpoint_finished(3, now=1) == [forward(4, 5), gate_held(4, 5, held=False)]
     assert set(s.active) == {4, 5}
+    assert not s.holds([4])  # let through
 
 
 def test_gate_with_nothing_active_is_ready_immediately() -> None:
@@ -62,10 +69,11 @@ def test_gate_with_nothing_active_is_ready_immediately() -> None:
 def test_held_queue_is_bounded() -> None:
     s = TxnState("blocking", held_max=2, stale_s=5, gate_s_max=60)
     s.checkpoint_requested(1)
-    assert s.requests(items(1, 2, 3), now=0) == [busy(3)]
+    assert s.requests(items(1, 2, 3), now=0) == [gate_held(1, 2), busy(3)]
     assert s.held_count == 2 and s.held_total == 2
     assert s.requests(items(5), now=0) == [busy(5)]
-    assert s.checkpoint_finished(1, now=0) == [forward(1, 2)]
+    assert not s.holds([3]) and not s.holds([5])  # answered BUSY, not held
+    assert s.checkpoint_finished(1, now=0) == [forward(1, 2), gate_held(1, 2, held=False)]
 
 
 def test_lost_transactions_expire_and_release_the_gate() -> None:
@@ -82,7 +90,7 @@ def test_a_gate_whose_finish_was_lost_opens_by_itself() -> None:
     assert s.checkpoint_requested(1, now=0) == [ready(1, 0)]
     s.requests(items(7), now=1)
     assert s.tick(now=20) == []
-    assert s.tick(now=31) == [forward(7)]
+    assert s.tick(now=31) == [forward(7), gate_held(7, held=False)]
     assert s.gate is None
 
 
@@ -104,7 +112,7 @@ def test_bursts_held_at_the_gate_go_on_as_one_in_the_order_they_came() -> None:
     s.requests(items(1, 2, 3), now=0)
     s.requests(items(4, 5), now=0)
     s.requests(items(6), now=0)
-    (fwd,) = s.checkpoint_finished(1, now=0)
+    fwd, _released = s.checkpoint_finished(1, now=0)
     assert isinstance(fwd, Forward)
     assert fwd == forward(1, 2, 3, 4, 5, 6)
     assert list(fwd.writes.others) == [(1, b"frame-2"), (3, b"frame-4"), (5, b"frame-6")]

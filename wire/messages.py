@@ -612,6 +612,11 @@ class TxnStep(Message):
     # With "commit": the front door found the transaction's compare-and-sets matching (a
     # transaction with some is refused without it: a front door that restarted lost them).
     checked: bool = False
+    # With a checked "commit": writes of its keys in flight that the front door decided it
+    # ahead of, as the transaction manager said it held them at a blocking checkpoint's
+    # gate (``GateHeld``). Refused BUSY unless every one is held there still: then they
+    # reach the log after it, as the decision assumed.
+    ahead_of: list[int] = dataclasses.field(default_factory=list)
 
 
 TXN_STEPS = ("end", "prepare", "commit", "commit_one_phase", "rollback")
@@ -736,6 +741,17 @@ class TxnOutcome(Message):
 
     corr: int
     outcome: str
+
+
+@message(95)
+class GateHeld(Message):
+    """Transaction manager → front door: write requests (their ``corrs``) it holds at a
+    blocking checkpoint's closed gate (``held``), or let through as it opened. A checked
+    commit waiting for a write of its keys to be answered may be decided ahead of a held
+    one (``TxnStep.ahead_of``): the gate waits for the commit, so it would wait for good."""
+
+    corrs: list[int]
+    held: bool
 
 
 # What a transaction not committed is, as ``TxnOutcome`` says: still open (its commit never
