@@ -26,7 +26,7 @@ from actors.kv_state import Generation, KeyOp, KvState, Load, Refused, Send, Ste
 from actors.roles import TRANSACTION_MANAGER
 from config import NodeConfig
 from wire import protocol
-from wire.errors import ErrorCode, NodeError
+from wire.errors import CONFLICT_TEXT, ErrorCode, NodeError
 from wire.messages import (
     Answer,
     CreateTopic,
@@ -670,7 +670,8 @@ class KvDoor:
             self.conds_done(conds)  # rolled back: they are let go
             self.txn_forget(txn)
             w.then = self.conflict(txn)
-            out.append(Request(TRANSACTION_MANAGER, corr, TxnStep(corr, txn, None, "rollback")))
+            out.append(Request(TRANSACTION_MANAGER, corr,
+                               TxnStep(corr, txn, None, "rollback", checked=True)))
         return out
 
     def gate_held(self, corrs: Sequence[int], held: bool) -> list[Out]:
@@ -690,8 +691,7 @@ class KvDoor:
     def conflict(self, txn: int) -> Then:
         def done(w: Waiting, _ok: Fields | None, err: Failure | None) -> list[Out]:
             self.door.errors += 1
-            text = (f"transaction {txn}: a key's value was not what its compare-and-set "
-                    f"expected; rolled back")
+            text = CONFLICT_TEXT.format(txn)
             if err is not None:
                 text += f" (the rollback failed: {err[1]})"
             return [Reply(w.identity, protocol.error(w.rid, ErrorCode.TXN_CONFLICT, text))]

@@ -58,7 +58,7 @@ from actors.roles import FRONT_DOOR, LOG_MANAGER
 from config import TxnConfig
 from wire import xid as xids
 from wire.codec import Message
-from wire.errors import ErrorCode, NodeError
+from wire.errors import CONFLICT_TEXT, ErrorCode, NodeError
 from wire.messages import (
     ErrorReply,
     TxnAppend,
@@ -110,6 +110,7 @@ class Txn:
     bytes: int = 0
     shards: set[tuple[int, int]] = field(default_factory=set)
     conditional: bool = False  # it has compare-and-sets: the front door checks them
+    conflicted: bool = False  # rolled back by the front door: a compare-and-set did not hold
     before: Phase = Phase.ACTIVE  # the phase before the last step (undone if it is not sent)
 
     def name(self) -> str:
@@ -283,6 +284,7 @@ class Transactions:
             case "commit_one_phase", Phase.IDLE:
                 return self._finish(corr, t, Phase.COMMITTED)
             case "rollback", _:
+                t.conflicted = msg.checked
                 return self._finish(corr, t, Phase.ROLLED_BACK)
         return [self._state(corr, t, step.replace("_", " in one phase "
                                                   if step == "commit_one_phase" else " "))]
@@ -320,6 +322,9 @@ class Transactions:
             return [Request(LOG_MANAGER, corr, TxnResolve(corr, t.txn, "commit"))]
         if t.phase is not Phase.COMMITTED and step == "rollback":
             return [Request(LOG_MANAGER, corr, TxnResolve(corr, t.txn, "rollback"))]
+        if t.conflicted and step == "commit":
+            # Its first answer, lost: TXN_STATE sent the client's retry on to begin again.
+            return [self._error(corr, ErrorCode.TXN_CONFLICT, CONFLICT_TEXT.format(t.txn))]
         return [self._state(corr, t, step)]
 
     def _finish(self, corr: int, t: Txn, phase: Phase) -> list[Out]:

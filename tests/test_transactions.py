@@ -14,7 +14,7 @@ from actors.roles import FRONT_DOOR, LOG_MANAGER
 from actors.transactions import TXN_ID_MAX, Phase, Transactions
 from config import load_config
 from wire import logrecord
-from wire.errors import ErrorCode
+from wire.errors import CONFLICT_TEXT, ErrorCode
 from wire.logrecord import Kind
 from wire.messages import (
     CreateTopic,
@@ -107,6 +107,19 @@ def test_misuse_gets_clear_errors() -> None:
     step(t, "rollback", other)
     assert error_code(step(t, "commit", other)) == ErrorCode.TXN_STATE  # commit after abort
     assert error_code(step(t, "prepare", begin(t, corr=6))) == ErrorCode.TXN_STATE
+
+
+def test_a_commit_sent_again_after_a_compare_and_set_failed_is_told_so_again() -> None:
+    """The front door rolled it back (its condition did not hold) and the client's answer
+    was lost: TXN_STATE sent the client's retry on to begin again, which was refused 'in
+    use', and the caller never learnt it had not committed."""
+    t = machine()
+    txn = begin(t)
+    t.step(TxnStep(3, txn, None, "rollback", checked=True), 0.0)  # the front door's
+    out = step(t, "commit", txn, corr=4)
+    assert error_code(out) == ErrorCode.TXN_CONFLICT
+    assert isinstance(out[0], Send) and isinstance(out[0].msg, ErrorReply)
+    assert out[0].msg.text == CONFLICT_TEXT.format(txn)
 
 
 def test_commit_and_rollback_again_ask_the_log_for_the_first_outcome() -> None:

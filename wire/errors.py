@@ -147,6 +147,10 @@ class TransactionConflict(TransactionError):
     code = ErrorCode.TXN_CONFLICT
 
 
+# Its text, the first time and when a commit of the transaction is sent again.
+CONFLICT_TEXT = "transaction {}: a key's value was not what its compare-and-set expected; rolled back"
+
+
 class XAError(NodeError):
     """An XA call failed; ``code`` is the XA specification's error (XAER_*, XA_RB*)."""
 

@@ -611,6 +611,7 @@ class TxnStep(Message):
     writes: int = -1
     # With "commit": the front door found the transaction's compare-and-sets matching (a
     # transaction with some is refused without it: a front door that restarted lost them).
+    # With "rollback": one did not hold (a commit of it sent again is told so again).
     checked: bool = False
     # With a checked "commit": writes of its keys in flight that the front door decided it
     # ahead of, as the transaction manager said it held them at a blocking checkpoint's
