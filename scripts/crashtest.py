@@ -17,6 +17,19 @@ committed transaction must be whole at its commit's offsets, every other one abs
 transaction id given twice, and the reader must never have seen part of a transaction,
 or one that did not commit.
 
+With ``--kv``, key/value writers run beside them too (``node/kvcheck.py``), each owning its
+keys in a namespace they share and in namespaces of its own, one created each trial (by
+``kv_create`` or by a first put) and the oldest dropped beyond three: puts and deletes
+retried until answered, puts sent once, compare-and-sets (some that cannot hold), and
+local transactions of key writes (committed, conflicting, or rolled back). Each keeps a
+model of what the node acknowledged; a trial's kill then also lands just after a
+namespace's creation is sent (so inside the making of its shard) or just after a KV
+transaction's commit is sent. After the restart every acknowledged write must be there
+exactly (read by ``kv_scan`` and by ``kv_get``), a write whose answer was lost may have
+left the old value or the new one and nothing else, a refused compare-and-set or a
+rolled-back transaction nothing at all, and the namespaces must be those created and not
+dropped. It may run with ``--txn``.
+
 With ``--cluster`` (``--nodes N``, default 3) it runs a local cluster instead
 (``LocalCluster``), on a topic whose partitions every member owns some of, with producers
 whose clients are routed (each request to its partition's owner; a batch with no partition
@@ -44,6 +57,7 @@ import psutil
 
 from node.client import NodeClient
 from node.crashcheck import PIPELINED_IN_FLIGHT, CheckFailed, PipelinedProducer, Producer, check
+from node.kvcheck import KvCounts, KvWriter, Step, check_kv
 from node.local import LocalCluster, LocalNode, NodeFailed
 from node.txncheck import (
     SRC_RECORDS,
@@ -71,6 +85,14 @@ TXN_PRODUCERS = 3
 # after it.
 KILL_POINTS = {"moment": 4, "begin": 2, "commit": 3, "prepared": 3}
 COMMIT_KILL_S_MAX = 0.005
+# --kv: the namespace its writers share, and where a trial's kill lands: at a random moment;
+# just after a namespace's creation is sent (0-15 ms later: the creation is answered in
+# 2-6 ms, once logged, and its shard is made when a writer applies it, a few ms after);
+# just after a KV transaction's commit is sent (0-5 ms later).
+KV_NAMESPACE = "crashkv"
+KV_WRITERS = 3
+KV_KILL_POINTS = {"moment": 4, "create": 4, "kv-commit": 2}
+CREATE_KILL_S_MAX = 0.015
 POINT_WAIT_S = 15.0  # how long a trial waits for an armed producer to reach its kill point
 # Small log limits, so that checkpoints (and segment rolls) happen every few batches and
 # kills land inside them too.
@@ -124,17 +146,32 @@ class TxnSide:
     txns: int  # transactions per producer per trial
 
 
+@dataclass
+class KvSide:
+    """What --kv adds: the key/value writers."""
+
+    writers: list[KvWriter]
+    steps: int  # steps per writer per trial
+
+
 def run_trial(node: LocalNode, producers: list[Producer], trial_seed: int, kill: str,
-              batches: int, side: TxnSide | None = None) -> str:
+              batches: int, side: TxnSide | None = None, kv: KvSide | None = None) -> str:
     """One trial; returns what was killed."""
     rng = random.Random(trial_seed)
     target = rng.choice([*ROLES, "node"]) if kill == "any" else kill
     point = "moment"
-    armed: TxnProducer | None = None
-    if side is not None:
-        point = rng.choices(list(KILL_POINTS), list(KILL_POINTS.values()))[0]
-        if point != "moment":
+    armed: TxnProducer | KvWriter | None = None
+    points = {**(KILL_POINTS if side is not None else {}),
+              **(KV_KILL_POINTS if kv is not None else {})}
+    if points:
+        point = rng.choices(list(points), list(points.values()))[0]
+        if point in KV_KILL_POINTS and point != "moment":
+            assert kv is not None
+            armed = rng.choice(kv.writers)
+        elif point != "moment":
+            assert side is not None
             armed = rng.choice(side.producers)
+        if armed is not None:
             fired = armed.arm(point)
     # The victim is found before the moment comes, so that the kill follows it at once.
     victim = None if target == "node" else psutil.Process(node.actor_pid(target))
@@ -143,6 +180,9 @@ def run_trial(node: LocalNode, producers: list[Producer], trial_seed: int, kill:
     if side is not None:
         for tp in side.producers:
             tp.allow(side.txns)
+    if kv is not None:
+        for w in kv.writers:
+            w.allow(kv.steps)
     if rng.random() < 0.5:
         # Kill inside a checkpoint, too: ask for one just before the kill.
         threading.Thread(target=request_checkpoint, args=(node,), daemon=True).start()
@@ -157,6 +197,12 @@ def run_trial(node: LocalNode, producers: list[Producer], trial_seed: int, kill:
     elif point == "commit":
         how = "just after the commit of {} was sent"
         threading.Event().wait(rng.uniform(0.0, COMMIT_KILL_S_MAX))  # ok-sleep: when to kill
+    elif point == "kv-commit":
+        how = "just after the commit of a KV transaction was sent ({})"
+        threading.Event().wait(rng.uniform(0.0, COMMIT_KILL_S_MAX))  # ok-sleep: when to kill
+    elif point == "create":
+        how = "just after the creation of a namespace was sent ({})"
+        threading.Event().wait(rng.uniform(0.0, CREATE_KILL_S_MAX))  # ok-sleep: when to kill
     else:
         how = "between the prepare and the end of {}"
     try:
@@ -164,23 +210,36 @@ def run_trial(node: LocalNode, producers: list[Producer], trial_seed: int, kill:
     finally:
         if armed is not None:
             armed.release()
-    if side is not None and rng.random() < 0.5:
+    if (side is not None or kv is not None) and rng.random() < 0.5:
         # And a checkpoint after the restart: the branches left in doubt, and what open
         # transactions staged, then live on in the shards and the snapshot alone.
         threading.Thread(target=request_checkpoint, args=(node,), daemon=True).start()
-    everyone = [*producers, *([] if side is None else side.producers)]
+    everyone = [*producers, *([] if side is None else side.producers),
+                *([] if kv is None else kv.writers)]
     wait_until("producers to finish the trial", lambda: all(p.idle() for p in everyone), 180)
     for p in everyone:
         if p.error is not None:
-            raise CheckFailed(f"producer {p.tag} failed: {p.error!r}")
+            raise CheckFailed(f"producer {p.tag} failed: {p.error!r}{exited(node)}")
     with node.client() as c:
         check(c, TOPIC, PARTITIONS, [p.ledger for p in producers if p.topic == TOPIC])
         checkpoints = c.status()["log"].get("checkpoints", 0)
         txn_line = "" if side is None else check_side(c, side, rng)
+        kv_line = "" if kv is None else check_kv_side(c, kv)
     if armed is not None and (t := armed.fired_in) is not None:
         # Said after the check, which may have resolved it (a branch left in doubt).
-        how = how.format(f"{t.tag} ({t.kind}; {t.fate.value}: {t.why})")
-    return f"{target} {how} (checkpoints so far in this log manager: {checkpoints}){txn_line}"
+        how = how.format(str(t) if isinstance(t, Step)
+                         else f"{t.tag} ({t.kind}; {t.fate.value}: {t.why})")
+    return (f"{target} {how} (checkpoints so far in this log manager: {checkpoints})"
+            f"{txn_line}{kv_line}")
+
+
+def exited(node: LocalNode) -> str:
+    """If the node exited (after serving again: an actor that failed at every start), how,
+    from its log; else ""."""
+    code = None if node.proc is None else node.proc.poll()
+    if code is None:
+        return ""
+    return f"; the node exited with code {code}, its log ending:\n{node.log_tail(12)}"
 
 
 def kill_and_restart(node: LocalNode, target: str, victim: psutil.Process | None) -> None:
@@ -214,6 +273,31 @@ def check_side(c: NodeClient, side: TxnSide, rng: random.Random) -> str:
             f"rollbacks answered only on a retry), {counts.absent} absent, "
             f"{counts.in_doubt} in doubt; {sum(tp.lost[0] for tp in side.producers)} "
             f"attempts of their calls unanswered; {side.reader.rounds} reader rounds")
+
+
+def check_kv_side(c: NodeClient, kv: KvSide) -> str:
+    """The key/value checks, after a trial; a line about them for the trial's report."""
+    keys = check_kv(c, [w.model for w in kv.writers])
+    n = KvCounts()
+    for w in kv.writers:
+        n.add(w.counts)
+    unsettled = sum(w.model.unsettled() for w in kv.writers)
+    return (f"; KV so far: {n.acked} writes acknowledged ({n.retried} only on a retry), "
+            f"{n.unanswered} unanswered, {n.swapped} compare-and-sets swapped and {n.refused} "
+            f"refused, {n.committed} transactions committed and {n.rolled_back} rolled back, "
+            f"{n.created} namespaces created and {n.dropped} dropped; {keys} keys checked, "
+            f"{unsettled} of them allowed two values or more")
+
+
+def start_kv_side(node: LocalNode, steps: int, rng: random.Random) -> KvSide:
+    """Create the namespace the key/value writers share, and start them."""
+    with node.client() as c:
+        c.kv_create(KV_NAMESPACE)
+    writers = [KvWriter(node.endpoint, f"k{i}", KV_NAMESPACE, rng.getrandbits(32))
+               for i in range(KV_WRITERS)]
+    for w in writers:
+        w.start()
+    return KvSide(writers, steps)
 
 
 def start_txn_side(node: LocalNode, batch: int, txns: int, rng: random.Random) -> TxnSide:
@@ -391,6 +475,13 @@ def main(argv: list[str] | None = None) -> int:
                          "kills during commits and between prepare and commit")
     ap.add_argument("--txns", type=int, default=8,
                     help="with --txn: transactions per transactional producer per trial")
+    ap.add_argument("--kv", action="store_true",
+                    help="add key/value writers (node/kvcheck.py): namespaces created and "
+                         "dropped during the run, puts, deletes, compare-and-sets and KV "
+                         "transactions checked against what was acknowledged; and kills just "
+                         "after a namespace's creation or a KV commit is sent")
+    ap.add_argument("--kv-steps", type=int, default=30,
+                    help="with --kv: steps (writes, transactions) per writer per trial")
     ap.add_argument("--cluster", action="store_true",
                     help="run a local cluster, with routed producers, and kill a random "
                          "member or an actor of one")
@@ -398,11 +489,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cluster and args.txn:
         ap.error("--txn does not run with --cluster (a transaction stays on one member)")
+    if args.cluster and args.kv:
+        ap.error("--kv does not run with --cluster")
     if args.nodes < 2:
         ap.error("--nodes must be at least 2")
     seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)
     print(f"crashtest seed {seed}, {args.trials} trials, kill {args.kill}"
           f"{', with transactions' if args.txn else ''}"
+          f"{', with key/value writers' if args.kv else ''}"
           f"{f', a cluster of {args.nodes} nodes' if args.cluster else ''}", flush=True)
     # A directory of our own, removed only when every trial passed: a failure keeps the
     # evidence (a TemporaryDirectory would delete it anyway once garbage-collected).
@@ -422,17 +516,19 @@ def main(argv: list[str] | None = None) -> int:
     producers.append(PipelinedProducer(node.endpoint, TOPIC, "q", PIPELINED_IN_FLIGHT, None,
                                        batches_max=0))
     side = start_txn_side(node, args.batch, args.txns, rng) if args.txn else None
+    kv = start_kv_side(node, args.kv_steps, rng) if args.kv else None
     if side is not None:
         producers.append(side.plain)
     for p in producers:
         p.start()
     replay = (f"scripts/crashtest --seed {seed} --kill {args.kill} --batches {args.batches} "
-              f"--batch {args.batch}" + (f" --txn --txns {args.txns}" if args.txn else ""))
+              f"--batch {args.batch}" + (f" --txn --txns {args.txns}" if args.txn else "")
+              + (f" --kv --kv-steps {args.kv_steps}" if args.kv else ""))
     try:
         passed, failed = run_trials(
             args.trials, rng,
             lambda trial_seed: run_trial(node, producers, trial_seed, args.kill, args.batches,
-                                         side),
+                                         side, kv),
             replay, f"node log: {node.log_file}")
     finally:
         for p in [*producers, *([] if side is None else side.producers)]:
@@ -441,6 +537,9 @@ def main(argv: list[str] | None = None) -> int:
             for tp in side.producers:
                 tp.release()
             side.reader.stop()
+        for w in [] if kv is None else kv.writers:
+            w.stop()
+            w.release()
         if node.proc is not None:
             node.stop()
     if not failed and args.data_dir is None:
