@@ -344,6 +344,8 @@ def write_snapshot(log_dir: Path, slot: int, data: bytes) -> None:
         need = -(-len(data) // SNAPSHOT_GROW_BYTES) * SNAPSHOT_GROW_BYTES
         if size < need:
             _write_all(fd, bytes(need - size), size)
+        # A kill here leaves a new slot's file zeros: the first snapshot has no other slot.
+        faults.crash_point("checkpoint.snapshot_created", log_dir.parent)
         _write_all(fd, data, 0)
         os.fdatasync(fd)
     finally:
