@@ -23,8 +23,10 @@ from config.cluster import Member
 from wire.protocol import Topic
 
 # A member's routing id on the other members' client sockets: requests that come with it
-# were forwarded once already and are never forwarded again.
+# were forwarded once already and are never forwarded again. After the prefix: the
+# member's id and a token its front door draws at start (``peer_identity``).
 PEER_PREFIX = b"shardnode-peer-"
+PEER_TOKEN_BYTES = 8
 PARKED_MAX = 1000  # requests waiting for a catalog copy (they named an unknown topic)
 
 
@@ -57,8 +59,12 @@ class ClusterView:
         m = self.members.get(member)
         return f"node {member} ({m.endpoint})" if m else f"node {member}"
 
-    def peer_identity(self) -> bytes:
-        return PEER_PREFIX + str(self.me).encode()
+    def peer_identity(self, token: bytes) -> bytes:
+        """This member's routing id at the others, with its front door's ``token``: no
+        client can know it, so none can take its connection over (the front door's router
+        hands a routing id over to the newest connection, for a member whose connection
+        dropped to get its own back at once). A front door that restarts draws another."""
+        return PEER_PREFIX + str(self.me).encode() + b"-" + token
 
     def map_rows(self) -> list[list[Any]]:
         """``cluster_map``'s ``members``."""

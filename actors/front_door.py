@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+import secrets
 import time
 from typing import Any, assert_never
 
@@ -30,10 +31,12 @@ from actors.base import (
     Actor,
     ActorContext,
 )
+from actors.cluster_state import PEER_PREFIX, PEER_TOKEN_BYTES
 from actors.curve import curve_client, curve_server, server_keys
 from actors.front_state import FrontDoorState, Out
 from actors.instructions import Produce, Reply, Request, ToPeer
 from actors.roles import LOG_MANAGER
+from config import NodeConfig
 from wire import codec, protocol
 from wire.codec import Message
 from wire.errors import ErrorCode
@@ -79,6 +82,7 @@ CLIENT_BURST_MAX = 1024  # client requests read per poll before looking at the m
 # that timeout heard nothing, and retried, and was told TIMEOUT after 6.6 s).
 PEER_CONNECT_WAIT_S = 0.5
 PEER_RETRY_POLL_MS = 20  # how often those requests are tried again
+PEER_REFUSALS_LOGGED_EVERY = 1000  # a request refused a member's routing id: logged so often
 
 
 def request_frame(frame: zmq.Frame) -> bytes | memoryview:
@@ -86,6 +90,15 @@ def request_frame(frame: zmq.Frame) -> bytes | memoryview:
     ZeroMQ's buffer, read in place by the parsing, which copies what it keeps; a small one as
     bytes, as a view costs more than copying it (``actors.base.BULK_FRAME_BYTES_MIN``)."""
     return frame.buffer if len(frame) >= BULK_FRAME_BYTES_MIN else frame.bytes
+
+
+def member_keys(cfg: NodeConfig) -> frozenset[bytes]:
+    """The public keys (Z85) of the cluster's members, this node's own for a member whose
+    key the cluster file leaves out (as ``member_socket`` connects); none for one node."""
+    keys = server_keys(cfg)
+    assert keys is not None
+    return frozenset(m.public_key.encode() or keys.public for m in cfg.members) \
+        if cfg.cluster.file else frozenset()
 
 
 class FrontDoor(Actor):
@@ -103,6 +116,11 @@ class FrontDoor(Actor):
         # the new connection takes it over from the old one.
         self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.auth = curve_server(self.router, self.cfg)  # before bind: with CURVE on, ZAP first
+        # With CURVE on, the keys a message under a member's routing id must come with:
+        # the members' (a client's key is refused one). None: CURVE off, nothing to check.
+        self.member_keys = member_keys(self.cfg) if self.auth is not None else None
+        self.refused_peers = 0
+        self.peer_token = secrets.token_hex(PEER_TOKEN_BYTES).encode()
         self.router.bind(self.cfg.endpoint)
         self.poller.register(self.router, zmq.POLLIN)
         # Correlation ids from a random point in 1..2**62 (0 is "none" on the way), fresh
@@ -178,7 +196,7 @@ class FrontDoor(Actor):
             sock = self.zctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.IMMEDIATE, 1)
-            sock.setsockopt(zmq.ROUTING_ID, cluster.peer_identity())
+            sock.setsockopt(zmq.ROUTING_ID, cluster.peer_identity(self.peer_token))
             sock.setsockopt(zmq.SNDHWM, lim.mailbox_messages_max)
             sock.setsockopt(zmq.RCVHWM, lim.mailbox_messages_max)
             sock.setsockopt(zmq.MAXMSGSIZE, 2 * lim.read_bytes_max + 2 * lim.frame_bytes_max)
@@ -278,11 +296,33 @@ class FrontDoor(Actor):
                 parts = [request_frame(f) for f in frames[1:]]
                 for part in parts:
                     bytes_left -= len(part)
-                self.perform(state.request(frames[0].bytes, parts, now))
+                identity = frames[0].bytes
+                refused = ""
+                if self.member_keys is not None and identity.startswith(PEER_PREFIX):
+                    refused = self.not_a_member(frames[-1])
+                self.perform(state.request(identity, parts, now, refused))
                 self.keep_alive()  # a burst of large frames may outlast a heartbeat
         finally:
             self.flush_outbox()
             self.flush_replies()
+
+    def not_a_member(self, frame: zmq.Frame) -> str:
+        """Why a message under a member's routing id is refused ("" if it came with a
+        member's key): the key its CURVE handshake was made with (its ZAP User-Id)."""
+        assert self.member_keys is not None
+        try:
+            key = str(frame.get("User-Id")).encode()
+        except zmq.ZMQError:
+            key = b""
+        if key in self.member_keys:
+            return ""
+        self.refused_peers += 1
+        if self.refused_peers == 1 or self.refused_peers % PEER_REFUSALS_LOGGED_EVERY == 0:
+            log.warning("refused %d requests under a cluster member's routing id from a key "
+                        "that is no member's (the last: %s)", self.refused_peers,
+                        key.decode("ascii", "replace"))
+        return (f"routing ids starting with {PEER_PREFIX.decode()} are the cluster members'; "
+                f"this connection's key is not a member's")
 
     def on_peer(self, sock: zmq.Socket[bytes]) -> None:
         """Answers of another member to requests forwarded to it."""

@@ -239,9 +239,10 @@ class FrontDoorState:
 
     # ---- requests ---------------------------------------------------------------------
 
-    def request(self, identity: bytes, frames: Sequence[bytes | memoryview], now: float
-                ) -> list[Out]:
-        """One client message (its frames after the identity): one request or several."""
+    def request(self, identity: bytes, frames: Sequence[bytes | memoryview], now: float,
+                refused: str = "") -> list[Out]:
+        """One client message (its frames after the identity): one request or several; each
+        answered BAD_REQUEST with ``refused`` when that is said."""
         if len(frames) != 1:
             self.requests += 1
             self.errors += 1
@@ -256,6 +257,10 @@ class FrontDoorState:
                     getattr(parsed, "request_id", 0), parsed.code, parsed.message)))
                 continue
             rid, op, req = parsed
+            if refused:
+                self.errors += 1
+                out.append(Reply(identity, protocol.error(rid, ErrorCode.BAD_REQUEST, refused)))
+                continue
             out += self.one(identity, rid, op, req, now, may_park=True)
         return out
 

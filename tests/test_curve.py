@@ -17,6 +17,7 @@ import pytest
 import zmq
 
 from actors import curve
+from actors.cluster_state import PEER_PREFIX
 from config import ConfigError, NodeConfig, load_config
 from config.cluster import Member, cluster_text
 from config.schema import validate
@@ -25,7 +26,10 @@ from node.client import NodeClient, read_keypair, read_public_key
 from node.handshake import HandshakeFailed
 from node.local import LocalNode, free_port
 from node.supervisor import Supervisor
-from wire.errors import NodeError, RequestTimeout
+from wire import protocol
+from wire.errors import ErrorCode, NodeError, RequestTimeout
+from wire.packer import pack_map
+from wire.protocol import request_map
 
 if TYPE_CHECKING:
     from tests.conftest import MakeNode
@@ -417,6 +421,22 @@ def test_members_forward_to_each_other_as_curve_clients_of_their_keys(tmp_path: 
             assert set(owners) == {1, 2}
             for p in range(4):  # each to its owner, each owner by its own key
                 routed.produce("sealed", f"v{p}".encode(), partition=p)
+        # A client (its key allowed) under a member's routing id is refused: served as a
+        # member, nothing it asked was forwarded; with ROUTER_HANDOVER it could take over a
+        # member's connection, and the answers to that member's forwarded requests.
+        impostor = zmq.Context.instance().socket(zmq.DEALER)
+        try:
+            impostor.setsockopt(zmq.LINGER, 0)
+            impostor.setsockopt(zmq.ROUTING_ID, PEER_PREFIX + b"2-guessed")
+            curve.curve_client(impostor, node_keys[1][0], *client)
+            impostor.connect(members[0].endpoint)
+            impostor.send(pack_map(request_map("list_topics", 7, {})))
+            assert impostor.poll(10_000), "no answer"
+            (reply,) = protocol.unpack_replies(impostor.recv())
+            assert reply["id"] == 7 and reply["code"] == ErrorCode.BAD_REQUEST, reply
+            assert "are the cluster members'" in reply["error"], reply
+        finally:
+            impostor.close()
         first = owners.index(1)
         with NodeClient(members[1].endpoint, timeout_ms=10_000, server_public_key=node_keys[2][0],
                         client_keys=client) as via2:
