@@ -424,7 +424,7 @@ def test_members_forward_to_each_other_as_curve_clients_of_their_keys(tmp_path: 
         # A client (its key allowed) under a member's routing id is refused: served as a
         # member, nothing it asked was forwarded; with ROUTER_HANDOVER it could take over a
         # member's connection, and the answers to that member's forwarded requests.
-        impostor = zmq.Context.instance().socket(zmq.DEALER)
+        impostor: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         try:
             impostor.setsockopt(zmq.LINGER, 0)
             impostor.setsockopt(zmq.ROUTING_ID, PEER_PREFIX + b"2-guessed")
