@@ -65,6 +65,9 @@ class KeyOp:
     expected: bytes | None = None
     producer: tuple[int, int] = (0, 0)  # the client's (producer id, seq); 0: none
     sent: bool = False  # sent to the log (in flight), not waiting its turn
+    # Its namespace's generation when it was sent: a commit that ended since may be logged
+    # before or after it (a retry answered as a duplicate gets the first attempt's LSN).
+    sent_in: Generation | None = None
 
 
 @dataclass(slots=True)
@@ -282,6 +285,7 @@ class KvState:
             else:
                 line.queue.popleft()
             line.in_flight += 1
+            op.sent_in = self.gen(tid)
             out.append(Send(op))
         if not line.queue and not line.in_flight and not line.loading:
             del self.lines[k]
@@ -319,9 +323,12 @@ class KvState:
 
     def held_at_gate(self, op: KeyOp, held: bool) -> None:
         """The transaction manager holds this write in flight at a blocking checkpoint's
-        gate (``held``), or let it through as the gate opened."""
+        gate (``held``), or let it through as the gate opened. Puts and deletes only: a
+        compare-and-set's write was decided on the value before it and must land right
+        after it, not after a commit (a commit waits for it, and the gate for the commit,
+        until the checkpoint gives up)."""
         line = self.lines.get((op.tid, op.key))
-        if line is None:
+        if line is None or op.cas:
             return
         if held:
             line.gated.add(op.corr)
@@ -380,7 +387,10 @@ class KvState:
         if lsn is not None:
             if lsn > self.acked_lsn.get(op.tid, 0):
                 self.acked_lsn[op.tid] = lsn
-            self.cache.put(k, op.new, lsn, self.gen(op.tid))
+            if op.sent_in == self.gen(op.tid):
+                self.cache.put(k, op.new, lsn, self.gen(op.tid))
+            else:  # a commit ended meanwhile: which came last is not known here
+                self.cache.drop(k)
         line = self.lines.get(k)
         if line is None:
             return []

@@ -220,6 +220,10 @@ class TransactionManager(Actor):
                     assert role == LOG_MANAGER
                     self.to_log.append(msg)
                 case Forward(role, writes):
+                    if role == LOG_MANAGER:
+                        # After the transactions' requests made before: a checked commit
+                        # decided ahead of held writes must reach the log before them.
+                        self.flush_to_log()
                     unsent = self.send_writes(role, writes, wait_ms=1000)
                     if unsent:
                         # The log manager is behind or restarting: the rest never began.

@@ -189,6 +189,12 @@ class Supervisor:
                     f"node.writers changed from {had} to {want}, but the node did not stop "
                     f"cleanly last time: start it once with writers = {had} and stop it "
                     f"cleanly (Ctrl-C or SIGTERM), then change the count")
+            if had != want:
+                # Each writer's list of the shards it made (actors/shard_writer.py) is of
+                # the old count's: a writer gone meanwhile did not see topics deleted.
+                # Every writer lists what it finds at its next start.
+                for listed in meta.glob("*.shards"):
+                    listed.unlink()
         count_file.write_text(f"{want}\n")
         clean_file.unlink(missing_ok=True)
         fsync_dir(meta)

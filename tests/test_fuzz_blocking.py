@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -49,6 +49,10 @@ from tests.test_fuzz import (
     World,
     serves_and_nothing_restarted,
 )
+from wire.errors import TransactionConflict
+
+if TYPE_CHECKING:
+    from tests.conftest import MakeNode
 
 REQUESTS_PER_SEED = 800
 # limits.request_timeout_ms: short, so that a write held at the gate while a checkpoint
@@ -263,3 +267,44 @@ def test_a_compare_and_set_commit_goes_ahead_of_a_put_of_its_key_held_at_the_gat
         assert results["checkpoint"] >= committed.lsn, (results, committed)
         assert type(results.get("put")) is int and results["put"] > committed.lsn, results
         assert c.kv_get(ns, b"k") == b"put at the gate"
+
+
+def test_a_compare_and_set_held_at_the_gate_and_a_transaction_s_on_one_value_not_both_swap(
+        make_node: MakeNode) -> None:
+    """A plain compare-and-set, decided at the front door and sent, is held at the gate; a
+    transaction opened before the checkpoint has a compare-and-set on the same key from
+    the same value. The commit is not decided ahead of the held write (it was, and both
+    swapped: a lost update); it waits for it, the checkpoint gives up, the write lands and
+    the commit is refused TXN_CONFLICT. Exactly one of the two swaps."""
+    node = make_node(BLOCKING_CONFIG.replace(f"request_timeout_ms = {REQUEST_TIMEOUT_MS}",
+                                             f"request_timeout_ms = {ANSWER_WAIT_MS}"))
+    ns = "gate-cas"
+    results: dict[str, Any] = {}
+
+    def checkpoint() -> int:
+        with node.client(timeout_ms=ANSWER_WAIT_MS) as c:
+            return c.checkpoint()
+
+    def cas() -> bool:
+        with node.client(timeout_ms=ANSWER_WAIT_MS) as c:
+            return c.kv_cas(ns, b"k", b"before", b"by the kv_cas")
+
+    with node.client(timeout_ms=ANSWER_WAIT_MS) as c:
+        c.kv_put(ns, b"k", b"before")
+        tx = c.transaction(timeout_ms=TXN_TIMEOUT_MS_MAX)
+        tx.kv_cas(ns, b"k", b"before", b"by the transaction")
+        tx.settle()
+        ckpt = in_thread(results, "checkpoint", checkpoint)
+        until("the gate to close", lambda: figures(c, "txn")["gate"])
+        held = in_thread(results, "cas", cas)
+        until("the compare-and-set to be held at the gate", lambda: figures(c, "txn")["held"])
+        try:
+            tx.commit()
+            committed = True
+        except TransactionConflict:
+            committed = False
+        ckpt.join(ANSWER_WAIT_MS / 1000)
+        held.join(ANSWER_WAIT_MS / 1000)
+        assert type(results.get("cas")) is bool, results
+        assert committed != results["cas"], (committed, results)  # exactly one swapped
+        assert c.kv_get(ns, b"k") == (b"by the transaction" if committed else b"by the kv_cas")

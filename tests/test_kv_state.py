@@ -290,5 +290,47 @@ def test_a_catalog_change_keeps_what_its_topics_have() -> None:
     kept = (dict(s.acked_lsn), dict(s.generation), dict(s.partition_generation))
     s.catalog({NS})  # topic 8 deleted, the namespace kept
     assert (s.acked_lsn, s.generation, s.partition_generation) == kept
-    s.written(put(2, b"k", b"w"), 11)
+    w = put(2, b"k", b"w")
+    s.write(w)  # sent in the namespace's generation: its acknowledgement fills
+    s.written(w, 11)
     assert s.cached(NS, b"k") == (True, b"w")
+
+
+def test_a_commit_waits_for_a_compare_and_set_held_at_the_gate() -> None:
+    """A plain compare-and-set, decided and sent, is held at the gate: its write assumes it
+    lands right after the value it was checked on, so no commit is decided ahead of it (a
+    transaction's compare-and-set and it both swapped from one value)."""
+    s = KvState(1 << 20)
+    a = (NS, b"a")
+    first = put(1, b"a", b"1")
+    s.write(first)
+    s.written(first, 5)
+    c = cas(2, b"a", b"1", b"X")
+    assert s.write(c) == [Send(c)]  # decided: b"1" matches
+    s.held_at_gate(c, True)
+    assert s.settled([a]) == (None, []) and s.gated_on([a]) == []
+
+
+def test_an_acknowledgement_from_before_a_commit_ended_does_not_fill_the_cache() -> None:
+    """A put's retry, held at the gate while a commit goes ahead of it, is answered as a
+    duplicate of its first attempt, with that attempt's LSN, from before the commit: the
+    cache took its value, which the commit had overwritten."""
+    s = KvState(1 << 20)
+    a = (NS, b"a")
+    first = put(1, b"a", b"1")
+    s.write(first)
+    s.written(first, 5)
+    p1 = KeyOp(2, NS, b"a", b"p", producer=(9, 1))  # logged at LSN 10, answered late
+    assert s.write(p1) == [Send(p1)]
+    s.lost(p1)
+    p2 = KeyOp(3, NS, b"a", b"p", producer=(9, 1))  # the client's retry: same producer/seq
+    assert s.write(p2) == [Send(p2)]
+    s.held_at_gate(p2, True)
+    s.written(p1, 10)
+    assert s.settled([a]) == ({a: b"p"}, [])  # a commit decided ahead of the retry
+    s.commit_started([NS])
+    s.bar([a])
+    s.commit_ended([NS])  # committed at LSN 20
+    s.unbar([a])
+    s.written(p2, 10)  # the retry, answered as the duplicate it is
+    assert s.cached(NS, b"a") == (False, None)

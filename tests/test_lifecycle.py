@@ -468,3 +468,31 @@ def test_the_front_door_does_not_fault_in_each_large_request_again(node: LocalNo
     # and the copies made of it, each mapped and faulted in); kept, 855-859 (the heaps
     # growing to the largest request).
     assert faults < pages, (faults, pages)
+
+
+def test_writer_count_back_and_forth_with_a_topic_deleted_meanwhile(
+        make_node: MakeNode, tmp_path: Path) -> None:
+    """3 writers, then 2 (writer-2 does not run while a topic it had shards of is deleted
+    and the log truncated past the deletion), then 3 again: its list of the shards it made
+    is the old count's, and the start was refused 'shard(s) missing'."""
+    configs = {}
+    for w in (2, 3):
+        configs[w] = f"[node]\nwriters = {w}\n"
+    node = make_node(configs[3])
+    with node.client() as c:
+        c.create_topic("t", partitions=3)
+        for p in range(3):
+            c.produce("t", b"x", partition=p)
+        c.create_topic("u", partitions=1)
+    node.stop()
+    two = make_node(configs[2], data_dir=node.data_dir)
+    with two.client() as c:
+        c.delete_topic("t")
+        for v in (b"y", b"z"):
+            c.produce("u", v, partition=0)
+            c.checkpoint()  # the deletion's record goes from the log
+    two.stop()
+    three = make_node(configs[3], data_dir=node.data_dir)
+    with three.client() as c:
+        assert [t.name for t in c.list_topics()] == ["u"]
+        assert [r.value for r in c.read("u", 0, 0)] == [b"y", b"z"]

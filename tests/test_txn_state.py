@@ -11,7 +11,20 @@ from actors.instructions import Forward, Send
 from actors.roles import FRONT_DOOR, LOG_MANAGER, TRANSACTION_MANAGER
 from actors.txn_state import TxnState, busy
 from config import load_config
-from wire.messages import CheckpointReady, GateHeld, ProduceRow, Writes
+from wire import codec
+from wire.messages import (
+    CheckpointFinished,
+    CheckpointReady,
+    CheckpointRequest,
+    GateHeld,
+    ProduceRow,
+    TxnBegin,
+    TxnResolve,
+    TxnStep,
+    TxnTable,
+    TxnWrite,
+    Writes,
+)
 
 
 def ready(ckpt_id: int, oldest_lsn: int) -> Send:
@@ -189,5 +202,56 @@ def test_writes_the_log_manager_could_not_take_end_at_once_and_the_gate_says_rea
         assert tm.state.checkpoint_requested(4, now=0) == []  # waits for writes 1 and 2
         tm.perform([fwd])
         assert (LOG_MANAGER, CheckpointReady(4, 0)) in sent
+    finally:
+        tm.close()
+
+
+def test_a_commit_decided_ahead_of_held_writes_reaches_the_log_manager_before_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shell, in one burst: a checked commit decided ahead of a put held at the gate,
+    then the checkpoint abandoned (another transaction stays open), which opens the gate.
+    The held put was sent at once and the commit at the burst's end: after it."""
+    from actors.transaction_manager import TransactionManager
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = load_config(overrides={"log": {"checkpoint_mode": "blocking"}})
+    tm = TransactionManager(ActorContext(TRANSACTION_MANAGER, cfg.to_dict(), str(run_dir), 0))
+    try:
+        to_log: list[str] = []
+
+        def send(role: str, msg: object, wait_ms: int = 0) -> bool:
+            if role == LOG_MANAGER:
+                to_log.append(type(msg).__name__)
+            return True
+
+        def send_many(role: str, frames: list[bytes], wait_ms: int = 0) -> int:
+            for f in frames:
+                m = codec.decode(f)
+                to_log.append(f"{type(m).__name__}:{m.step}" if isinstance(m, TxnResolve)
+                              else type(m).__name__)
+            return len(frames)
+
+        def send_writes(role: str, writes: Writes, wait_ms: int = 0) -> list[int]:
+            to_log.append(f"Writes{list(writes.corrs)}")
+            return []
+
+        monkeypatch.setattr(tm, "send", send)
+        monkeypatch.setattr(tm, "send_many", send_many)
+        monkeypatch.setattr(tm, "send_writes", send_writes)
+        tm.on_message(TxnTable([], [], 1, []))
+        tm.on_message(TxnBegin(100, 0, None, txn=7))  # with a compare-and-set
+        tm.on_message(TxnWrite(101, 7, 0, [(1, 0, 1, b"kv")], (), True))
+        tm.on_message(TxnBegin(102, 0, None, txn=8))  # another client's, open long
+        tm.on_idle()
+        to_log.clear()
+        tm.on_message(CheckpointRequest(1))  # the gate closes: two open, no ready
+        tm.on_message(items(5))  # the put of transaction 7's key: held
+        tm.on_idle()
+        assert tm.state.holds([5])
+        tm.on_message(TxnStep(200, 7, None, "commit", 1, checked=True, ahead_of=[5]))
+        tm.on_message(CheckpointFinished(1))  # abandoned: the gate opens
+        tm.on_idle()
+        assert to_log.index("TxnResolve:commit") < to_log.index("Writes[5]"), to_log
     finally:
         tm.close()
