@@ -325,6 +325,13 @@ class Transactions:
         if t.conflicted and step == "commit":
             # Its first answer, lost: TXN_STATE sent the client's retry on to begin again.
             return [self._error(corr, ErrorCode.TXN_CONFLICT, CONFLICT_TEXT.format(t.txn))]
+        if t.phase is Phase.ROLLED_BACK and t.xid is None and step == "commit":
+            # Final, so that a client's commit sent again after a lost answer raises it
+            # (TXN_STATE means "a write is missing" to it, and it would begin again). Why
+            # it was rolled back is not kept across a restart (``conflicted`` is not).
+            return [self._error(corr, ErrorCode.TXN_ABORTED, (
+                f"cannot commit {t.name()}: it is rolled back (by its client, or because "
+                f"a compare-and-set of it did not hold)"))]
         return [self._state(corr, t, step)]
 
     def _finish(self, corr: int, t: Txn, phase: Phase) -> list[Out]:

@@ -105,7 +105,7 @@ def test_misuse_gets_clear_errors() -> None:
     assert error_code(step(t, "rollback", txn)) == ErrorCode.TXN_STATE  # abort after commit
     other = begin(t, corr=5)
     step(t, "rollback", other)
-    assert error_code(step(t, "commit", other)) == ErrorCode.TXN_STATE  # commit after abort
+    assert error_code(step(t, "commit", other)) == ErrorCode.TXN_ABORTED  # commit after abort
     assert error_code(step(t, "prepare", begin(t, corr=6))) == ErrorCode.TXN_STATE
 
 
@@ -120,6 +120,11 @@ def test_a_commit_sent_again_after_a_compare_and_set_failed_is_told_so_again() -
     assert error_code(out) == ErrorCode.TXN_CONFLICT
     assert isinstance(out[0], Send) and isinstance(out[0].msg, ErrorReply)
     assert out[0].msg.text == CONFLICT_TEXT.format(txn)
+    # Restarted, the transaction manager knows from the log it was rolled back, not why:
+    # still final (TXN_STATE sent the client's retry on to begin again, refused "in use").
+    again = machine()
+    again.sync(TxnTable([], [[txn, None, False, 1]], 1, []), now=0.0)
+    assert error_code(step(again, "commit", txn, corr=5)) == ErrorCode.TXN_ABORTED
 
 
 def test_commit_and_rollback_again_ask_the_log_for_the_first_outcome() -> None:

@@ -33,7 +33,8 @@ class ErrorCode(enum.IntEnum):
     TXN_STATE = 41  # not allowed in the transaction's state (produce after commit, ...)
     TXN_TIMED_OUT = 42  # open past its timeout: it was rolled back
     TXN_LIMIT = 43  # over a limit of [txn]: open transactions, records or bytes
-    TXN_ABORTED = 44  # rolled back by the node (it restarted before the commit)
+    TXN_ABORTED = 44  # rolled back: by the node (it restarted before the commit); a commit
+    #                   of a transaction already rolled back (its first answer lost) too
     TXN_CONFLICT = 45  # a compare-and-set of the transaction did not match: rolled back
     INTERNAL = 50
     # XA (the X/Open XA specification's names)
@@ -137,6 +138,10 @@ class TransactionLimit(TransactionError):
 
 
 class TransactionAborted(TransactionError):
+    """The transaction was rolled back, nothing of it is visible: by the node, which
+    restarted before its commit, or already (its commit was sent again after a lost
+    answer, and it had been rolled back)."""
+
     code = ErrorCode.TXN_ABORTED
 
 
