@@ -390,6 +390,10 @@ class FrontDoor(Actor):
             "replies_dropped": self.replies_dropped,
             "forwarded": 0 if s.cluster is None else s.cluster.forwarded,
             "kv_gets_cached": s.kv.gets_cached,
+            # A checked commit whose wait expired, holding its keys until its outcome is
+            # known, and the questions about such commits sent to the transaction manager.
+            "kv_late_commit": int(s.kv.late_commit is not None),
+            "kv_late_asks": s.kv.late_asks,
             **s.kv.state.figures(),
             **s.memory.figures(),
         }

@@ -177,6 +177,7 @@ class KvDoor:
         # The checked commit whose wait expired, until its outcome is known (the next is
         # decided once it is let go).
         self.late_commit: LateCommit | None = None
+        self.late_asks = 0  # questions about late commits sent (``ask``)
         # The last commit answered here: a read reflecting a later one saw a commit this
         # front door did not send (it restarted meanwhile), so the cache forgets everything.
         self.commit_lsn = 0
@@ -858,6 +859,7 @@ class KvDoor:
         d = self.door
         q = d.wait(b"", 0, now, bounded=False)  # one at a time, of one commit at most
         late.asking = q
+        self.late_asks += 1
 
         def answered(_w: Waiting, ok: Fields | None, err: Failure | None) -> list[Out]:
             if self.late_commit is not late or late.asking != q:

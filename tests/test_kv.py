@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -332,3 +333,46 @@ def test_no_acknowledged_compare_and_set_is_lost_to_a_sigkill(make_node: MakeNod
         final = int(c.kv_get("inc", b"count") or 0)
     assert acked >= 200
     assert acked <= final <= acked + unknown, (acked, unknown, final)
+
+
+def test_a_checked_commit_that_timed_out_holds_its_keys_until_it_is_known_committed(
+        make_node: MakeNode) -> None:
+    """The commit of a transaction with a compare-and-set waits in a log manager stopped
+    (SIGSTOP) past request_timeout_ms: its client is told TIMEOUT, and the front door keeps
+    the key held, asking the transaction manager how the commit ended (``TxnAsk``, each
+    second), until the log manager goes on; then the commit is applied, the key let go,
+    and a compare-and-set on the committed value swaps. Across real processes."""
+    node = make_node("[limits]\nrequest_timeout_ms = 1000\n")
+
+    def front() -> dict[str, Any]:
+        with node.client(timeout_ms=5000) as c:
+            return next(a["figures"] for a in c.status()["actors"] if a["role"] == "front")
+
+    def until(what: str, cond: Any, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not cond():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.1)  # ok-sleep: poll interval, under a deadline
+
+    with node.client() as c:
+        c.kv_put("late", b"k", b"v0")
+    log_pid = node.actor_pid("log")
+    with node.client(timeout_ms=5000, retries=0) as c:
+        tx = c.transaction()
+        tx.kv_cas("late", b"k", b"v0", b"v1")
+        tx.settle()
+        os.kill(log_pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(NodeError, match="TIMEOUT"):
+                tx.commit()
+            until("the front door to ask how the commit ended",
+                  lambda: (f := front())["kv_late_commit"] == 1 and f["kv_late_asks"] >= 1)
+        finally:
+            os.kill(log_pid, signal.SIGCONT)
+    until("the late commit to be let go", lambda: front()["kv_late_commit"] == 0)
+    with node.client() as c:
+        assert c.kv_get("late", b"k") == b"v1"
+        assert c.kv_cas("late", b"k", b"v1", b"v2")
+        assert c.kv_get("late", b"k") == b"v2"
+    with node.client() as c:
+        assert all(a["restarts"] == 0 for a in c.status()["actors"])
