@@ -407,6 +407,7 @@ class Transactions:
                         self.rolled_back -= t.phase is Phase.ROLLED_BACK
                         self.timed_out -= t.phase is Phase.TIMED_OUT
                     t.phase = t.before
+                    t.conflicted = False  # open again: its next end says how it ends
                     self._add(t)
 
     def open_count(self) -> int:

@@ -120,6 +120,13 @@ def test_a_commit_sent_again_after_a_compare_and_set_failed_is_told_so_again() -
     assert error_code(out) == ErrorCode.TXN_CONFLICT
     assert isinstance(out[0], Send) and isinstance(out[0].msg, ErrorReply)
     assert out[0].msg.text == CONFLICT_TEXT.format(txn)
+    # A rollback the log manager's mailbox did not take leaves it open, and its timeout
+    # is told as one (not as the conflict).
+    open_again = machine()
+    other = begin(open_again)
+    open_again.step(TxnStep(3, other, None, "rollback", checked=True), 0.0)
+    open_again.unsent(TxnResolve(3, other, "rollback"))
+    assert open_again.live[other].phase is Phase.ACTIVE and not open_again.live[other].conflicted
     # Restarted, the transaction manager knows from the log it was rolled back, not why:
     # still final (TXN_STATE sent the client's retry on to begin again, refused "in use").
     again = machine()
