@@ -189,12 +189,13 @@ def test_a_burst_of_client_requests_ends_once_it_holds_a_group_commits_bytes() -
     router = _Frames([[b"client", frame]] * 40)
     door = FrontDoor.__new__(FrontDoor)  # the burst alone: no sockets, no actors
     door.router = router  # type: ignore[assignment]
+    door.member_keys = None  # CURVE off: no routing id to check
     door.cfg = load_config(overrides={"log": {"group_bytes_max": 10 << 20},
                                       "limits": {"frame_bytes_max": 2 << 20,
                                                  "value_bytes_max": 1 << 20}})
     handled: list[int] = []
 
-    def request(who: bytes, parts: list[bytes], now: float) -> list[Any]:
+    def request(who: bytes, parts: list[bytes], now: float, refused: str) -> list[Any]:
         handled.append(len(parts[0]))
         return []
 
