@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -233,6 +234,31 @@ def test_a_replayed_batch_writes_nothing_twice(spark: SparkSession, node: LocalN
         assert_no_branches(c)
 
 
+def test_a_sink_id_reused_after_its_checkpoint_was_deleted_is_refused(
+        spark: SparkSession, node: LocalNode, tmp_path: Path) -> None:
+    """A query with sinkId "etl" commits; its checkpoint is deleted and it starts again:
+    a new query id, batch ids from 0. Its batch 0 was taken for a replay of the first
+    run's batch 0, and its rows were dropped, silently. Now the query fails, naming the
+    cause, and nothing of its batch is left staged."""
+    rows = write_inputs(spark, tmp_path / "in", files=1, rows_per_file=100)
+    ckpt = tmp_path / "ck"
+    with node.client() as c:
+        c.create_topic("reused", partitions=2)
+        finish(sink_stream(stream_inputs(spark, tmp_path / "in"), node, "reused", ckpt,
+                           sinkId="etl"))
+        assert_exactly(c, "reused", rows)
+        shutil.rmtree(ckpt)
+        q = sink_stream(stream_inputs(spark, tmp_path / "in"), node, "reused", ckpt,
+                        sinkId="etl")
+        try:
+            with pytest.raises(PySparkException, match="by another streaming query"):
+                q.awaitTermination(WAIT_S)  # raises the query's failure (False: running)
+        finally:
+            q.stop()
+        assert_exactly(c, "reused", rows)
+        assert_no_branches(c)
+
+
 class FailingWriter(StreamWriter):
     """The sink, but the first attempt of Spark partition 0 in batch 1 fails: ``mode``
     ``mid_write`` after its first rows are staged, ``after_prepare`` after it prepared."""
@@ -429,6 +455,18 @@ def test_plan_commit_refuses_a_sink_id_with_a_later_decision() -> None:
         plan_commit("s", 1, (7, []), [X1], [X1])
 
 
+def test_plan_commit_refuses_a_sink_id_another_query_decided_whatever_its_batch() -> None:
+    """A query started again with its checkpoint deleted (a new query id) under the same
+    sinkId: its batch 0 was taken for a replay of the old batch 0, and silently skipped."""
+    for batch in (0, 1, 5):
+        with pytest.raises(SinkIdInUse, match="by another streaming query"):
+            plan_commit("s", batch, (1, [X1]), [X2], [X2], query="q-new", decided_by="q-old")
+    # The same query (a restart from its checkpoint) replays; a decision that names no
+    # query (written before they did) is checked by its batch only.
+    assert plan_commit("s", 1, (1, [X1]), [X1], [], "q", "q") == Plan([], False, [X1])
+    assert plan_commit("s", 1, (1, [X1]), [X1], [], "q", "") == Plan([], False, [X1])
+
+
 def test_plan_abort_leaves_a_decided_batch_to_its_replay() -> None:
     assert plan_abort(1, None, [X1, X2]) == [X1, X2]
     assert plan_abort(1, (0, [OLD]), [X1]) == [X1]
@@ -437,10 +475,24 @@ def test_plan_abort_leaves_a_decided_batch_to_its_replay() -> None:
     assert plan_abort(1, (1, [A1, A2]), [A1, A2]) == []
 
 
+def test_plan_abort_after_a_commit_that_raised_leaves_the_branches_to_the_replay() -> None:
+    """The decision may have been sent and not answered: rolled back, its branches were
+    gone when it was logged later, and the replay found a decision it could not commit."""
+    assert plan_abort(1, None, [X1, X2], after_commit=True) == []
+    assert plan_abort(1, (0, [OLD]), [X1], after_commit=True) == []
+    # Refused SinkIdInUse, before any decision: this attempt's branches go.
+    assert plan_abort(1, (7, []), [X1], after_commit=True) == [X1]
+    assert plan_abort(1, (1, [X2]), [X1], after_commit=True, foreign=True) == [X1]
+    # ... also after a task failed (a replay refused: they stayed prepared for good).
+    assert plan_abort(1, (7, []), [X1]) == [X1]
+
+
 def test_a_decision_names_each_branchs_member_and_an_older_one_its_single_node() -> None:
     body = msgpack.unpackb(msgpack.packb(decision_body(3, [A1, B2])), raw=False)
     assert body == {"batch": 3, "branches": [[1, *A1.xid], [2, *B2.xid]]}
     assert decision_of(body) == (3, [A1, B2])
+    named = decision_body(3, [A1], query="q-1")  # a streaming query's names it
+    assert named["query"] == "q-1" and decision_of(named) == (3, [A1])
     before = {"batch": 2, "xids": [list(X1.xid), list(X2.xid)]}  # written before clusters
     assert decision_of(before) == (2, [X1, X2])
 

@@ -16,12 +16,13 @@ the coordinator, whose log is a topic of the node. For micro-batch ``B`` of sink
    their timeout (while not prepared).
 2. **The driver reads S's decision**: the latest record keyed ``S`` in the topic
    ``shardnode.spark-sinks`` (one partition, read from and written to its owner):
-   ``{"batch": B, "branches": [[member, format_id, global_id, branch_id], ...]}``. If it is
-   for ``B``, Spark is replaying a batch that was decided: the decision's branches still
-   prepared are committed on their members (the driver died, or a commit failed, between
-   steps 4 and 5), every other branch of ``S`` is rolled back, and nothing is written
-   twice. A decision for a later batch means the sink id belongs to another checkpoint:
-   refused.
+   ``{"batch": B, "branches": [[member, format_id, global_id, branch_id], ...], "query":
+   Q}`` (Q: the streaming query's id). If it is for ``B``, Spark is replaying a batch that
+   was decided: the decision's branches still prepared are committed on their members (the
+   driver died, or a commit failed, between steps 4 and 5), every other branch of ``S`` is
+   rolled back, and nothing is written twice. A decision of another query (its checkpoint
+   deleted, or two queries given one sinkId), or for a later batch, means the sink id is
+   not this query's: refused (``SinkIdInUse``), as its batches would be skipped as replays.
 3. **It rolls back S's other live branches** (``txn_list`` on every member: open or
    prepared): failed or zombie task attempts, batches never decided. None of them can
    become visible.
@@ -32,8 +33,11 @@ the coordinator, whose log is a topic of the node. For micro-batch ``B`` of sink
    with offsets. Then it rolls back any branch of ``S/B`` a zombie task prepared meanwhile,
    on every member.
 
-``abort`` (after a task failed, or this commit raised) rolls the batch's branches back,
-unless the batch was decided: then they are left for the replay's step 2. A batch write
+``abort`` after a task failed rolls the batch's branches back, unless the batch was
+decided: then they are left for the replay's step 2. After this commit raised it leaves
+them whatever it reads: the decision may have been sent and not answered, and be logged
+after the abort's rollbacks; the replay's step 2 commits them if it is there, its step 3
+rolls them back if not. A batch write
 (``df.write``) follows the same steps under a sink id of its own, batch 0; it is never
 replayed, so a commit that fails after its decision leaves its branches prepared, named
 in the error, for ``shardnode txn commit``.
@@ -108,8 +112,8 @@ TURN_START_MAX = 1 << 30  # a task's first turn among a topic's partitions (keyl
 
 
 class SinkIdInUse(RuntimeError):
-    """The sink id has a decision for a later batch than this one: it belongs to another
-    query (another checkpoint), and this query's batches would be skipped as replays."""
+    """The sink id's last decision was another streaming query's (another checkpoint), or
+    is for a later batch than this one: this query's batches would be skipped as replays."""
 
 
 class Branch(NamedTuple):
@@ -130,6 +134,7 @@ class SinkCommit(WriterCommitMessage):
     batch_id: int
     branches: list[Branch] = field(default_factory=list)
     rows: int = 0
+    query: str = ""  # the streaming query's id (its checkpoint keeps it); "": df.write
 
 
 def global_id(sink_id: str, batch_id: int) -> bytes:
@@ -148,6 +153,14 @@ def _task_ids(default_sink: str | None) -> tuple[str, int, int, int]:
     if sink is None:
         raise RuntimeError("no sink id: give the option 'sinkId', or write from a streaming query")
     return sink, 0 if batch is None else int(batch), ctx.partitionId(), ctx.attemptNumber()
+
+
+def _query_id() -> str:
+    """The running task's streaming query id ("" outside a streaming query)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return "" if ctx is None else ctx.getLocalProperty(QUERY_ID_KEY) or ""
 
 
 def _pack(value: Any) -> bytes:
@@ -256,7 +269,7 @@ class _Staging:
 
 
 def _write_staged(opts: SinkOptions, batches: Iterator[pa.RecordBatch], sink_id: str,
-                  batch_id: int, partition: int, attempt: int) -> SinkCommit:
+                  batch_id: int, partition: int, attempt: int, query: str = "") -> SinkCommit:
     rows = 0
     with _nodes(opts) as nodes:
         requests = _Requests(opts, nodes)
@@ -270,7 +283,7 @@ def _write_staged(opts: SinkOptions, batches: Iterator[pa.RecordBatch], sink_id:
         except BaseException:
             staging.roll_back()
             raise
-    return SinkCommit(sink_id, batch_id, staging.done, rows)
+    return SinkCommit(sink_id, batch_id, staging.done, rows, query)
 
 
 class _Sent(NamedTuple):
@@ -377,10 +390,20 @@ Decision = tuple[int, list[Branch]]  # the batch decided, and its branches
 
 
 def plan_commit(sink_id: str, batch_id: int, decided: Decision | None,
-                live: Sequence[Branch], ours: Sequence[Branch]) -> Plan:
-    """Steps 2-5 for batch ``batch_id``, given the sink's decision, its live branches on
-    every member (open or prepared, any batch) and the branches the tasks of this attempt
-    prepared."""
+                live: Sequence[Branch], ours: Sequence[Branch], query: str = "",
+                decided_by: str = "") -> Plan:
+    """Steps 2-5 for batch ``batch_id``, given the sink's decision (and the streaming query
+    that made it, ``decided_by``), its live branches on every member (open or prepared, any
+    batch) and the branches the tasks of this attempt (of query ``query``) prepared."""
+    if decided is not None and query and decided_by and decided_by != query:
+        # A replay is of the same query (its checkpoint keeps the id): another query's
+        # batch 0 would be skipped as a replay of this one's.
+        raise SinkIdInUse(
+            f"sink id {sink_id!r} was last committed (batch {decided[0]}) by another "
+            f"streaming query ({decided_by}; this one is {query}): a checkpoint deleted, or "
+            f"two queries with one sinkId. Give this query a sinkId of its own (its batches "
+            f"would otherwise be skipped as replays), or restart that query from its "
+            f"checkpoint")
     if decided is not None and decided[0] > batch_id:
         raise SinkIdInUse(
             f"sink id {sink_id!r} has committed batch {decided[0]}, after this batch "
@@ -394,18 +417,32 @@ def plan_commit(sink_id: str, batch_id: int, decided: Decision | None,
     return Plan([b for b in live if b not in mine], bool(ours), list(ours))
 
 
-def plan_abort(batch_id: int, decided: Decision | None, ours: Sequence[Branch]) -> list[Branch]:
-    """The branches ``abort`` rolls back: none once the batch is decided (the replay
-    commits them), else this attempt's."""
-    if decided is not None and decided[0] >= batch_id:
+def plan_abort(batch_id: int, decided: Decision | None, ours: Sequence[Branch],
+               after_commit: bool = False, foreign: bool = False) -> list[Branch]:
+    """The branches ``abort`` rolls back: this attempt's, but none once the batch is decided
+    (the replay commits them), and none after a commit that raised (``after_commit``: every
+    task succeeded), unless the sink's decision is another query's (``foreign``) or for a
+    later batch (that commit raised ``SinkIdInUse`` before deciding). A commit that raised
+    may have sent its decision, unanswered: it may still be logged, after an abort that
+    rolled its branches back, and the replay would find a decision whose branches are
+    gone. The replay settles them instead: step 2 commits them if it finds the decision,
+    step 3 rolls them back if not."""
+    if foreign or (decided is not None and decided[0] > batch_id):
+        return list(ours)
+    if (decided is not None and decided[0] == batch_id) or after_commit:
         return []
     return list(ours)
 
 
-def decision_body(batch_id: int, branches: Sequence[Branch]) -> dict[str, Any]:
+def decision_body(batch_id: int, branches: Sequence[Branch], query: str = "") -> dict[str, Any]:
     """The decision record's value (msgpack): the batch, and its branches with their
-    members, ``[[member, format_id, global_id, branch_id], ...]``."""
-    return {"batch": batch_id, "branches": [[b.member, *b.xid] for b in branches]}
+    members, ``[[member, format_id, global_id, branch_id], ...]``; and the streaming query
+    that made it, when one did."""
+    body: dict[str, Any] = {"batch": batch_id,
+                            "branches": [[b.member, *b.xid] for b in branches]}
+    if query:
+        body["query"] = query
+    return body
 
 
 def decision_of(body: dict[str, Any]) -> Decision:
@@ -421,18 +458,20 @@ def decision_of(body: dict[str, Any]) -> Decision:
 # ---- the driver: carrying them out ------------------------------------------------------
 
 
-def _decision(nodes: Nodes, sink_id: str) -> tuple[Decision | None, bool]:
-    """The sink's latest decision (from the owner of the decisions' one partition), and
-    whether the decisions' topic exists."""
+def _decision(nodes: Nodes, sink_id: str) -> tuple[Decision | None, bool, str]:
+    """The sink's latest decision (from the owner of the decisions' one partition), whether
+    the decisions' topic exists, and the streaming query that made the decision ("" if
+    none is said)."""
     try:
         rec = nodes.client.read_by_key(SINKS_TOPIC, sink_id, partition=0)
     except NodeError as exc:
         if exc.code != ErrorCode.UNKNOWN_TOPIC:
             raise
-        return None, False
+        return None, False, ""
     if rec is None:
-        return None, True
-    return decision_of(msgpack.unpackb(rec.value, raw=False)), True
+        return None, True, ""
+    body = msgpack.unpackb(rec.value, raw=False)
+    return decision_of(body), True, str(body.get("query", ""))
 
 
 def _live_branches(nodes: Nodes, sink_id: str, batch_id: int | None = None) -> list[Branch]:
@@ -456,14 +495,15 @@ def _roll_back(nodes: Nodes, branches: Sequence[Branch]) -> None:
             nodes.member(b.member).xa_rollback(b.xid)
 
 
-def _decide(nodes: Nodes, sink_id: str, batch_id: int, plan: Plan, topic_exists: bool) -> None:
+def _decide(nodes: Nodes, sink_id: str, batch_id: int, plan: Plan, topic_exists: bool,
+            query: str) -> None:
     """Step 4, the commit point: the decision, one record on the owner of the decisions'
     partition, durable when answered."""
     if not topic_exists:
         with contextlib.suppress(TopicExists):
             nodes.client.create_topic(SINKS_TOPIC, partitions=1)
-    nodes.client.produce(SINKS_TOPIC, _pack(decision_body(batch_id, plan.commit)), key=sink_id,
-                         partition=0)
+    nodes.client.produce(SINKS_TOPIC, _pack(decision_body(batch_id, plan.commit, query)),
+                         key=sink_id, partition=0)
 
 
 def commit_batch(opts: SinkOptions, messages: Sequence[SinkCommit | None], batch_id: int) -> None:
@@ -471,14 +511,15 @@ def commit_batch(opts: SinkOptions, messages: Sequence[SinkCommit | None], batch
     done = [m for m in messages if m is not None]
     if opts.guarantee == AT_LEAST_ONCE or not done:
         return
-    sink_id = done[0].sink_id
+    sink_id, query = done[0].sink_id, done[0].query
     ours = [b for m in done for b in m.branches]
     with _nodes(opts) as nodes:
-        decided, topic_exists = _decision(nodes, sink_id)
-        plan = plan_commit(sink_id, batch_id, decided, _live_branches(nodes, sink_id), ours)
+        decided, topic_exists, decided_by = _decision(nodes, sink_id)
+        plan = plan_commit(sink_id, batch_id, decided, _live_branches(nodes, sink_id), ours,
+                           query, decided_by)
         _roll_back(nodes, plan.roll_back)
         if plan.decide:
-            _decide(nodes, sink_id, batch_id, plan, topic_exists)
+            _decide(nodes, sink_id, batch_id, plan, topic_exists, query)
         elif decided is not None:
             log.warning("sink %s: batch %d was committed before; its replay wrote nothing",
                         sink_id, batch_id)
@@ -498,10 +539,20 @@ def abort_batch(opts: SinkOptions, messages: Sequence[SinkCommit | None], batch_
     ours = [b for m in done for b in m.branches]
     if not ours:
         return
+    # Every task succeeded: Spark aborts because the commit raised (its decision perhaps
+    # sent, unanswered); a task that failed has no message.
+    after_commit = len(done) == len(messages)
+    query = done[0].query
     with _nodes(opts) as nodes:
-        decided, _exists = _decision(nodes, done[0].sink_id)
+        decided, _exists, decided_by = _decision(nodes, done[0].sink_id)
+        foreign = bool(decided is not None and query and decided_by and decided_by != query)
         down: set[int] = set()
-        for b in plan_abort(batch_id, decided, ours):
+        plan = plan_abort(batch_id, decided, ours, after_commit, foreign)
+        if after_commit and not plan:
+            log.warning("batch %d aborted after its commit raised: its %d branches stay "
+                        "prepared for the replay (which commits them if the decision was "
+                        "written, else rolls them back)", batch_id, len(ours))
+        for b in plan:
             if b.member in down:
                 continue
             try:
@@ -525,7 +576,8 @@ class StreamWriter(DataSourceStreamArrowWriter):
         sink_id, batch_id, partition, attempt = _task_ids(self.opts.sink_id)
         if self.opts.guarantee == AT_LEAST_ONCE:
             return _write_plain(self.opts, iterator, sink_id, batch_id)
-        return _write_staged(self.opts, iterator, sink_id, batch_id, partition, attempt)
+        return _write_staged(self.opts, iterator, sink_id, batch_id, partition, attempt,
+                             _query_id())
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         commit_batch(self.opts, messages, batchId)  # type: ignore[arg-type]
