@@ -626,6 +626,9 @@ def test_a_bad_input_or_option_fails_the_query_naming_it(spark: SparkSession, no
     # It was ignored.
     assert "did you mean 'maxRecordsPerRequest'?" in _start_error(ok, node, topic="t",
                                                                   maxRecordPerRequest="10")
+    # Taken and ignored: a df.write in foreachBatch looked idempotent, and was not.
+    assert "option 'sinkId' is for streaming queries" in _start_error(ok, node, topic="t",
+                                                                      sinkId="etl")
     # It failed every task attempt, with the node's UnknownTopic and no word of what to do.
     text = _start_error(ok, node, topic="nope")
     assert "topic 'nope' does not exist" in text and "create it first" in text
@@ -1160,3 +1163,19 @@ def test_at_least_once_sends_a_request_nobody_answers_once_more_then_fails_the_t
     finally:
         client.close()
         router.close()
+
+
+def test_a_row_no_request_can_carry_fails_its_task_naming_it() -> None:
+    """A value over what one request carries (the node's frame limit) went out alone: the
+    node dropped the connection, and the task timed out, blaming the node, for minutes."""
+    import pyarrow as pa
+
+    from node.spark import rows
+    from node.spark.options import REQUEST_BYTES_MAX
+
+    batch = pa.RecordBatch.from_pydict({"value": [b"small", b"x" * (REQUEST_BYTES_MAX + 1)]})
+    with pytest.raises(ValueError, match=r"row 1 of this batch takes \d+ bytes, more than a "
+                                         r"request to the node carries"):
+        rows._records(batch, 5000, 4 << 20)
+    vals, _sizes = rows._records(batch.slice(0, 1), 5000, 4 << 20)
+    assert vals == [b"small"]

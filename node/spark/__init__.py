@@ -34,7 +34,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from node.spark.nodes import check_start
-from node.spark.options import SinkOptions, SourceOptions
+from node.spark.options import OptionError, SinkOptions, SourceOptions
 from node.spark.rows import SOURCE_SCHEMA, check_input
 from node.spark.sink import BatchWriter, StreamWriter
 from node.spark.source import BatchReader, StreamReader
@@ -71,7 +71,13 @@ class ShardnodeDataSource(DataSource):
         return opts
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return BatchWriter(self._sink(schema))
+        opts = self._sink(schema)
+        if opts.sink_id:
+            # Taken and ignored, a df.write in foreachBatch looked idempotent: it is not (a
+            # batch write has a sink id of its own, and is never replayed).
+            raise OptionError("option 'sinkId' is for streaming queries (writeStream); a "
+                              "batch write (df.write) stages under a sink id of its own")
+        return BatchWriter(opts)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         return StreamWriter(self._sink(schema))

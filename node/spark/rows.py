@@ -31,7 +31,7 @@ from pyspark.sql.types import (
 )
 
 from node.spark.nodes import SINGLE
-from node.spark.options import OptionError
+from node.spark.options import REQUEST_BYTES_MAX, OptionError
 from wire.errors import ErrorCode, error_for
 
 # The sink's input columns: the types each may have. Only ``value`` is required.
@@ -244,7 +244,15 @@ def _records(batch: pa.RecordBatch, records_max: int, bytes_max: int
                 for v, k, t, s in zip(vals, keys, tags, stamps, strict=True)]
     elif "key" in names:
         vals = [v if k is None else [v, k, [], None] for v, k in zip(vals, keys, strict=True)]
-    big = n and (pc.max(sizes).as_py() or 0) * records_max > bytes_max
+    largest = (pc.max(sizes).as_py() or 0) if n else 0
+    if largest > REQUEST_BYTES_MAX:
+        # Sent alone it would pass the node's frame limit, which drops the connection: the
+        # task's requests would time out, blaming the node.
+        at = pc.index(sizes, largest).as_py()
+        raise ValueError(f"row {at} of this batch takes {largest} bytes, more than a request "
+                         f"to the node carries ({REQUEST_BYTES_MAX}, under its frame limit); "
+                         f"the node takes values up to its limits.value_bytes_max")
+    big = largest * records_max > bytes_max
     return vals, (sizes.to_pylist() if big else None)
 
 
