@@ -95,10 +95,11 @@ def request_frame(frame: zmq.Frame) -> bytes | memoryview:
 def member_keys(cfg: NodeConfig) -> frozenset[bytes]:
     """The public keys (Z85) of the cluster's members, this node's own for a member whose
     key the cluster file leaves out (as ``member_socket`` connects); none for one node."""
+    if not cfg.cluster.file:
+        return frozenset()
     keys = server_keys(cfg)
     assert keys is not None
-    return frozenset(m.public_key.encode() or keys.public for m in cfg.members) \
-        if cfg.cluster.file else frozenset()
+    return frozenset(m.public_key.encode() or keys.public for m in cfg.members)
 
 
 class FrontDoor(Actor):

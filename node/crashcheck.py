@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from node.client import NodeClient
 from wire.errors import ErrorCode, NodeError
@@ -148,6 +149,46 @@ class PipelinedProducer(Producer):
                     (pos,) = out
                     self.ledger.acked[todo.pop(seq)] = pos
             pipe.close()  # what it did not answer is sent again by the next attempt
+
+
+T = TypeVar("T")
+
+
+class KillPoint(Generic[T]):
+    """Where a producer of ``scripts/crashtest`` is to be killed next: armed at a named
+    point, its event is set, once, when the producer next reaches it; ``fired_in`` is what
+    reached it (a transaction, a step)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.point: str | None = None
+        self.fired = threading.Event()
+        self.fired_in: T | None = None
+
+    def arm(self, point: str) -> threading.Event:
+        with self.lock:
+            self.fired.clear()
+            self.point = point
+            self.fired_in = None
+        return self.fired
+
+    def disarm(self) -> None:
+        with self.lock:
+            self.point = None
+
+    def armed_at(self) -> str | None:
+        with self.lock:
+            return self.point
+
+    def reach(self, point: str, what: T) -> bool:
+        """The producer is at ``point``: True (and the event set) if it was armed there."""
+        with self.lock:
+            if self.point != point:
+                return False
+            self.point = None
+            self.fired_in = what
+        self.fired.set()
+        return True
 
 
 class CheckFailed(AssertionError):

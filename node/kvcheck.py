@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from node.client import NodeClient
-from node.crashcheck import RETRYABLE, CheckFailed, Producer
+from node.crashcheck import RETRYABLE, CheckFailed, KillPoint, Producer
 from node.txncheck import GONE, Gone, answered
 from wire.errors import ErrorCode, NodeError, TopicExists, UnknownTopic
 
@@ -156,10 +156,7 @@ class KvWriter(Producer):
         self.counts = KvCounts()
         self.made = 0  # namespaces of its own created so far
         self.create_at = -1  # the step of this trial that creates a namespace
-        self.armed: str | None = None
-        self.arm_lock = threading.Lock()
-        self.fired = threading.Event()
-        self.fired_in: Step | None = None
+        self.kill: KillPoint[Step] = KillPoint()
 
     def allow(self, more: int) -> None:
         """As ``Producer.allow``; and one of the ``more`` steps creates a namespace."""
@@ -173,32 +170,22 @@ class KvWriter(Producer):
         a namespace's creation is sent) or ``kv-commit`` (just before a transaction's commit
         is sent)."""
         assert point in POINTS
-        with self.arm_lock:
-            self.fired.clear()
-            self.armed = point
-            self.fired_in = None
-        return self.fired
+        return self.kill.arm(point)
 
     def release(self) -> None:
-        with self.arm_lock:
-            self.armed = None
+        self.kill.disarm()
 
-    def armed_at(self) -> str | None:
-        with self.arm_lock:
-            return self.armed
+    @property
+    def fired_in(self) -> Step | None:
+        return self.kill.fired_in
 
     def reached(self, point: str, step: Step) -> None:
-        with self.arm_lock:
-            if self.armed != point:
-                return
-            self.armed = None
-            self.fired_in = step
-        self.fired.set()
+        self.kill.reach(point, step)
 
     # ---- one step ---------------------------------------------------------------------
 
     def write(self, c: NodeClient, b: int) -> None:
-        point = self.armed_at()
+        point = self.kill.armed_at()
         if point == "create" or b == self.create_at:
             self.create(c, b)
             return
@@ -417,6 +404,19 @@ class KvWriter(Producer):
         for cell, value in writes:
             self.model.note(cell, f"{b}: transaction's write of {value!r}: {why}")
 
+    def answered_once(self, call: Callable[[], object], done: type[NodeError],
+                      wrong: str) -> int:
+        """``call`` until answered (``answered``: a lost answer sent again); the error
+        ``done`` says its effect is there: an earlier attempt's whose answer was lost, or,
+        if none was lost, the node's mistake (``wrong`` says which). The answers lost."""
+        lost = [0]
+        try:
+            answered(call, lost)
+        except done:
+            if not lost[0]:
+                raise CheckFailed(f"writer {self.tag}: {wrong}") from None
+        return lost[0]
+
     def create(self, c: NodeClient, b: int) -> None:
         """A namespace of its own, by ``kv_create`` or by a first put; then the oldest of its
         own dropped if it has more than ``OWN_NAMESPACES_MAX``."""
@@ -425,19 +425,14 @@ class KvWriter(Producer):
         explicit = self.rng.random() < 0.5
         step = Step(f"{ns}, by {'kv_create' if explicit else 'a first put'}")
         self.reached("create", step)
-        lost = [0]
         if explicit:
-            try:
-                answered(functools.partial(c.kv_create, ns), lost)
-            except TopicExists:
-                if not lost[0]:
-                    raise CheckFailed(
-                        f"writer {self.tag}: creating {ns!r} answered that it "
-                        f"exists; nothing created it before"
-                    ) from None
-            step.outcome = "created" + (" on a retry" if lost[0] else "")
+            lost_answers = self.answered_once(functools.partial(c.kv_create, ns), TopicExists,
+                                              f"creating {ns!r} answered that it exists; "
+                                              f"nothing created it before")
+            step.outcome = "created" + (" on a retry" if lost_answers else "")
             self.model.namespaces.append(ns)
         else:
+            lost = [0]
             self.model.namespaces.append(ns)
             cell, value = (ns, self.model.key(0)), self.value(b)
             self.retried(
@@ -460,15 +455,9 @@ class KvWriter(Producer):
             self.drop(c, own[0])
 
     def drop(self, c: NodeClient, ns: str) -> None:
-        lost = [0]
-        try:
-            answered(functools.partial(c.kv_drop, ns), lost)
-        except UnknownTopic:
-            if not lost[0]:
-                raise CheckFailed(
-                    f"writer {self.tag}: dropping {ns!r} answered that it does "
-                    f"not exist; it was created and not dropped"
-                ) from None
+        self.answered_once(functools.partial(c.kv_drop, ns), UnknownTopic,
+                           f"dropping {ns!r} answered that it does not exist; it was "
+                           f"created and not dropped")
         self.model.drop(ns)
         self.counts.dropped += 1
 

@@ -35,7 +35,7 @@ from typing import TypeVar
 
 from actors.roles import key_partition
 from node.client import NodeClient
-from node.crashcheck import RETRYABLE, CheckFailed, Ledger, Producer, positions
+from node.crashcheck import RETRYABLE, CheckFailed, KillPoint, Ledger, Producer, positions
 from node.transaction import Transaction, TxnPart, TxnResult
 from wire.errors import ErrorCode, NodeError
 from wire.records import Record
@@ -141,11 +141,8 @@ class TxnProducer(Producer):
         self.rng = random.Random(seed)
         self.txns: list[TxnLog] = []
         self.lost = [0]  # attempts whose answer was lost, all calls
-        self.armed: str | None = None
-        self.arm_lock = threading.Lock()
-        self.fired = threading.Event()
+        self.kill: KillPoint[TxnLog] = KillPoint()  # its fired_in: the transaction there
         self.resume = threading.Event()
-        self.fired_in: TxnLog | None = None  # the transaction that reached the kill point
 
     # ---- kill points ------------------------------------------------------------------
 
@@ -155,32 +152,24 @@ class TxnProducer(Producer):
         prepare was answered; the producer then waits for ``release`` before committing or
         rolling back)."""
         assert point in POINT_KINDS
-        with self.arm_lock:
-            self.fired.clear()
-            self.resume.clear()
-            self.armed = point
-            self.fired_in = None
-        return self.fired
+        self.resume.clear()
+        return self.kill.arm(point)
 
     def release(self) -> None:
         """Disarm, and let a producer held at ``prepared`` go on."""
-        with self.arm_lock:
-            self.armed = None
+        self.kill.disarm()
         self.resume.set()
 
+    @property
+    def fired_in(self) -> TxnLog | None:
+        return self.kill.fired_in
+
     def reached(self, point: str, t: TxnLog) -> None:
-        with self.arm_lock:
-            if self.armed != point:
-                return
-            self.armed = None
-            self.fired_in = t
-        self.fired.set()
-        if point == "prepared":
+        if self.kill.reach(point, t) and point == "prepared":
             self.resume.wait(RESUME_S_MAX)
 
     def pick_kind(self) -> str:
-        with self.arm_lock:
-            point = self.armed
+        point = self.kill.armed_at()
         kinds = list(POINT_KINDS[point]) if point else list(KINDS)
         return self.rng.choices(kinds, [KINDS[k] for k in kinds])[0]
 

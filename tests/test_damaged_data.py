@@ -64,6 +64,17 @@ def start_or_refusal(data_dir: Path, log_file: Path) -> tuple[LocalNode | None, 
     return n, ""
 
 
+def refusal(data_dir: Path, log_file: Path, what: str) -> tuple[str, str]:
+    """The one line a node started on ``data_dir`` refuses to start with, and its whole
+    log; the test fails if it started (``what``: on what)."""
+    n, text = start_or_refusal(data_dir, log_file)
+    if n is not None:
+        n.stop()
+        pytest.fail(f"started {what}")
+    (line,) = [ln for ln in text.splitlines() if "refuses to start" in ln]
+    return line, text
+
+
 def shard_dir(data_dir: Path, name: str) -> Path:
     path = data_dir / "shards" / name
     assert path.is_dir(), sorted(p.name for p in (data_dir / "shards").iterdir())
@@ -96,10 +107,9 @@ def test_a_deleted_middle_segment_refuses_to_start_naming_the_gap(make_node: Mak
     assert len(segs) >= 3, segs
     gone = segs[1][1]
     gone.unlink()
-    n, text = start_or_refusal(node.data_dir, tmp_path / "refused.log")
-    assert n is None, "started with a segment missing"
-    assert f"log segment {segs[2][1]} is corrupt at byte" in text
-    assert f"follows {segs[1][0] - 1}: records are missing" in text
+    line, text = refusal(node.data_dir, tmp_path / "refused.log", "with a segment missing")
+    assert f"log segment {segs[2][1]} is corrupt at byte" in line
+    assert f"follows {segs[1][0] - 1}: records are missing" in line
     assert text.count("refuses to start") == 1
 
 
@@ -139,11 +149,8 @@ def test_a_deleted_shard_dir_refuses_to_start_naming_it(make_node: MakeNode,
     node.stop()
     gone = shard_dir(node.data_dir, "t1-p0")
     shutil.rmtree(gone)
-    n, text = start_or_refusal(node.data_dir, tmp_path / "after.log")
-    if n is not None:
-        n.stop()
-        pytest.fail("started without a shard its writer made")
-    (line,) = [ln for ln in text.splitlines() if "refuses to start" in ln]
+    line, text = refusal(node.data_dir, tmp_path / "after.log",
+                         "without a shard its writer made")
     assert f"shard(s) missing: {gone}." in line, line
     assert "Traceback" not in text, text[-1500:]
 
@@ -188,11 +195,7 @@ def test_a_corrupt_snapshot_the_log_needs_is_named_as_one_without_advice_to_move
     data = bytearray(path.read_bytes())
     data[10:42] = b"\xa5" * 32
     path.write_bytes(bytes(data))
-    n, text = start_or_refusal(node.data_dir, tmp_path / "refused.log")
-    if n is not None:
-        n.stop()
-        pytest.fail("started on a corrupt snapshot")
-    (line,) = [ln for ln in text.splitlines() if "refuses to start" in ln]
+    line, _text = refusal(node.data_dir, tmp_path / "refused.log", "on a corrupt snapshot")
     assert f"snapshot {path} is corrupt" in line, line
     assert f"segments start at LSN {first_lsn}" in line, line
     assert f"log segment {path}" not in line, line
@@ -225,12 +228,10 @@ def test_a_shard_with_a_corrupt_current_file_refuses_to_start_naming_it(
     node.stop()
     shard = shard_dir(node.data_dir, "t1-p0")
     (shard / "CURRENT").write_bytes(b"garbage\n")
-    n, text = start_or_refusal(node.data_dir, tmp_path / "refused.log")
-    if n is not None:
-        n.stop()
-        pytest.fail("started on a shard with a corrupt CURRENT")
+    line, text = refusal(node.data_dir, tmp_path / "refused.log",
+                         "on a shard with a corrupt CURRENT")
     assert "Traceback" not in text, text[-1500:]
-    assert "refuses to start" in text and str(shard) in text
+    assert str(shard) in line, line
 
 
 def test_a_log_file_that_cannot_be_read_refuses_to_start_naming_the_error(
@@ -241,10 +242,6 @@ def test_a_log_file_that_cannot_be_read_refuses_to_start_naming_the_error(
     log_dir = node.data_dir / "log"
     last = wal.list_segments(log_dir)[-1][0]
     (log_dir / wal.segment_name(last + 1_000_000)).mkdir()  # read as a segment: EISDIR
-    n, text = start_or_refusal(node.data_dir, tmp_path / "refused.log")
-    if n is not None:
-        n.stop()
-        pytest.fail("started on a log it could not read")
-    (line,) = [ln for ln in text.splitlines() if "refuses to start" in ln]
+    line, text = refusal(node.data_dir, tmp_path / "refused.log", "on a log it could not read")
     assert f"recovering the log in {log_dir} failed: [Errno 21] Is a directory" in line, line
     assert "Traceback" not in text, text[-1500:]

@@ -135,6 +135,37 @@ def in_thread(results: dict[str, Any], name: str, call: Callable[[], Any]) -> th
     return thread
 
 
+def quiet(c: NodeClient) -> None:
+    """Wait for the gate to be open with nothing held: a checkpoint the fuzz left running (a
+    seed that failed before it waited for the gate to open) would answer a test's
+    checkpoint when it ends, and open the gate under the write meant to be held there."""
+    until("the gate open with nothing held", lambda: not (f := figures(c, "txn"))["gate"]
+          and f["held"] == 0, timeout_s=3 * CHECKPOINT_TIMEOUT_MS / 1000)
+
+
+def held_at_the_gate(node: LocalNode, c: NodeClient, what: str, write: Callable[[NodeClient], Any],
+                     results: dict[str, Any]) -> tuple[threading.Thread, threading.Thread]:
+    """With a transaction open: a checkpoint, which closes the gate and waits for it, then
+    ``write`` on a client of its own, held at the gate; each on a thread (their results
+    in ``results["checkpoint"]`` and ``results["held"]``), both waiting."""
+    def on_its_client(call: Callable[[NodeClient], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            with node.client(timeout_ms=ANSWER_WAIT_MS) as own:
+                return call(own)
+        return run
+
+    ckpt = in_thread(results, "checkpoint", on_its_client(lambda own: own.checkpoint()))
+    until("the gate to close", lambda: figures(c, "txn")["gate"])
+    held = in_thread(results, "held", on_its_client(write))
+    until(f"{what} to be held at the gate", lambda: figures(c, "txn")["held"])
+    return ckpt, held
+
+
+def joined(*threads: threading.Thread) -> None:
+    for t in threads:
+        t.join(ANSWER_WAIT_MS / 1000)
+
+
 @pytest.mark.parametrize("seed", SEEDS, ids=lambda s: f"seed-{s}")
 def test_bad_input_with_blocking_checkpoints_is_answered_and_the_node_keeps_serving(
         blocking_node: LocalNode, seed: int, tmp_path: Path) -> None:
@@ -195,36 +226,20 @@ def test_a_transaction_opened_before_a_checkpoint_commits_and_the_checkpoint_com
     node = blocking_node
     topic = "gate"
     results: dict[str, Any] = {}
-
-    def checkpoint() -> int:
-        with node.client(timeout_ms=ANSWER_WAIT_MS) as c:
-            return c.checkpoint()
-
-    def produce() -> tuple[int, int]:
-        with node.client(timeout_ms=ANSWER_WAIT_MS) as c:
-            return c.produce(topic, b"held")
-
     with node.client(timeout_ms=10_000) as c:
-        # From a quiet node: a checkpoint the fuzz left running (a seed that failed before
-        # it waited for the gate to open) would answer this test's checkpoint when it ends,
-        # and open the gate under the produce meant to be held there.
-        until("the gate open with nothing held", lambda: not (f := figures(c, "txn"))["gate"]
-              and f["held"] == 0, timeout_s=3 * CHECKPOINT_TIMEOUT_MS / 1000)
+        quiet(c)
         c.create_topic(topic, partitions=1)
         tx = c.transaction(timeout_ms=TXN_TIMEOUT_MS_MAX)
         tx.produce(topic, b"in the transaction")
         tx.settle()  # open on the node
-        ckpt = in_thread(results, "checkpoint", checkpoint)
-        until("the gate to close", lambda: figures(c, "txn")["gate"])
-        held = in_thread(results, "produce", produce)
-        until("the produce to be held at the gate", lambda: figures(c, "txn")["held"])
+        ckpt, held = held_at_the_gate(node, c, "the produce",
+                                      lambda own: own.produce(topic, b"held"), results)
         assert ckpt.is_alive() and held.is_alive(), results  # both wait
         committed = tx.commit()
-        ckpt.join(ANSWER_WAIT_MS / 1000)
-        held.join(ANSWER_WAIT_MS / 1000)
+        joined(ckpt, held)
         assert type(results.get("checkpoint")) is int, results
         assert results["checkpoint"] >= committed.lsn, (results, committed)
-        assert results.get("produce") == (0, 1), results
+        assert results.get("held") == (0, 1), results
         assert [r.value for r in c.read(topic, 0, 0)] == [b"in the transaction", b"held"]
 
 
@@ -239,33 +254,21 @@ def test_a_compare_and_set_commit_goes_ahead_of_a_put_of_its_key_held_at_the_gat
     node = blocking_node
     ns = "gate-kv"
     results: dict[str, Any] = {}
-
-    def checkpoint() -> int:
-        with node.client(timeout_ms=ANSWER_WAIT_MS) as c:
-            return c.checkpoint()
-
-    def put() -> int:
-        with node.client(timeout_ms=ANSWER_WAIT_MS) as c:
-            return c.kv_put(ns, b"k", b"put at the gate")
-
     with node.client(timeout_ms=10_000) as c:
-        until("the gate open with nothing held", lambda: not (f := figures(c, "txn"))["gate"]
-              and f["held"] == 0, timeout_s=3 * CHECKPOINT_TIMEOUT_MS / 1000)
+        quiet(c)
         c.kv_put(ns, b"k", b"before")
         tx = c.transaction(timeout_ms=TXN_TIMEOUT_MS_MAX)
         tx.kv_cas(ns, b"k", b"before", b"by the transaction")
         tx.settle()  # open on the node
-        ckpt = in_thread(results, "checkpoint", checkpoint)
-        until("the gate to close", lambda: figures(c, "txn")["gate"])
-        held = in_thread(results, "put", put)
-        until("the put to be held at the gate", lambda: figures(c, "txn")["held"])
+        ckpt, held = held_at_the_gate(node, c, "the put",
+                                      lambda own: own.kv_put(ns, b"k", b"put at the gate"),
+                                      results)
         assert ckpt.is_alive() and held.is_alive(), results  # both wait
         committed = tx.commit()
-        ckpt.join(ANSWER_WAIT_MS / 1000)
-        held.join(ANSWER_WAIT_MS / 1000)
+        joined(ckpt, held)
         assert type(results.get("checkpoint")) is int, results
         assert results["checkpoint"] >= committed.lsn, (results, committed)
-        assert type(results.get("put")) is int and results["put"] > committed.lsn, results
+        assert type(results.get("held")) is int and results["held"] > committed.lsn, results
         assert c.kv_get(ns, b"k") == b"put at the gate"
 
 
@@ -280,31 +283,20 @@ def test_a_compare_and_set_held_at_the_gate_and_a_transaction_s_on_one_value_not
                                              f"request_timeout_ms = {ANSWER_WAIT_MS}"))
     ns = "gate-cas"
     results: dict[str, Any] = {}
-
-    def checkpoint() -> int:
-        with node.client(timeout_ms=ANSWER_WAIT_MS) as c:
-            return c.checkpoint()
-
-    def cas() -> bool:
-        with node.client(timeout_ms=ANSWER_WAIT_MS) as c:
-            return c.kv_cas(ns, b"k", b"before", b"by the kv_cas")
-
     with node.client(timeout_ms=ANSWER_WAIT_MS) as c:
         c.kv_put(ns, b"k", b"before")
         tx = c.transaction(timeout_ms=TXN_TIMEOUT_MS_MAX)
         tx.kv_cas(ns, b"k", b"before", b"by the transaction")
         tx.settle()
-        ckpt = in_thread(results, "checkpoint", checkpoint)
-        until("the gate to close", lambda: figures(c, "txn")["gate"])
-        held = in_thread(results, "cas", cas)
-        until("the compare-and-set to be held at the gate", lambda: figures(c, "txn")["held"])
+        ckpt, held = held_at_the_gate(
+            node, c, "the compare-and-set",
+            lambda own: own.kv_cas(ns, b"k", b"before", b"by the kv_cas"), results)
         try:
             tx.commit()
             committed = True
         except TransactionConflict:
             committed = False
-        ckpt.join(ANSWER_WAIT_MS / 1000)
-        held.join(ANSWER_WAIT_MS / 1000)
-        assert type(results.get("cas")) is bool, results
-        assert committed != results["cas"], (committed, results)  # exactly one swapped
+        joined(ckpt, held)
+        assert type(results.get("held")) is bool, results
+        assert committed != results["held"], (committed, results)  # exactly one swapped
         assert c.kv_get(ns, b"k") == (b"by the transaction" if committed else b"by the kv_cas")
