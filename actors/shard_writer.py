@@ -418,6 +418,7 @@ class ShardWriter(Actor):
     def apply_catalog(self, e: Entry) -> None:
         if e.lsn <= self.catalog_lsn:
             return
+        relist = False  # the shards file changes: a shard made here, or a topic's gone
         if e.kind == Kind.TOPIC_ALTER:
             topic_id, _name, settings = e.body()
             for shard, store in self.stores.items():
@@ -450,16 +451,19 @@ class ShardWriter(Actor):
                     store.flush()
                     self.stores[(topic_id, p)] = store
                     self.keep_alive()  # a wide topic takes a while
-                if (topic_id, p) in self.stores:
+                if (topic_id, p) in self.stores and (topic_id, p) not in self.listed:
                     self.listed.add((topic_id, p))
+                    relist = True
         else:
             topic_id, _name = e.body()
             for shard in [s for s in self.stores if s[0] == topic_id]:
                 self.held.drop_shard(shard)
                 self.stores.pop(shard).destroy()
-            self.listed -= {s for s in self.listed if s[0] == topic_id}
+            gone = {s for s in self.listed if s[0] == topic_id}
+            self.listed -= gone
+            relist = bool(gone)
         fsync_dir(self.shards_dir)
-        if e.kind != Kind.TOPIC_ALTER:
+        if relist:
             # Before the LSN: a crash between the two replays the change, which is idempotent.
             write_shards_file(self.shards_file, self.listed)
         self._save_catalog_lsn(e.lsn)
