@@ -389,13 +389,19 @@ class Plan:
 Decision = tuple[int, list[Branch]]  # the batch decided, and its branches
 
 
+def another_query(query: str, decided_by: str) -> bool:
+    """The sink's decision was made by another streaming query than ``query`` (a decision
+    that names none, written before they did, or a batch write's, is taken as any's)."""
+    return bool(query and decided_by and decided_by != query)
+
+
 def plan_commit(sink_id: str, batch_id: int, decided: Decision | None,
                 live: Sequence[Branch], ours: Sequence[Branch], query: str = "",
                 decided_by: str = "") -> Plan:
     """Steps 2-5 for batch ``batch_id``, given the sink's decision (and the streaming query
     that made it, ``decided_by``), its live branches on every member (open or prepared, any
     batch) and the branches the tasks of this attempt (of query ``query``) prepared."""
-    if decided is not None and query and decided_by and decided_by != query:
+    if decided is not None and another_query(query, decided_by):
         # A replay is of the same query (its checkpoint keeps the id): another query's
         # batch 0 would be skipped as a replay of this one's.
         raise SinkIdInUse(
@@ -545,7 +551,7 @@ def abort_batch(opts: SinkOptions, messages: Sequence[SinkCommit | None], batch_
     query = done[0].query
     with _nodes(opts) as nodes:
         decided, _exists, decided_by = _decision(nodes, done[0].sink_id)
-        foreign = bool(decided is not None and query and decided_by and decided_by != query)
+        foreign = decided is not None and another_query(query, decided_by)
         down: set[int] = set()
         plan = plan_abort(batch_id, decided, ours, after_commit, foreign)
         if after_commit and not plan:
