@@ -205,7 +205,15 @@ class Flush:
 
 @dataclass(frozen=True, slots=True)
 class Spawn:
-    """Start a process for the actor ``role``; report its pid (``Supervision.spawned``)."""
+    """Start a process for the actor ``role``; report its pid (``Supervision.spawned``). The
+    process imports what it runs and waits to be let start (``Release``)."""
+
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Let the process spawned for ``role`` start its actor: its stage's turn has come."""
 
     role: str
 
@@ -230,4 +238,4 @@ Instruction = (Send | Request | Forward | Produce | Reply | Log
                | Roll | AskTxn | AskFlush | Truncate | Finish
                | AskShards | CopyLog
                | ReadLog | Apply | Serve | Flush
-               | Spawn | Terminate | StopNode)
+               | Spawn | Release | Terminate | StopNode)

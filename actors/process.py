@@ -1,8 +1,10 @@
 """An actor's process: what it is given at spawn, its set-up, and its exit code.
 
-The supervisor spawns ``actor_main`` with an ``ActorContext`` and the class to run; the
-process sets up logging and signals, asks the kernel to end it with its parent, runs the
-actor's loop and exits with a code that tells the supervisor why it stopped.
+The supervisor spawns ``actor_main`` with an ``ActorContext``, the class to run and the
+event that lets it start; the process (its imports done as it was spawned) sets up logging
+and signals, asks the kernel to end it with its parent, waits to be let start (the actors
+before it in start order are running then: ``node/supervision.py``), runs the actor's loop
+and exits with a code that tells the supervisor why it stopped.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
+from typing import Any, Protocol
 
 from actors.base import Actor, ActorContext, RefuseToStart
 from actors.roles import is_writer
@@ -36,6 +38,16 @@ STOP_SIGNALS = (signal.SIGTERM, STOP_SIGNAL)
 EXIT_FAILED = 1  # an unexpected error: restart it
 EXIT_REFUSED = 65  # it must not run on what it found (a corrupt log, a newer format): stop the node
 EXIT_FSYNC_FAILED = 70  # the log's fsync failed: restart it, and recovery reads the disk
+
+# How often an actor waiting to be let start checks that its supervisor is still there.
+RELEASE_CHECK_S = 0.5
+
+
+class Release(Protocol):
+    """What an actor waits on until it may start: a ``multiprocessing`` event the supervisor
+    sets (``actors.instructions.Release``)."""
+
+    def wait(self, timeout: float | None = None) -> bool: ...
 
 
 def configure_logging(role: str) -> None:
@@ -87,8 +99,18 @@ def keep_freed_memory() -> bool:
                 and mallopt(M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES))
 
 
-def actor_main(ctx: ActorContext, actor_class: type[Actor]) -> None:
-    """Entry point of every actor process (spawned by the supervisor)."""
+def wait_for_release(release: Release, supervisor: int) -> bool:
+    """Wait until the supervisor lets this actor start; False if it is gone meanwhile."""
+    while not release.wait(RELEASE_CHECK_S):
+        if os.getppid() != supervisor:
+            return False
+    return True
+
+
+def actor_main(ctx: ActorContext, actor_class: type[Actor],
+               release: Release | None = None) -> None:
+    """Entry point of every actor process (spawned by the supervisor). With ``release``, it
+    starts the actor once that is set."""
     configure_logging(ctx.role)
     _die_with_parent()
     keep_freed_memory()
@@ -116,6 +138,9 @@ def actor_main(ctx: ActorContext, actor_class: type[Actor]) -> None:
     for signum in STOP_SIGNALS:
         signal.signal(signum, on_stop_signal)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked by the spawn
+    if release is not None and not wait_for_release(release, supervisor):
+        log.info("%s: the supervisor is gone before it let this actor start", ctx.role)
+        sys.exit(0)
     code = 0
     try:
         actor = actor_class(ctx)

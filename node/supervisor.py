@@ -37,7 +37,7 @@ from actors.cache_manager import CacheManager
 from actors.curve import server_keys
 from actors.durable import fsync_dir, write_atomic
 from actors.front_door import FrontDoor
-from actors.instructions import Spawn, StopNode, Terminate
+from actors.instructions import Release, Spawn, StopNode, Terminate
 from actors.log_manager import LogManager
 from actors.process import STOP_SIGNAL, STOP_SIGNALS, actor_main
 from actors.roles import (
@@ -52,7 +52,7 @@ from actors.roles import (
 from actors.shard_writer import ShardWriter
 from actors.transaction_manager import TransactionManager
 from config import NodeConfig
-from node.supervision import Supervision, SupervisorInstruction
+from node.supervision import Phase, Supervision, SupervisorInstruction
 from wire import codec
 from wire.messages import (
     Bundle,
@@ -118,6 +118,7 @@ class Child:
 
     role: str
     process: BaseProcess | None = None
+    release: Any = None  # the multiprocessing event that lets it start (``Release``)
     pid: int = 0
     figures: dict[str, Any] = field(default_factory=dict)
     ps: psutil.Process | None = None
@@ -228,11 +229,13 @@ class Supervisor:
 
     def _spawn(self, role: str) -> None:
         ctx = ActorContext(role, self.cfg.to_dict(), str(self.run_dir), os.getpid())
-        proc = self.spawn.Process(target=actor_main, args=(ctx, actor_class(role)),
+        release = self.spawn.Event()
+        proc = self.spawn.Process(target=actor_main, args=(ctx, actor_class(role), release),
                                   name=f"shardnode-{role}")
         start_shielded(proc)
         child = self.children[role]
         child.process = proc
+        child.release = release
         child.pid = proc.pid or 0
         self.policy.spawned(role, child.pid)
         try:
@@ -246,6 +249,8 @@ class Supervisor:
             match ins:
                 case Spawn(role):
                     self._spawn(role)
+                case Release(role):
+                    self.children[role].release.set()
                 case Terminate(role, kill):
                     child = self.children[role]
                     if kill:
@@ -434,7 +439,9 @@ class Supervisor:
                 child = self.children[role]
                 if not self._alive(role):
                     continue
-                sent = self._tell(role, Stop(self.stop_reason or "stop"))
+                # One waiting to be let start reads no mailbox: the signal stops it.
+                waiting = self.policy.actors[role].phase is Phase.WAITING
+                sent = not waiting and self._tell(role, Stop(self.stop_reason or "stop"))
                 self._stop_child(child, signal_first=not sent)
         finally:
             for child in self.children.values():

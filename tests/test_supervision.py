@@ -1,9 +1,10 @@
-"""The supervisor's restart policy: start stages, rest-for-one, the restart budget,
-heartbeat silence, refusals. No processes: events in, instructions out."""
+"""The supervisor's restart policy: spawned at once and let start in stages, rest-for-one,
+the restart budget, heartbeat silence, refusals. No processes: events in, instructions
+out."""
 
 from __future__ import annotations
 
-from actors.instructions import Spawn, StopNode, Terminate
+from actors.instructions import Release, Spawn, StopNode, Terminate
 from actors.process import EXIT_FAILED, EXIT_REFUSED
 from node.supervision import Phase, Supervision, SupervisorInstruction, start_stages
 
@@ -23,16 +24,21 @@ def spawns(*roles: str) -> list[Spawn]:
     return [Spawn(r) for r in roles]
 
 
+def releases(*roles: str) -> list[Release]:
+    return [Release(r) for r in roles]
+
+
 def run(p: Supervision, instructions: list[SupervisorInstruction],
         now: float) -> list[SupervisorInstruction]:
-    """Carry out spawns as a shell would, each actor reporting at once; returns the
-    instructions that came back after the first ones."""
+    """Carry out spawns and releases as a shell would, each actor reporting as soon as it is
+    let start; returns the instructions that came back after the first ones."""
     out: list[SupervisorInstruction] = []
     pending = list(instructions)
     while pending:
         ins = pending.pop(0)
         if isinstance(ins, Spawn):
             p.spawned(ins.role, pid=1000 + ORDER.index(ins.role))
+        elif isinstance(ins, Release):
             more = p.reported(ins.role, now)
             out += more
             pending += more
@@ -50,20 +56,29 @@ def up(restarts_max: int = 5, window_s: float = 60.0) -> Supervision:
 # ---- start -----------------------------------------------------------------------------
 
 
-def test_start_goes_stage_by_stage_writers_together() -> None:
+def test_start_spawns_every_actor_and_lets_them_start_stage_by_stage() -> None:
     p = policy()
-    assert p.start(0.0, START_S) == spawns("log")
+    assert p.start(0.0, START_S) == [*spawns(*ORDER), *releases("log")]
+    assert [a.phase for a in p.actors.values()] == [Phase.STARTING, *[Phase.WAITING] * 5]
     assert not p.up
-    assert p.reported("log", 1.0) == spawns("txn")
-    assert p.reported("txn", 1.0) == spawns("cache")
-    assert p.reported("cache", 1.0) == spawns("writer-0", "writer-1")
+    assert p.reported("log", 1.0) == releases("txn")
+    assert p.reported("txn", 1.0) == releases("cache")
+    assert p.reported("cache", 1.0) == releases("writer-0", "writer-1")
     assert p.reported("writer-1", 2.0) == []  # the stage waits for all its writers
-    assert p.reported("writer-0", 2.0) == spawns("front")
+    assert p.reported("writer-0", 2.0) == releases("front")
     assert not p.up
     assert p.reported("front", 3.0) == []
     assert p.up
     assert all(a.phase is Phase.RUNNING for a in p.actors.values())
     assert all(a.restarts == 0 for a in p.actors.values())
+
+
+def test_a_report_from_a_waiting_actor_lets_nothing_start() -> None:
+    p = policy()
+    p.start(0.0, START_S)
+    assert p.reported("front", 0.5) == []  # (a waiting process cannot report; say so anyway)
+    assert p.actors["front"].phase is Phase.WAITING
+    assert p.reported("log", 1.0) == releases("txn")
 
 
 def test_start_stages_group_adjacent_writers_only() -> None:
@@ -75,7 +90,7 @@ def test_start_stages_group_adjacent_writers_only() -> None:
 def test_a_stage_late_to_start_stops_the_node() -> None:
     p = policy()
     p.start(0.0, START_S)
-    p.reported("log", 1.0)  # txn spawned at 1.0
+    p.reported("log", 1.0)  # txn let start at 1.0 (its time counts from there)
     p.reported("log", 1.0 + START_S)  # log keeps reporting meanwhile
     assert p.tick(1.0 + START_S) == []
     assert p.tick(1.0 + START_S + 0.1) == [StopNode(f"actors ['txn'] did not start within {START_S:.0f} s")]
@@ -99,6 +114,15 @@ def test_an_actor_that_dies_while_starting_stops_the_node() -> None:
                  "its log above says why")]
 
 
+def test_an_actor_that_dies_waiting_to_start_stops_the_node() -> None:
+    p = policy()
+    p.start(0.0, START_S)
+    assert p.exited("front", EXIT_FAILED, 0.5) == [  # an import that failed, say
+        StopNode(f"the front actor exited with code {EXIT_FAILED} while starting; "
+                 "its log above says why")]
+    assert p.reported("log", 1.0) == []  # stopping: nothing more is let start
+
+
 def test_silence_while_starting_is_not_a_hang() -> None:
     p = policy()
     p.start(0.0, START_S)
@@ -112,50 +136,61 @@ def test_a_death_restarts_it_and_those_after_it() -> None:
     p = up()
     out = p.exited("txn", KILLED, 5.0)
     assert out == [Terminate("front"), Terminate("writer-1"), Terminate("writer-0"),
-                   Terminate("cache"), Spawn("txn")]
+                   Terminate("cache"), *spawns("txn", "cache", "writer-0", "writer-1", "front"),
+                   Release("txn")]
     assert p.actors["log"].phase is Phase.RUNNING
     assert {r: a.restarts for r, a in p.actors.items()} == {
         "log": 0, "txn": 1, "cache": 1, "writer-0": 1, "writer-1": 1, "front": 1}
     # Then the stages, as at the start, with the restart's start timeout.
-    assert p.reported("txn", 6.0) == spawns("cache")
-    assert p.reported("cache", 6.0) == spawns("writer-0", "writer-1")
+    assert p.reported("txn", 6.0) == releases("cache")
+    assert p.reported("cache", 6.0) == releases("writer-0", "writer-1")
     assert p.tick(6.0 + RESTART_START_S + 0.1) == [
         StopNode(f"actors ['writer-0', 'writer-1'] did not start within {RESTART_START_S:.0f} s")]
 
 
 def test_a_writer_death_restarts_the_writers_after_it_and_the_front_door() -> None:
     p = up()
-    assert p.exited("writer-0", KILLED, 5.0) == [Terminate("front"), Terminate("writer-1"),
-                                                 Spawn("writer-0"), Spawn("writer-1")]
-    assert not p.watches("front")
-    assert p.exited("front", 0, 5.0) == []  # it was stopped: its exit is no news
+    assert p.exited("writer-0", KILLED, 5.0) == [
+        Terminate("front"), Terminate("writer-1"), *spawns("writer-0", "writer-1", "front"),
+        *releases("writer-0", "writer-1")]
+    assert p.watches("front")  # its new process, spawned and waiting
     p.reported("writer-0", 6.0)
-    assert p.reported("writer-1", 6.0) == spawns("front")
+    assert p.reported("writer-1", 6.0) == releases("front")
     p.reported("front", 7.0)
     assert p.up
 
 
 def test_the_last_actor_restarts_alone() -> None:
     p = up()
-    assert p.exited("front", EXIT_FAILED, 5.0) == [Spawn("front")]
+    assert p.exited("front", EXIT_FAILED, 5.0) == [Spawn("front"), Release("front")]
     assert [a.restarts for a in p.actors.values()] == [0, 0, 0, 0, 0, 1]
 
 
 def test_a_death_during_a_restart_restarts_from_the_earlier_actor() -> None:
     p = up()
-    p.exited("cache", KILLED, 5.0)  # cache spawned again; the writers and front stopped
-    assert p.exited("log", KILLED, 5.5) == [Terminate("cache"), Terminate("txn"), Spawn("log")]
-    run(p, [Spawn("log")], 6.0)
+    p.exited("cache", KILLED, 5.0)  # cache and those after it spawned again, cache let start
+    assert p.exited("log", KILLED, 5.5) == [
+        Terminate("front"), Terminate("writer-1"), Terminate("writer-0"), Terminate("cache"),
+        Terminate("txn"), *spawns(*ORDER), Release("log")]
+    run(p, [Release("log")], 6.0)
     assert p.up
 
 
 def test_a_report_from_a_stopped_actor_changes_nothing() -> None:
     p = up()
-    p.exited("writer-1", KILLED, 5.0)
-    p.exited("front", 0, 5.0)  # terminated with it
-    assert p.actors["front"].phase is Phase.STOPPED
-    assert p.reported("front", 5.1) == []
-    assert p.actors["front"].phase is Phase.STOPPED
+    p.exited("writer-1", EXIT_REFUSED, 5.0)  # the node stops
+    assert p.actors["writer-1"].phase is Phase.STOPPED
+    assert p.reported("writer-1", 5.1) == []  # (a report sent before it exited)
+    assert p.actors["writer-1"].phase is Phase.STOPPED
+
+
+def test_a_restart_spawns_afresh_those_it_stops() -> None:
+    p = up()
+    p.exited("writer-1", KILLED, 5.0)  # the front door stopped, spawned again, waiting
+    assert p.actors["front"].phase is Phase.WAITING
+    assert p.reported("front", 5.1) == []  # (the old process's last report)
+    assert p.actors["front"].phase is Phase.WAITING
+    assert p.reported("writer-1", 5.2) == releases("front")
 
 
 # ---- the restart budget ------------------------------------------------------------------
@@ -164,8 +199,8 @@ def test_a_report_from_a_stopped_actor_changes_nothing() -> None:
 def test_too_many_restarts_in_the_window_stop_the_node() -> None:
     p = up(restarts_max=2, window_s=100.0)
     for now in (10.0, 20.0):
-        assert p.exited("front", KILLED, now) == [Spawn("front")]
-        run(p, [Spawn("front")], now)
+        assert p.exited("front", KILLED, now) == [Spawn("front"), Release("front")]
+        run(p, [Release("front")], now)
     assert p.exited("front", KILLED, 30.0) == [
         StopNode("3 actor restarts within 100.0 s (last: front exited with code -9); giving up")]
     assert p.exited("log", KILLED, 31.0) == []  # stopping: nothing more starts
@@ -175,8 +210,8 @@ def test_restarts_older_than_the_window_do_not_count() -> None:
     p = up(restarts_max=2, window_s=100.0)
     for now in (10.0, 20.0):
         p.exited("front", KILLED, now)
-        run(p, [Spawn("front")], now)
-    assert p.exited("front", KILLED, 110.5) == [Spawn("front")]  # the one at 10 s expired
+        run(p, [Release("front")], now)
+    assert p.exited("front", KILLED, 110.5) == [Spawn("front"), Release("front")]  # 10 s expired
 
 
 # ---- heartbeat silence -------------------------------------------------------------------
@@ -190,7 +225,8 @@ def test_a_silent_actor_is_killed_and_its_exit_restarts_it() -> None:
     assert p.tick(HEARTBEAT_S) == []  # exactly the timeout: not yet
     assert p.tick(HEARTBEAT_S + 0.1) == [Terminate("cache", kill=True)]
     assert p.exited("cache", KILLED, HEARTBEAT_S + 0.2) == [
-        Terminate("front"), Terminate("writer-1"), Terminate("writer-0"), Spawn("cache")]
+        Terminate("front"), Terminate("writer-1"), Terminate("writer-0"),
+        *spawns("cache", "writer-0", "writer-1", "front"), Release("cache")]
 
 
 def test_reports_keep_an_actor_alive() -> None:
@@ -217,4 +253,5 @@ def test_a_stopping_node_starts_nothing_more() -> None:
     p.stop()
     assert p.reported("log", 1.0) == []  # no next stage
     assert p.exited("log", KILLED, 2.0) == []
+    assert p.exited("front", 0, 2.0) == []  # a waiting one stopped with it: no news
     assert p.tick(1000.0) == []
