@@ -4,8 +4,12 @@ out."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import threading
+
 from actors.instructions import Release, Spawn, StopNode, Terminate
-from actors.process import EXIT_FAILED, EXIT_REFUSED
+from actors.process import EXIT_FAILED, EXIT_REFUSED, wait_for_release
 from node.supervision import Phase, Supervision, SupervisorInstruction, start_stages
 
 ORDER = ["log", "txn", "cache", "writer-0", "writer-1", "front"]
@@ -255,3 +259,34 @@ def test_a_stopping_node_starts_nothing_more() -> None:
     assert p.exited("log", KILLED, 2.0) == []
     assert p.exited("front", 0, 2.0) == []  # a waiting one stopped with it: no news
     assert p.tick(1000.0) == []
+
+
+# ---- an actor's process waits to be let start ---------------------------------------------
+
+
+class NeverSet:
+    """A release that never comes: ``wait`` says so at once."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits += 1
+        return False
+
+
+def test_an_actor_waits_for_its_release_while_its_supervisor_lives() -> None:
+    release = multiprocessing.get_context("spawn").Event()
+    let_go = threading.Timer(0.2, release.set)
+    let_go.start()
+    try:
+        assert wait_for_release(release, os.getppid())  # returns only once it is set
+        assert release.is_set()
+    finally:
+        let_go.cancel()
+
+
+def test_an_actor_whose_supervisor_is_gone_stops_waiting() -> None:
+    never = NeverSet()
+    assert not wait_for_release(never, os.getppid() + 1)  # not our parent: gone
+    assert never.waits == 1
