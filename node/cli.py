@@ -214,7 +214,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         print(f"data dir {cfg.data_path} made from the snapshot {args.from_snapshot} "
               f"(LSN {manifest['lsn']}, {len(manifest['shards'])} shards)", flush=True)
     configure_logging("supervisor")
-    sup = Supervisor(cfg)
+    sup = Supervisor(cfg, parent_pid=args.started_by if args.exit_with_parent else None)
     try:
         sup.start()
     except ConfigError as exc:
@@ -227,7 +227,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         return 1
     print(f"shardnode listening on {cfg.endpoint} (data in {cfg.data_path}); Ctrl-C stops it",
           flush=True)
-    sup.serve_forever(watch_parent=args.exit_with_parent)
+    sup.serve_forever()
     if sup.failed:
         err_console.print(f"[red]node stopped:[/red] {escape(str(sup.stop_reason))}")
         return 1
@@ -849,7 +849,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started_by = os.getppid()  # first: `start --exit-with-parent` watches this process
     args = build_parser().parse_args(argv)
+    args.started_by = started_by
     logging.basicConfig(level=logging.WARNING)
     command: argparse.ArgumentParser = args.command_parser
     try:

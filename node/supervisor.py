@@ -134,8 +134,11 @@ def run_dir_for(data: Path) -> Path:
 
 
 class Supervisor:
-    def __init__(self, cfg: NodeConfig) -> None:
+    def __init__(self, cfg: NodeConfig, parent_pid: int | None = None) -> None:
         self.cfg = cfg
+        # With a parent to watch (``start --exit-with-parent``), the node stops once that
+        # process is gone, while it starts too.
+        self.parent_pid = parent_pid
         self.data = cfg.data_path
         self.run_dir = run_dir_for(self.data)
         self.writers = [writer_role(i) for i in range(cfg.node.writers)]
@@ -220,6 +223,7 @@ class Supervisor:
         self._take_signals()
         self.perform(self.policy.start(time.monotonic(), ready_timeout_s))
         while not self.policy.up:
+            self._watch_parent()
             if self.stopping:
                 self.shutdown()
                 raise NodeStartError(self.stop_reason)
@@ -333,17 +337,22 @@ class Supervisor:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
 
-    def serve_forever(self, watch_parent: bool = False) -> None:
-        """Watch the actors until a stop is requested (signal, too many restarts, or —
-        with ``watch_parent`` — the process that started the node exiting)."""
-        parent = os.getppid()
+    def serve_forever(self) -> None:
+        """Watch the actors until a stop is requested (signal, too many restarts, or the
+        parent it watches exiting)."""
         self._take_signals()
         while not self.stopping:
             self.poll_mailbox(100)
             self.check_children()
-            if watch_parent and os.getppid() != parent:
-                self.request_stop("the process that started the node exited")
+            self._watch_parent()
         self.shutdown()
+
+    def _watch_parent(self) -> None:
+        """Stop when the parent it watches is gone. (Read as the node's process started:
+        read when it began to serve, a parent that exited while the node started was never
+        missed, and the node served on with no one to stop it.)"""
+        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            self.request_stop("the process that started the node exited")
 
     # ---- status -----------------------------------------------------------------------
 

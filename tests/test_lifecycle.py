@@ -285,6 +285,56 @@ def test_node_started_by_a_harness_stops_when_the_harness_dies(tmp_path: Path) -
     assert "the process that started the node exited" in (tmp_path / "n.log").read_text()
 
 
+def test_node_whose_harness_dies_while_it_starts_stops(tmp_path: Path) -> None:
+    """The parent that --exit-with-parent watches is read as the node's process starts: a
+    harness that died while the node started (its actors' processes frozen here, so that
+    it cannot come up) left a node that, once up, served with no one to stop it. It stops
+    now, within its short stop timeouts, where the start timeout (60 s) ended it before."""
+    import subprocess
+    import sys
+    cfg = tmp_path / "node.toml"
+    cfg.write_text("[supervisor]\nstop_timeout_ms = 1000\n[log]\ncheckpoint_timeout_ms = 2000\n")
+    script = (
+        "import os, signal, time\n"
+        "from pathlib import Path\n"
+        "import psutil\n"
+        "from node.local import LocalNode\n"
+        f"n = LocalNode(Path({str(tmp_path / 'data')!r}), log_file=Path({str(tmp_path / 'n.log')!r}),"
+        f" config=Path({str(cfg)!r}))\n"
+        "n.start_process()\n"
+        "sup = psutil.Process(n.proc.pid)\n"
+        "deadline = time.monotonic() + 30\n"
+        "while time.monotonic() < deadline:  # every actor's process, spawned at once\n"
+        "    actors = [p for p in sup.children() if 'spawn_main' in ' '.join(p.cmdline())]\n"
+        "    if len(actors) == 6:\n"
+        "        break\n"
+        "    time.sleep(0.005)  # ok-sleep: poll for the spawns, under a deadline\n"
+        "for p in actors:\n"
+        "    p.send_signal(signal.SIGSTOP)\n"
+        "print(n.proc.pid, *[p.pid for p in actors], flush=True)\n"
+    )
+    harness = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert harness.stdout is not None
+    node_pid, *frozen = map(int, harness.stdout.readline().split())
+    assert len(frozen) == 6, frozen
+    supervisor = psutil.Process(node_pid)
+    harness.wait(10)
+    try:
+        deadline = time.monotonic() + 30
+        while supervisor.is_running() and supervisor.status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the node outlived the harness that started it"
+            time.sleep(0.05)  # ok-sleep: poll until the supervisor exits, under a deadline
+        assert "the process that started the node exited" in (tmp_path / "n.log").read_text()
+    finally:
+        for pid in [node_pid, *frozen]:
+            try:
+                p = psutil.Process(pid)
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+            except psutil.Error:
+                pass
+
+
 def test_writer_count_changes_only_after_a_clean_stop(make_node: MakeNode, tmp_path: Path) -> None:
     three = "[node]\nwriters = 3\n"
     node = make_node()
