@@ -25,7 +25,6 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from wire.errors import RequestTimeout
 
@@ -93,6 +92,10 @@ def probe(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str,
           timeout_ms: int = PROBE_TIMEOUT_MS) -> Verdict:
     """Connect one more socket to ``endpoint``, set up by ``secure`` as the client's own
     are, and say how its handshake went within ``timeout_ms``."""
+    # Here, not at the top: pyzmq's monitor module imports asyncio (40 ms), which every
+    # client's process paid for at its start, for a probe that runs only now and then.
+    from zmq.utils.monitor import recv_monitor_message
+
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     monitor: zmq.Socket[bytes] | None = None
