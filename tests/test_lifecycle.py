@@ -278,11 +278,16 @@ def test_node_started_by_a_harness_stops_when_the_harness_dies(tmp_path: Path) -
     supervisor = psutil.Process(node_pid)
     harness.kill()
     harness.wait(10)
-    deadline = time.monotonic() + 30
-    while supervisor.is_running() and supervisor.status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, "the node outlived its harness"
-        time.sleep(0.05)  # ok-sleep: poll until the supervisor exits, under a deadline
+    gone_within(supervisor, 30, "the node outlived its harness")
     assert "the process that started the node exited" in (tmp_path / "n.log").read_text()
+
+
+def gone_within(proc: psutil.Process, seconds: float, why: str) -> None:
+    """``proc`` exits within ``seconds``, or the test fails saying ``why``."""
+    deadline = time.monotonic() + seconds
+    while proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, why
+        time.sleep(0.05)  # ok-sleep: poll until it exits, under a deadline
 
 
 def test_node_whose_harness_dies_while_it_starts_stops(tmp_path: Path) -> None:
@@ -320,10 +325,7 @@ def test_node_whose_harness_dies_while_it_starts_stops(tmp_path: Path) -> None:
     supervisor = psutil.Process(node_pid)
     harness.wait(10)
     try:
-        deadline = time.monotonic() + 30
-        while supervisor.is_running() and supervisor.status() != psutil.STATUS_ZOMBIE:
-            assert time.monotonic() < deadline, "the node outlived the harness that started it"
-            time.sleep(0.05)  # ok-sleep: poll until the supervisor exits, under a deadline
+        gone_within(supervisor, 30, "the node outlived the harness that started it")
         assert "the process that started the node exited" in (tmp_path / "n.log").read_text()
     finally:
         for pid in [node_pid, *frozen]:
