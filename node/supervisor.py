@@ -411,9 +411,14 @@ class Supervisor:
         proc = self.children[role].process
         return proc is not None and proc.exitcode is None
 
+    def _running(self, role: str) -> bool:
+        """Alive and started: not waiting to be let start, nor still starting (a stop
+        during a restart finds those after the actor that died so)."""
+        return self._alive(role) and self.policy.actors[role].phase is Phase.RUNNING
+
     def _checkpoint_before_stop(self) -> None:
         """Make the shards durable and truncate the log, so the next start replays nothing."""
-        if not all(self._alive(r) for r in self.behind_front) or self.mailbox is None:
+        if not all(self._running(r) for r in self.behind_front) or self.mailbox is None:
             return
         self.checkpoint_done = None
         # The front door is stopped: a blocking checkpoint's gate must not wait for
@@ -425,7 +430,7 @@ class Supervisor:
             return
         deadline = time.monotonic() + self.cfg.log.checkpoint_timeout_ms / 1000
         while self.checkpoint_done is None and time.monotonic() < deadline:
-            if not all(self._alive(r) for r in self.behind_front):
+            if not all(self._running(r) for r in self.behind_front):
                 return
             self.poll_mailbox(100)
         if isinstance(self.checkpoint_done, Done):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -261,7 +262,6 @@ def test_full_node_answers_busy_and_keeps_serving(make_node: MakeNode) -> None:
 
 def test_node_started_by_a_harness_stops_when_the_harness_dies(tmp_path: Path) -> None:
     """LocalNode passes --exit-with-parent: a dead harness leaves no node behind."""
-    import subprocess
     import sys
     script = (
         "import sys, time\n"
@@ -295,7 +295,6 @@ def test_node_whose_harness_dies_while_it_starts_stops(tmp_path: Path) -> None:
     harness that died while the node started (its actors' processes frozen here, so that
     it cannot come up) left a node that, once up, served with no one to stop it. It stops
     now, within its short stop timeouts, where the start timeout (60 s) ended it before."""
-    import subprocess
     import sys
     cfg = tmp_path / "node.toml"
     cfg.write_text("[supervisor]\nstop_timeout_ms = 1000\n[log]\ncheckpoint_timeout_ms = 2000\n")
@@ -335,6 +334,48 @@ def test_node_whose_harness_dies_while_it_starts_stops(tmp_path: Path) -> None:
                 p.kill()
             except psutil.Error:
                 pass
+
+
+def test_a_stop_during_a_restart_does_not_wait_for_a_checkpoint_it_cannot_get(
+        make_node: MakeNode) -> None:
+    """The checkpoint at stop needs every actor behind the front door running. A stop that
+    came while a writer's restart was under way (its new processes frozen here, spawned and
+    let start or waiting) waited for that checkpoint until checkpoint_timeout_ms, since the
+    processes were alive; it stops at once now, within its stop timeouts."""
+    node = make_node("[supervisor]\nstop_timeout_ms = 1000\n[log]\ncheckpoint_timeout_ms = 20000\n")
+    assert node.proc is not None
+    supervisor = psutil.Process(node.proc.pid)
+    old = {p.pid for p in supervisor.children()}
+    psutil.Process(node.actor_pid("writer-0")).kill()  # rest-for-one: writers, front door
+    frozen: list[psutil.Process] = []
+    deadline = time.monotonic() + 30
+    while len(frozen) < 3:  # writer-0, writer-1 and the front door, spawned again at once
+        assert time.monotonic() < deadline, f"the restart spawned {len(frozen)} of 3"
+        for p in supervisor.children():
+            if p.pid not in old and p not in frozen and "spawn_main" in " ".join(p.cmdline()):
+                p.send_signal(signal.SIGSTOP)
+                frozen.append(p)
+        time.sleep(0.005)  # ok-sleep: poll for the spawns, under a deadline
+    try:
+        started = time.monotonic()
+        node.proc.send_signal(signal.SIGTERM)
+        try:
+            node.proc.wait(15)  # ~3 s of stop timeouts; the checkpoint's wait takes 20 s
+        except subprocess.TimeoutExpired:
+            pytest.fail("the stop took over 15 s: it waited for the checkpoint at stop")
+        took = time.monotonic() - started
+        assert took < 12, f"the stop took {took:.1f} s"
+        assert "no checkpoint at stop" not in node.log_file.read_text()
+    finally:
+        for p in frozen:
+            try:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+            except psutil.Error:
+                pass
+        if node.proc.poll() is None:
+            node.kill()
+        node.proc = None
 
 
 def test_writer_count_changes_only_after_a_clean_stop(make_node: MakeNode, tmp_path: Path) -> None:
@@ -488,7 +529,6 @@ def minor_faults(pid: int) -> int:
 
 
 def test_freed_memory_is_kept_for_the_next_requests_not_faulted_in_again() -> None:
-    import subprocess
     import sys
 
     def faults(mode: str) -> int:
