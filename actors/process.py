@@ -1,7 +1,7 @@
 """An actor's process: what it is given at spawn, its set-up, and its exit code.
 
 The supervisor spawns ``actor_main`` with an ``ActorContext``, the class to run and the
-event that lets it start; the process (its imports done as it was spawned) sets up logging
+pipe that lets it start; the process (its imports done as it was spawned) sets up logging
 and signals, asks the kernel to end it with its parent, waits to be let start (the actors
 before it in start order are running then: ``node/supervision.py``), runs the actor's loop
 and exits with a code that tells the supervisor why it stopped.
@@ -44,10 +44,31 @@ RELEASE_CHECK_S = 0.5
 
 
 class Release(Protocol):
-    """What an actor waits on until it may start: a ``multiprocessing`` event the supervisor
-    sets (``actors.instructions.Release``)."""
+    """What an actor waits on until it may start: the read end of a one-way
+    ``multiprocessing`` pipe, on which the supervisor writes once (``send_release``). Not an
+    event: setting a ``multiprocessing.Event`` waits, with no bound, for every process
+    waiting on it to wake, and one killed while it waited never does (the supervisor hung
+    for good); and its named semaphores outlived a node killed whole."""
 
-    def wait(self, timeout: float | None = None) -> bool: ...
+    def poll(self, timeout: float | None = 0.0) -> bool: ...
+
+    def recv_bytes(self, maxlength: int | None = None) -> bytes: ...
+
+
+class ReleaseSender(Protocol):
+    """The supervisor's end of an actor's release pipe."""
+
+    def send_bytes(self, buf: bytes, offset: int = 0, size: int | None = None) -> None: ...
+
+
+def send_release(sender: ReleaseSender) -> bool:
+    """Let the actor at the other end start: never blocks (one byte into an empty pipe).
+    False when the actor is gone (its exit is news the supervisor hears apart)."""
+    try:
+        sender.send_bytes(b"1")
+    except OSError:  # its reading end closed: the process exited
+        return False
+    return True
 
 
 def configure_logging(role: str) -> None:
@@ -101,16 +122,20 @@ def keep_freed_memory() -> bool:
 
 def wait_for_release(release: Release, supervisor: int) -> bool:
     """Wait until the supervisor lets this actor start; False if it is gone meanwhile."""
-    while not release.wait(RELEASE_CHECK_S):
+    while not release.poll(RELEASE_CHECK_S):
         if os.getppid() != supervisor:
             return False
+    try:
+        release.recv_bytes()
+    except EOFError:  # every writing end closed: the supervisor is gone
+        return False
     return True
 
 
 def actor_main(ctx: ActorContext, actor_class: type[Actor],
                release: Release | None = None) -> None:
     """Entry point of every actor process (spawned by the supervisor). With ``release``, it
-    starts the actor once that is set."""
+    starts the actor once the supervisor lets it (``wait_for_release``)."""
     configure_logging(ctx.role)
     _die_with_parent()
     keep_freed_memory()

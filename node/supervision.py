@@ -1,7 +1,7 @@
 """The supervisor's restart policy, with no I/O: which actors start when, and what a death,
 a silence or a refusal leads to. ``node/supervisor.py`` is the shell: it owns the
 processes, the sockets and psutil, tells this state what it saw, and carries out the
-instructions (``Spawn``, ``Terminate``, ``StopNode``) that come back.
+instructions (``Spawn``, ``Release``, ``Terminate``, ``StopNode``) that come back.
 
 Each actor is ``stopped`` (not started, or stopped by the supervisor), ``waiting``
 (spawned, not yet let start), ``starting`` (let start, not yet heard from) or ``running``

@@ -39,7 +39,7 @@ from actors.durable import fsync_dir, write_atomic
 from actors.front_door import FrontDoor
 from actors.instructions import Release, Spawn, StopNode, Terminate
 from actors.log_manager import LogManager
-from actors.process import STOP_SIGNAL, STOP_SIGNALS, actor_main
+from actors.process import STOP_SIGNAL, STOP_SIGNALS, actor_main, send_release
 from actors.roles import (
     CACHE_MANAGER,
     FRONT_DOOR,
@@ -118,7 +118,7 @@ class Child:
 
     role: str
     process: BaseProcess | None = None
-    release: Any = None  # the multiprocessing event that lets it start (``Release``)
+    release: Any = None  # its release pipe's writing end (``actors.process.send_release``)
     pid: int = 0
     figures: dict[str, Any] = field(default_factory=dict)
     ps: psutil.Process | None = None
@@ -233,11 +233,16 @@ class Supervisor:
 
     def _spawn(self, role: str) -> None:
         ctx = ActorContext(role, self.cfg.to_dict(), str(self.run_dir), os.getpid())
-        release = self.spawn.Event()
-        proc = self.spawn.Process(target=actor_main, args=(ctx, actor_class(role), release),
+        waits, release = self.spawn.Pipe(duplex=False)
+        proc = self.spawn.Process(target=actor_main, args=(ctx, actor_class(role), waits),
                                   name=f"shardnode-{role}")
-        start_shielded(proc)
+        try:
+            start_shielded(proc)
+        finally:
+            waits.close()  # the child's now: its exit closes the pipe's last reading end
         child = self.children[role]
+        if child.release is not None:
+            child.release.close()  # the last incarnation's
         child.process = proc
         child.release = release
         child.pid = proc.pid or 0
@@ -254,7 +259,7 @@ class Supervisor:
                 case Spawn(role):
                     self._spawn(role)
                 case Release(role):
-                    self.children[role].release.set()
+                    send_release(self.children[role].release)
                 case Terminate(role, kill):
                     child = self.children[role]
                     if kill:
@@ -462,6 +467,9 @@ class Supervisor:
                 if child.process is not None and child.process.exitcode is None:
                     child.process.kill()
                     child.process.join(5)
+                if child.release is not None:
+                    child.release.close()
+                    child.release = None
             for sock in self.peers.values():
                 sock.close(0)
             self.peers.clear()

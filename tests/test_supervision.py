@@ -7,9 +7,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
+from typing import Any
 
 from actors.instructions import Release, Spawn, StopNode, Terminate
-from actors.process import EXIT_FAILED, EXIT_REFUSED, wait_for_release
+from actors.process import EXIT_FAILED, EXIT_REFUSED, send_release, wait_for_release
 from node.supervision import Phase, Supervision, SupervisorInstruction, start_stages
 
 ORDER = ["log", "txn", "cache", "writer-0", "writer-1", "front"]
@@ -264,29 +265,63 @@ def test_a_stopping_node_starts_nothing_more() -> None:
 # ---- an actor's process waits to be let start ---------------------------------------------
 
 
-class NeverSet:
-    """A release that never comes: ``wait`` says so at once."""
+class NeverSent:
+    """A release that never comes: ``poll`` says so at once."""
 
     def __init__(self) -> None:
-        self.waits = 0
+        self.polls = 0
 
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waits += 1
+    def poll(self, timeout: float | None = 0.0) -> bool:
+        self.polls += 1
         return False
+
+    def recv_bytes(self, maxlength: int | None = None) -> bytes:
+        raise AssertionError("nothing was sent")
 
 
 def test_an_actor_waits_for_its_release_while_its_supervisor_lives() -> None:
-    release = multiprocessing.get_context("spawn").Event()
-    let_go = threading.Timer(0.2, release.set)
+    waits, release = multiprocessing.get_context("spawn").Pipe(duplex=False)
+    let_go = threading.Timer(0.2, send_release, (release,))
     let_go.start()
     try:
-        assert wait_for_release(release, os.getppid())  # returns only once it is set
-        assert release.is_set()
+        assert wait_for_release(waits, os.getppid())  # returns only once it is sent
+        assert not waits.poll(0)  # and took it
     finally:
         let_go.cancel()
+        waits.close()
+        release.close()
 
 
 def test_an_actor_whose_supervisor_is_gone_stops_waiting() -> None:
-    never = NeverSet()
+    never = NeverSent()
     assert not wait_for_release(never, os.getppid() + 1)  # not our parent: gone
-    assert never.waits == 1
+    assert never.polls == 1
+    waits, release = multiprocessing.get_context("spawn").Pipe(duplex=False)
+    release.close()  # the supervisor's end closed (it exited): the pipe says so at once
+    assert not wait_for_release(waits, os.getppid())
+    waits.close()
+
+
+def _wait_forever(waits: Any) -> None:
+    wait_for_release(waits, os.getppid())
+
+
+def test_releasing_an_actor_killed_as_it_waited_does_not_block_the_supervisor() -> None:
+    """With a multiprocessing event, setting it waited for the killed waiter to wake, for
+    good: the supervisor hung on a release that came after a SIGKILL."""
+    ctx = multiprocessing.get_context("spawn")
+    waits, release = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_wait_forever, args=(waits,), daemon=True)
+    proc.start()
+    waits.close()
+    try:
+        proc.kill()
+        proc.join(10)
+        assert proc.exitcode is not None
+        sent: list[bool] = []
+        t = threading.Thread(target=lambda: sent.append(send_release(release)), daemon=True)
+        t.start()
+        t.join(5)
+        assert sent == [False], "the release blocked, or went to a process that is gone"
+    finally:
+        release.close()
