@@ -1,5 +1,6 @@
 # Sourced by the scripts: make ./.venv with the project installed (with the given extras).
-# Re-installs only when pyproject.toml changes, so repeated runs start fast.
+# Re-installs only when pyproject.toml changes, so repeated runs start fast; compiles the
+# project's modules.
 # With the spark extra it also checks for Java (Spark runs on a JVM) and points PySpark's
 # workers at the venv's interpreter.
 set -euo pipefail
@@ -18,6 +19,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extras]"
   echo "$want" > "$stamp"
 fi
+# The project's own bytecode, written here once (0.5 s; 0.1 s when nothing changed): every
+# actor is a fresh interpreter, and where PYTHONDONTWRITEBYTECODE is set nothing else writes
+# it, so every process compiled the project again: a node took 2.2 s to start, not 1.6.
+.venv/bin/python -m compileall -q node actors wire config scripts tests
 if [[ ",$extras," == *",spark,"* ]]; then
   if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
     echo "Spark needs Java 17 or newer, and there is no 'java' on PATH and no JAVA_HOME." >&2
