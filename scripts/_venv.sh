@@ -22,7 +22,8 @@ fi
 # The project's own bytecode, written here once (0.5 s; 0.1 s when nothing changed): every
 # actor is a fresh interpreter, and where PYTHONDONTWRITEBYTECODE is set nothing else writes
 # it, so every process compiled the project again: a node took 2.2 s to start, not 1.6.
-.venv/bin/python -m compileall -q node actors wire config scripts tests
+# What compileall says goes to stderr: a script's stdout is what it was asked for.
+.venv/bin/python -m compileall -q node actors wire config scripts tests >&2
 if [[ ",$extras," == *",spark,"* ]]; then
   if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
     echo "Spark needs Java 17 or newer, and there is no 'java' on PATH and no JAVA_HOME." >&2
