@@ -25,6 +25,7 @@ import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, assert_never
@@ -118,7 +119,7 @@ class Child:
 
     role: str
     process: BaseProcess | None = None
-    release: Any = None  # its release pipe's writing end (``actors.process.send_release``)
+    release: Connection | None = None  # its release pipe's writing end (``send_release``)
     pid: int = 0
     figures: dict[str, Any] = field(default_factory=dict)
     ps: psutil.Process | None = None
@@ -259,7 +260,9 @@ class Supervisor:
                 case Spawn(role):
                     self._spawn(role)
                 case Release(role):
-                    send_release(self.children[role].release)
+                    release = self.children[role].release
+                    assert release is not None, f"{role} released before it was spawned"
+                    send_release(release)
                 case Terminate(role, kill):
                     child = self.children[role]
                     if kill:
