@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 from actors.base import Actor, ActorContext, RefuseToStart
@@ -43,7 +44,7 @@ EXIT_FSYNC_FAILED = 70  # the log's fsync failed: restart it, and recovery reads
 RELEASE_CHECK_S = 0.5
 
 
-class Release(Protocol):
+class ReleaseEnd(Protocol):
     """What an actor waits on until it may start: the read end of a one-way
     ``multiprocessing`` pipe, on which the supervisor writes once (``send_release``). Not an
     event: setting a ``multiprocessing.Event`` waits, with no bound, for every process
@@ -55,13 +56,7 @@ class Release(Protocol):
     def recv_bytes(self, maxlength: int | None = None) -> bytes: ...
 
 
-class ReleaseSender(Protocol):
-    """The supervisor's end of an actor's release pipe."""
-
-    def send_bytes(self, buf: bytes, offset: int = 0, size: int | None = None) -> None: ...
-
-
-def send_release(sender: ReleaseSender) -> bool:
+def send_release(sender: Connection) -> bool:
     """Let the actor at the other end start: never blocks (one byte into an empty pipe).
     False when the actor is gone (its exit is news the supervisor hears apart)."""
     try:
@@ -120,7 +115,7 @@ def keep_freed_memory() -> bool:
                 and mallopt(M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES))
 
 
-def wait_for_release(release: Release, supervisor: int) -> bool:
+def wait_for_release(release: ReleaseEnd, supervisor: int) -> bool:
     """Wait until the supervisor lets this actor start; False if it is gone meanwhile."""
     while not release.poll(RELEASE_CHECK_S):
         if os.getppid() != supervisor:
@@ -133,7 +128,7 @@ def wait_for_release(release: Release, supervisor: int) -> bool:
 
 
 def actor_main(ctx: ActorContext, actor_class: type[Actor],
-               release: Release | None = None) -> None:
+               release: ReleaseEnd | None = None) -> None:
     """Entry point of every actor process (spawned by the supervisor). With ``release``, it
     starts the actor once the supervisor lets it (``wait_for_release``)."""
     configure_logging(ctx.role)

@@ -239,6 +239,9 @@ class Supervisor:
                                   name=f"shardnode-{role}")
         try:
             start_shielded(proc)
+        except BaseException:
+            release.close()
+            raise
         finally:
             waits.close()  # the child's now: its exit closes the pipe's last reading end
         child = self.children[role]
@@ -356,9 +359,10 @@ class Supervisor:
         self.shutdown()
 
     def _watch_parent(self) -> None:
-        """Stop when the parent it watches is gone. (Read as the node's process started:
-        read when it began to serve, a parent that exited while the node started was never
-        missed, and the node served on with no one to stop it.)"""
+        """Stop when the parent it watches is gone. (Its pid is read as the node's process
+        starts, and watched during the start too: read when the node began to serve, a
+        parent that exited while the node started went unnoticed, and the node served on
+        with no one to stop it.)"""
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             self.request_stop("the process that started the node exited")
 
