@@ -512,8 +512,9 @@ class LogState:
             self.txns.finish(txn, Outcome(True, lsn, rows, st.xid))
             reply = TxnCommitted(corr, lsn, rows)
         else:
-            record = logrecord.encode(lsn, Kind.ROLLBACK, [txn, [[t, p] for t, p in st.counts]])
-            self.txns.finish(txn, Outcome(False, lsn, [], st.xid))
+            record = logrecord.encode(lsn, Kind.ROLLBACK,
+                                      [txn, [[t, p] for t, p in st.counts], msg.reason])
+            self.txns.finish(txn, Outcome(False, lsn, [], st.xid, reason=msg.reason))
             reply = Done(corr, lsn)
         return Log(record, reply if corr else None, lsn)
 
@@ -525,7 +526,7 @@ class LogState:
         logs: list[Log] = []
         aborted: list[int] = []
         for txn in [t for t, st in self.txns.open.items() if not st.prepared]:
-            out = self._txn_resolve(TxnResolve(0, txn, "rollback"))
+            out = self._txn_resolve(TxnResolve(0, txn, "rollback", "restart"))
             assert isinstance(out, Log)
             logs.append(out)
             aborted.append(txn)
@@ -570,8 +571,9 @@ class LogState:
                     self.next_offset[key] = first + count
                     rows.append((self.by_id[topic_id].name, partition, first, count))
             self.txns.finish(txn, Outcome(True, lsn, rows, self.txns.xid_of(txn)))
-        else:  # ROLLBACK
-            self.txns.finish(txn, Outcome(False, lsn, [], self.txns.xid_of(txn)))
+        else:  # ROLLBACK (its reason from log format 3 on)
+            self.txns.finish(txn, Outcome(False, lsn, [], self.txns.xid_of(txn),
+                                          reason=body[2] if len(body) > 2 else ""))
 
     # ---- catalog --------------------------------------------------------------------
 

@@ -368,7 +368,7 @@ class ShardWriter(Actor):
                     touched.add(store)
             self.commit_lsn = e.lsn
         elif kind == Kind.ROLLBACK:
-            txn, shards = e.body()
+            txn, shards = e.body()[:2]  # and from log format 3 on, the reason
             for topic_id, partition in shards:
                 store = self.stores.get((topic_id, partition))
                 if store is not None:

@@ -146,11 +146,13 @@ class Transactions:
         self.live.clear()
         self.by_xid.clear()
         aborted = set(table.aborted)
-        for txn, xid, committed, writes in table.outcomes:
+        for txn, xid, committed, writes, reason in table.outcomes:
             phase = (Phase.COMMITTED if committed
-                     else Phase.ABORTED if txn in aborted else Phase.ROLLED_BACK)
+                     else Phase.ABORTED if txn in aborted or reason == "restart"
+                     else Phase.TIMED_OUT if reason == "timeout" else Phase.ROLLED_BACK)
             self._remember(Txn(txn, None if xid is None else Xid(*xid), phase, now, math.inf,
-                               seq=writes, before=phase))  # (logged: ``sent``)
+                               seq=writes, conflicted=reason == "conflict",
+                               before=phase))  # (logged: ``sent``)
         for txn, xid, _prepared, records, nbytes, shards, _first_lsn in table.open:
             self._add(Txn(txn, None if xid is None else Xid(*xid), Phase.PREPARED, now,
                           math.inf, records=records, bytes=nbytes,
@@ -327,8 +329,9 @@ class Transactions:
             return [self._error(corr, ErrorCode.TXN_CONFLICT, CONFLICT_TEXT.format(t.txn))]
         if t.phase is Phase.ROLLED_BACK and t.xid is None and step == "commit":
             # Final, so that a client's commit sent again after a lost answer raises it
-            # (TXN_STATE means "a write is missing" to it, and it would begin again). Why
-            # it was rolled back is not kept across a restart (``conflicted`` is not).
+            # (TXN_STATE means "a write is missing" to it, and it would begin again). A
+            # conflict was answered above: this one was rolled back by its client (or in a
+            # log written before the reason was kept, either).
             return [self._error(corr, ErrorCode.TXN_ABORTED, (
                 f"cannot commit {t.name()}: it is rolled back (by its client, or because "
                 f"a compare-and-set of it did not hold)"))]
@@ -344,8 +347,10 @@ class Transactions:
             self.committed += 1
         else:
             self.rolled_back += 1
-        action = "commit" if phase is Phase.COMMITTED else "rollback"
-        return [Request(LOG_MANAGER, corr, TxnResolve(corr, t.txn, action))]
+        if phase is Phase.COMMITTED:
+            return [Request(LOG_MANAGER, corr, TxnResolve(corr, t.txn, "commit"))]
+        reason = "conflict" if t.conflicted else "client"
+        return [Request(LOG_MANAGER, corr, TxnResolve(corr, t.txn, "rollback", reason))]
 
     def listing(self, msg: TxnList, now: float) -> list[Out]:
         if not self.synced:
@@ -371,7 +376,8 @@ class Transactions:
                 self.by_xid.pop(t.xid, None)
             self._remember(t)
             self.timed_out += 1
-            out.append(Send(LOG_MANAGER, TxnResolve(0, t.txn, "rollback"), ANSWER_WAIT_MS))
+            out.append(Send(LOG_MANAGER, TxnResolve(0, t.txn, "rollback", "timeout"),
+                            ANSWER_WAIT_MS))
         return out
 
     def sent(self, msg: Message) -> None:

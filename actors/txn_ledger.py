@@ -7,8 +7,8 @@ write the next ones and to answer for them after a restart:
 - for each open or prepared transaction, its xid, the records it staged per shard (counts
   only: the records themselves wait in the shards, ``actors/shard_store.py``), the
   consumer offsets it will commit, and whether it is prepared;
-- for recently finished ones, the outcome (committed with these offsets, or rolled back),
-  so that a commit retried after a lost answer is answered as the first one was.
+- for recently finished ones, the outcome (committed with these offsets, or rolled back
+  and why), so that a commit retried after a lost answer is answered as the first one was.
 
 It is rebuilt by ``replay`` from the records (Qpid CLFS: Tx-Start, Dtx-Start, the staged
 writes, Prepare, Commit, Rollback) and carried in the log manager's snapshot, so a
@@ -52,6 +52,7 @@ class Outcome:
     parts: list[TxnPartRow]
     xid: Xid | None
     writes: int = 0  # its write requests: one of them sent again is answered, not refused
+    reason: str = ""  # why it was rolled back (``wire.messages.ROLLBACK_REASONS``)
 
 
 class TxnLedger:
@@ -107,8 +108,8 @@ class TxnLedger:
         opened = [[txn, None if st.xid is None else list(st.xid), st.prepared, st.records,
                    st.bytes, [list(shard) for shard in st.counts], st.first_lsn]
                   for txn, st in self.open.items()]
-        outcomes = [[txn, None if o.xid is None else list(o.xid), o.committed, o.writes]
-                    for txn, o in self.outcomes.items()]
+        outcomes = [[txn, None if o.xid is None else list(o.xid), o.committed, o.writes,
+                     o.reason] for txn, o in self.outcomes.items()]
         return opened, outcomes
 
     # ---- the snapshot ---------------------------------------------------------------
@@ -121,7 +122,7 @@ class TxnLedger:
                       [[g, t, p, o] for (g, t, p), o in st.offsets.items()], st.writes]
                      for txn, st in self.open.items()],
             "txn_outcomes": [[txn, o.committed, o.lsn, o.parts,
-                              None if o.xid is None else list(o.xid), o.writes]
+                              None if o.xid is None else list(o.xid), o.writes, o.reason]
                              for txn, o in self.outcomes.items()],
         }
 
@@ -135,6 +136,8 @@ class TxnLedger:
                                     {(t, p): n for t, p, n in counts},
                                     {(g, t, p): o for g, t, p, o in offsets}, records, nbytes,
                                     writes)
-        for txn, committed, lsn, parts, xid, writes in snap.get("txn_outcomes", []):
+        for txn, committed, lsn, parts, xid, writes, *reason in snap.get("txn_outcomes", []):
+            # (format 3 snapshots have no reason: "")
             self.finish(txn, Outcome(committed, lsn, [tuple(r) for r in parts],
-                                     None if xid is None else Xid(*xid), writes))
+                                     None if xid is None else Xid(*xid), writes,
+                                     reason[0] if reason else ""))

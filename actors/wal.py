@@ -205,8 +205,16 @@ class SegmentWriter:
 
     def open_existing(self, path: Path, size: int) -> None:
         """Append to ``path`` from byte ``size`` (its valid length, as recovery found it and
-        cut it to). An empty segment is given its header; a format 1 segment (no header)
-        stays one."""
+        cut it to). An empty segment, or one of an older format with no record, is given
+        this node's header; after one of an older format with records, the next append
+        starts a new segment (a segment holds records of its header's format only)."""
+        version: int | None = 1
+        start = 0
+        if size > 0:
+            with open(path, "rb") as f:
+                version, start = segment_header(f.read(SEGMENT_HEADER_BYTES))
+        if version != formats.LOG_SEGMENT.current and size > start:
+            return  # left closed: ``append`` rolls
         self.fd = os.open(path, os.O_WRONLY)
         self.path = path
         self.size = size
@@ -214,11 +222,12 @@ class SegmentWriter:
         if self.zeroed != size:  # not cut to its records: what follows them is not known zeros
             os.ftruncate(self.fd, size)
             self.zeroed = size
-        if size == 0:
+        if version != formats.LOG_SEGMENT.current:  # no record: empty, or an older header
+            os.ftruncate(self.fd, 0)
+            self.zeroed = 0
             self._write_header()
         else:
-            with open(path, "rb") as f:
-                self.start = segment_header(f.read(SEGMENT_HEADER_BYTES))[1]
+            self.start = start
 
     def _write_header(self) -> None:
         """The segment's header, written before its first record; the fdatasync of that

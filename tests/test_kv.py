@@ -22,7 +22,7 @@ from config import load_config
 from node.client import NodeClient
 from tests.conftest import module_node
 from tests.linearizable import Call, check, linearizable
-from wire.errors import BadRequest, NodeError, TransactionConflict
+from wire.errors import BadRequest, NodeError, TransactionConflict, TransactionTimedOut
 from wire.protocol import KV_KEY_BYTES_MAX
 
 if TYPE_CHECKING:
@@ -307,6 +307,38 @@ def test_compare_and_sets_in_a_transaction_commit_together_or_not_at_all(
             tx.kv_cas("bank", b"carol", None, b"5")
             tx.kv_cas("bank", b"bob", b"31", None)
         assert (c.kv_get("bank", b"carol"), c.kv_get("bank", b"bob")) == (b"5", None)
+
+
+def test_a_commit_sent_again_after_a_kill_is_told_of_its_conflict_and_of_a_timeout(
+        make_node: MakeNode) -> None:
+    """Why a transaction was rolled back is in the log: a commit sent again after the whole
+    node was SIGKILLed and restarted (its first answer lost) is told what it was told
+    before, TXN_CONFLICT for a compare-and-set that did not hold and TXN_TIMED_OUT for one
+    open past its timeout, not that it was rolled back for no reason given."""
+    n = make_node()
+    with n.client() as c, n.client() as other:
+        c.kv_put("acct", b"a", b"1")
+        tx = c.transaction()
+        tx.kv_cas("acct", b"a", b"1", b"2")
+        tx.settle()
+        other.kv_put("acct", b"a", b"9")  # changed under it
+        with pytest.raises(TransactionConflict):
+            tx.commit()
+        late = c.transaction(timeout_ms=200)
+        late.kv_put("acct", b"b", b"1")
+        late.settle()
+        deadline = time.monotonic() + 30
+        while c.txn_list() and time.monotonic() < deadline:  # rolled back at its timeout
+            time.sleep(0.02)  # ok-sleep: polling the node's list, under a deadline
+        assert not c.txn_list()
+    n.kill()
+    n.start()
+    with n.client() as c:
+        with pytest.raises(TransactionConflict):
+            c.call("txn_commit", txn=tx.id, writes=tx.seq)
+        with pytest.raises(TransactionTimedOut):
+            c.call("txn_commit", txn=late.id, writes=late.seq)
+        assert c.kv_get("acct", b"a") == b"9" and c.kv_get("acct", b"b") is None
 
 
 def test_no_acknowledged_compare_and_set_is_lost_to_a_sigkill(make_node: MakeNode) -> None:

@@ -104,12 +104,12 @@ def test_a_snapshot_of_another_format_refuses_to_start(make_node: MakeNode,
     path = log_dir / wal.SNAPSHOT_SLOTS[slot]
     wal.write_snapshot(log_dir, slot, logrecord.encode_snapshot({**snap, "format": 99}))
     text = refused_start(node.data_dir, tmp_path / "bad.log")
-    assert f"snapshot {path} has format 99, newer than format 3 of this shardnode" in text
+    assert f"snapshot {path} has format 99, newer than format 4 of this shardnode" in text
     assert text.count("refuses to start") == 1, "refused once, not restarted in a loop"
     wal.write_snapshot(log_dir, slot, logrecord.encode_snapshot({**snap, "format": 1}))
     text = refused_start(node.data_dir, tmp_path / "old.log")
-    assert (f"snapshot {path} has format 1, older than any this shardnode reads (2, 3; it "
-            f"writes format 3): no upgrade from format 1 exists yet") in text
+    assert (f"snapshot {path} has format 1, older than any this shardnode reads (2, 3, 4; "
+            f"it writes format 4): no upgrade from format 1 exists yet") in text
 
 
 def test_a_log_segment_of_a_format_not_read_refuses_to_start(make_node: MakeNode,
@@ -122,7 +122,7 @@ def test_a_log_segment_of_a_format_not_read_refuses_to_start(make_node: MakeNode
     current = formats.LOG_SEGMENT.current
     assert data.startswith(logrecord.encode_segment_header(current))
     for version, says in ((current + 1, f"newer than format {current} of this shardnode"),
-                          (0, f"older than any this shardnode reads (1, 2; it writes format "
+                          (0, f"older than any this shardnode reads (1, 2, 3; it writes format "
                               f"{current}): no upgrade from format 0 exists yet")):
         seg.write_bytes(logrecord.encode_segment_header(version) + data[8:])
         text = refused_start(node.data_dir, tmp_path / f"bad-{version}.log")
@@ -132,6 +132,30 @@ def test_a_log_segment_of_a_format_not_read_refuses_to_start(make_node: MakeNode
     node2 = make_node(data_dir=node.data_dir)  # put back as it was: it starts
     with node2.client() as c:
         assert len(c.read("t", 0, 0)) == 20
+
+
+def test_a_log_segment_of_an_older_format_is_read_and_written_after_not_into(
+        make_node: MakeNode) -> None:
+    """A node of an older format killed (its records in a format 2 segment): this node
+    recovers them, and writes its own records into a new segment of its format."""
+    node = make_node()
+    fill(node)
+    node.kill()
+    seg = segment(node.data_dir)
+    data = seg.read_bytes()
+    older = logrecord.encode_segment_header(2) + data[8:]
+    seg.write_bytes(older)
+    node.start()
+    with node.client() as c:
+        assert len(c.read("t", 0, 0)) == 20
+        c.produce("t", b"after")
+        assert c.read("t", 0, 20)[0].value == b"after"
+    segs = [path for _lsn, path in wal.list_segments(node.data_dir / "log")]
+    kept = seg.read_bytes()  # its records as they were (the zeros written ahead cut)
+    assert segs[0] == seg and kept.startswith(logrecord.encode_segment_header(2))
+    assert older.startswith(kept) and not older[len(kept):].strip(b"\0")
+    assert len(segs) == 2 and segs[1].read_bytes().startswith(
+        logrecord.encode_segment_header(formats.LOG_SEGMENT.current))
 
 
 def test_a_shard_of_a_format_not_read_refuses_to_start(make_node: MakeNode,
@@ -495,11 +519,13 @@ def test_a_log_of_format_1_segments_without_a_header_is_still_read(make_node: Ma
         assert [r.value for r in c.read("t", 0, 0)] == values
         assert c.produce("t", b"after") == (0, len(values))
     node2.kill()
-    # Appended to as it was, without a header in the middle.
-    assert segment(node.data_dir) == seg
-    entries = [e for batch in wal.SegmentScan(seg, last=True) for e in batch]
-    assert entries[0].position == 0 and not seg.read_bytes().startswith(header)
-    assert len(entries) == 1 + len(values) + 1  # the topic, the records, "after"
+    # Left as it was; "after" went into a segment of this node's format.
+    (_first, old), (_next, new) = wal.list_segments(node.data_dir / "log")
+    assert old == seg and not seg.read_bytes().startswith(header)
+    entries = [e for batch in wal.SegmentScan(seg, last=False) for e in batch]
+    assert entries[0].position == 0 and len(entries) == 1 + len(values)  # the topic, the records
+    assert new.read_bytes().startswith(header)
+    assert len([e for batch in wal.SegmentScan(new, last=True) for e in batch]) == 1  # "after"
 
 
 # ---- memory ------------------------------------------------------------------------------

@@ -127,11 +127,20 @@ def test_a_commit_sent_again_after_a_compare_and_set_failed_is_told_so_again() -
     open_again.step(TxnStep(3, other, None, "rollback", checked=True), 0.0)
     open_again.unsent(TxnResolve(3, other, "rollback"))
     assert open_again.live[other].phase is Phase.ACTIVE and not open_again.live[other].conflicted
-    # Restarted, the transaction manager knows from the log it was rolled back, not why:
-    # still final (TXN_STATE sent the client's retry on to begin again, refused "in use").
+    # Restarted, the transaction manager knows from the log that it was rolled back and
+    # why (the rollback record's reason): told the same as before the restart.
     again = machine()
-    again.sync(TxnTable([], [[txn, None, False, 1]], 1, []), now=0.0)
-    assert error_code(step(again, "commit", txn, corr=5)) == ErrorCode.TXN_ABORTED
+    again.sync(TxnTable([], [[txn, None, False, 1, "conflict"]], 1, []), now=0.0)
+    out = step(again, "commit", txn, corr=5)
+    assert error_code(out) == ErrorCode.TXN_CONFLICT
+    assert isinstance(out[0], Send) and isinstance(out[0].msg, ErrorReply)
+    assert out[0].msg.text == CONFLICT_TEXT.format(txn)
+    # Rolled back by its client, or in a log written before the reason was kept: still
+    # final (TXN_STATE sent the client's retry on to begin again, refused "in use").
+    for reason in ("client", ""):
+        again = machine()
+        again.sync(TxnTable([], [[txn, None, False, 1, reason]], 1, []), now=0.0)
+        assert error_code(step(again, "commit", txn, corr=5)) == ErrorCode.TXN_ABORTED
 
 
 def test_commit_and_rollback_again_ask_the_log_for_the_first_outcome() -> None:
@@ -165,7 +174,7 @@ def test_an_open_transaction_times_out_and_says_so() -> None:
     txn = begin(t, timeout_ms=1000, now=10.0)
     assert t.tick(10.5) == []
     (out,) = t.tick(11.5)
-    assert isinstance(out, Send) and out.msg == TxnResolve(0, txn, "rollback")
+    assert isinstance(out, Send) and out.msg == TxnResolve(0, txn, "rollback", "timeout")
     assert error_code(write(t, txn, 0)) == ErrorCode.TXN_TIMED_OUT
     assert error_code(step(t, "commit", txn)) == ErrorCode.TXN_TIMED_OUT
 
@@ -181,7 +190,7 @@ def test_a_timeout_s_rollback_the_log_manager_did_not_take_is_sent_again() -> No
     t.unsent(out.msg)
     assert t.live[txn].phase is Phase.ACTIVE and txn not in t.finished and t.timed_out == 0
     (again,) = t.tick(11.6)
-    assert isinstance(again, Send) and again.msg == TxnResolve(0, txn, "rollback")
+    assert isinstance(again, Send) and again.msg == TxnResolve(0, txn, "rollback", "timeout")
     assert t.timed_out == 1 and error_code(write(t, txn, 0)) == ErrorCode.TXN_TIMED_OUT
 
 
@@ -263,12 +272,20 @@ def test_printed_xids_parse_back() -> None:
 def test_a_restart_keeps_prepared_branches_and_rolls_back_the_open() -> None:
     t = Transactions(CFG.txn, first_id=100)
     table = TxnTable(open=[[7, list(XID), True, 2, 10, [[1, 0]], 5]],
-                     outcomes=[[3, None, True, 2], [4, None, False, 0], [8, None, False, 1]],
-                     next_txn=9, aborted=[8])
+                     outcomes=[[3, None, True, 2, ""], [4, None, False, 0, "client"],
+                               [8, None, False, 1, "restart"], [9, None, False, 0, "timeout"],
+                               [10, None, False, 0, "restart"]],
+                     next_txn=11, aborted=[8])
     t.sync(table, now=0.0)
     assert t.live[7].phase is Phase.PREPARED and t.by_xid[XID] == 7
     assert error_code(write(t, 8, 0)) == ErrorCode.TXN_ABORTED
     assert error_code(write(t, 4, 0)) == ErrorCode.TXN_STATE
+    # Why the others ended, from their rollback records: past their timeout, or at an
+    # earlier restart (not rolled back on this sync, yet told as a restart's).
+    assert error_code(write(t, 9, 0)) == ErrorCode.TXN_TIMED_OUT
+    assert error_code(step(t, "commit", 9)) == ErrorCode.TXN_TIMED_OUT
+    assert error_code(step(t, "commit", 10)) == ErrorCode.TXN_ABORTED
+    assert t.finished[10].phase is Phase.ABORTED
     # Its begin sent again (the answer lost in the restart): rolled back, not "in use".
     assert error_code(t.begin(TxnBegin(5, 0, None, txn=8), 0.0)) == ErrorCode.TXN_ABORTED
     assert t.finished[3].phase is Phase.COMMITTED
@@ -325,7 +342,9 @@ def test_the_ledger_comes_back_from_the_records_and_from_a_snapshot() -> None:
                 TxnAppend(3, 60, ((tid, 1, 2, BLOB),), (("g", tid, 0, 0),)),
                 TxnResolve(4, 60, "prepare"), TxnStart(5, 61, None),
                 TxnAppend(6, 61, ((tid, 0, 2, BLOB),), ()), TxnResolve(7, 61, "commit"),
-                TxnStart(8, 62, None)):
+                TxnStart(8, 62, None), TxnStart(11, 63, None),
+                TxnResolve(12, 63, "rollback", "conflict"), TxnStart(13, 64, None),
+                TxnResolve(0, 64, "rollback", "timeout")):
         records.append(logged(s.admit(msg, 0)).record)
     replayed = LogState(CFG)
     for record in records:
@@ -341,11 +360,15 @@ def test_the_ledger_comes_back_from_the_records_and_from_a_snapshot() -> None:
         assert prepared.offsets == {("g", tid, 0): 0}
         assert 62 in other.txns.open and other.txns.outcomes[61].committed
         assert other.next_offset[(tid, 0)] == 2
+        # Why each rollback was made is in its record, and so in the snapshot.
+        assert [other.txns.outcomes[t].reason for t in (61, 63, 64)] == ["", "conflict",
+                                                                         "timeout"]
         # The transaction manager restarted: the open one is rolled back, the prepared kept.
         (rollback,), aborted = other.abort_open()
         assert aborted == [62] and 62 not in other.txns.open and 60 in other.txns.open
         (entry,) = logrecord.iter_buffer(rollback.record)
         assert entry.kind == Kind.ROLLBACK and rollback.reply is None
+        assert entry.body()[2] == "restart" and other.txns.outcomes[62].reason == "restart"
         late = other.admit(TxnResolve(10, 62, "commit"), 0)  # a commit sent before the restart
         assert isinstance(late, Send) and isinstance(late.msg, ErrorReply)
         assert late.msg.code == ErrorCode.TXN_STATE
@@ -393,7 +416,7 @@ def test_ids_the_node_picks_stay_in_range_after_a_client_picked_the_highest() ->
     # Ids the node picks run up to the highest a request may name, then start again from
     # this incarnation's start, past the ids in use.
     t = Transactions(CFG.txn, first_id=7)
-    t.sync(TxnTable([], [[7, None, True, 1]], TXN_ID_MAX - 1, []), now=0.0)
+    t.sync(TxnTable([], [[7, None, True, 1, ""]], TXN_ID_MAX - 1, []), now=0.0)
     assert [begin(t, corr) for corr in range(1, 5)] == [TXN_ID_MAX - 1, TXN_ID_MAX, 8, 9]
 
 
@@ -408,6 +431,24 @@ def test_a_commit_that_names_more_writes_than_were_staged_is_refused() -> None:
     branch = begin(t, xid=XID)
     assert error_code(t.step(TxnStep(5, 0, list(XID), "end", writes=1), 0.0)) == ErrorCode.XAER_PROTO
     assert t.live[branch].phase is Phase.ACTIVE
+
+
+def test_a_snapshot_and_a_rollback_record_written_before_reasons_still_restore() -> None:
+    """Format 3 snapshots' outcomes, and format 2 segments' rollback records, hold no
+    reason: they are read as "" (told as a client's rollback)."""
+    s = log_with_topic()
+    for msg in (TxnStart(1, 70, None), TxnResolve(2, 70, "rollback", "conflict")):
+        s.admit(msg, 0)
+    snap = s.snapshot()
+    snap["format"] = 3
+    snap["txn_outcomes"] = [row[:6] for row in snap["txn_outcomes"]]
+    restored = LogState(CFG)
+    restored.restore(snap)
+    assert restored.txns.outcomes[70].reason == "" and not restored.txns.outcomes[70].committed
+    replayed = log_with_topic()
+    replayed.replay(next(logrecord.iter_buffer(logrecord.encode(2, Kind.TX_START, [71]))))
+    replayed.replay(next(logrecord.iter_buffer(logrecord.encode(3, Kind.ROLLBACK, [71, [[1, 0]]]))))
+    assert replayed.txns.outcomes[71].reason == ""
 
 
 def test_a_snapshot_of_the_format_before_transactions_still_restores() -> None:
@@ -476,7 +517,7 @@ def test_the_question_about_a_commit_says_how_it_ended_and_changes_nothing() -> 
 def test_the_question_waits_for_the_log_to_say_what_it_holds() -> None:
     t = Transactions(CFG.txn, first_id=100)
     assert error_code(t.ask(TxnAsk(1, 5))) == ErrorCode.UNAVAILABLE  # asked again later
-    t.sync(TxnTable([], [[5, None, True, 1], [6, None, False, 0]], 7, []), now=0.0)
+    t.sync(TxnTable([], [[5, None, True, 1, ""], [6, None, False, 0, "client"]], 7, []), now=0.0)
     (q,) = t.ask(TxnAsk(2, 5))  # committed before the restart: the ledger has its LSN
     assert isinstance(q, Request) and q.msg == TxnResolve(2, 5, "commit")
     assert outcome(t, 6) == "ended"

@@ -573,21 +573,33 @@ def test_a_header_cut_short_is_a_torn_tail_of_the_last_segment_only(seg: Path, c
         scan(seg, torn, False)
 
 
-def test_the_writer_gives_an_empty_segment_its_header_and_keeps_format_1_as_it_is(
-        tmp_path: Path) -> None:
-    empty, old = tmp_path / segment_name(1), tmp_path / segment_name(5)
+def test_the_writer_appends_only_to_a_segment_of_its_own_format(tmp_path: Path) -> None:
+    """An empty segment, or an older one with a header and no record, gets this node's
+    header; after an older segment with records (format 1: no header; format 2: rollbacks
+    without their reason) the next record starts a segment of its own, and the older one
+    is left as it was."""
+    current = formats.LOG_SEGMENT.current
+    header = logrecord.encode_segment_header(current)
+    header_2 = logrecord.encode_segment_header(2)
+    empty, bare = tmp_path / segment_name(1), tmp_path / segment_name(3)
+    old_1, old_2 = tmp_path / segment_name(5), tmp_path / segment_name(20)
     empty.write_bytes(b"")
-    old.write_bytes(produces(5, 1, 10))
-    header = logrecord.encode_segment_header(formats.LOG_SEGMENT.current)
-    for path, size, first in ((empty, 0, 1), (old, old.stat().st_size, 6)):
+    bare.write_bytes(header_2)
+    old_1.write_bytes(produces(5, 1, 10))
+    old_2.write_bytes(header_2 + produces(20, 1, 10))
+    for path, first in ((empty, 1), (bare, 3), (old_1, 6), (old_2, 21)):
         w = wal.SegmentWriter(tmp_path, segment_bytes_max=1 << 20)
         try:
-            w.open_existing(path, size)
+            w.open_existing(path, path.stat().st_size)
             w.append(produces(first, 1, 10), first_lsn=first)
         finally:
             w.close()
     assert empty.read_bytes() == header + produces(1, 1, 10)
-    assert old.read_bytes() == produces(5, 2, 10)  # no header in the middle of a segment
+    assert bare.read_bytes() == header + produces(3, 1, 10)
+    assert old_1.read_bytes() == produces(5, 1, 10)
+    assert (tmp_path / segment_name(6)).read_bytes() == header + produces(6, 1, 10)
+    assert old_2.read_bytes() == header_2 + produces(20, 1, 10)
+    assert (tmp_path / segment_name(21)).read_bytes() == header + produces(21, 1, 10)
 
 
 def test_recovery_of_a_torn_header_leaves_an_empty_segment_that_gets_its_header(
@@ -613,8 +625,8 @@ def test_recovery_refuses_a_snapshot_of_a_format_not_read_naming_it(log_dir: Pat
         assert recover(log_dir, fresh_state()).snapshot_slot == 0
         wal.write_snapshot(log_dir, 1, logrecord.encode_snapshot({**newer, "last_lsn": 9}))
         with pytest.raises(FormatRefused, match=re.escape(
-                "has format 1, older than any this shardnode reads (2, 3; it writes format "
-                "3): no upgrade from format 1 exists yet")):
+                "has format 1, older than any this shardnode reads (2, 3, 4; it writes "
+                "format 4): no upgrade from format 1 exists yet")):
             recover(log_dir, fresh_state())
 
 
@@ -708,7 +720,7 @@ def test_recovery_refuses_a_snapshot_of_another_format(log_dir: Path) -> None:
     snap = {**fresh_state().snapshot(), "format": 99}
     wal.write_snapshot(log_dir, 0, logrecord.encode_snapshot(snap))
     with pytest.raises(FormatRefused, match=r"checkpoint-0.snap has format 99, newer than "
-                                            r"format 3 of this shardnode \(which reads 2, 3\)"):
+                                            r"format 4 of this shardnode \(which reads 2, 3, 4\)"):
         recover(log_dir, fresh_state())
 
 

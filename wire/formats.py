@@ -61,11 +61,15 @@ class Format:
             raise FormatRefused(self, path, found)
 
 
-# 2: a header with the version at the start of each segment. 1: no header (still read).
-LOG_SEGMENT = Format("log segment", 2, (1, 2))
-# 3: with the transactions' ledger. 2 (still read: no transactions): each window a map
-# seq → the packed [lsn, parts]. 1 is no longer read.
-SNAPSHOT = Format("snapshot", 3, (2, 3))
+# 3: a ROLLBACK record says why (``[txn, shards, reason]``, wire/logrecord.py). 2 (still
+# read: its rollbacks have no reason): a header with the version at the start of each
+# segment. 1: no header (still read). A node appends to a segment of its own format only: it
+# starts a new one after a segment of an older format.
+LOG_SEGMENT = Format("log segment", 3, (1, 2, 3))
+# 4: a rolled back transaction's outcome says why (``txn_outcomes`` rows end with the
+# reason). 3 (still read): with the transactions' ledger. 2 (still read: no transactions):
+# each window a map seq → the packed [lsn, parts]. 1 is no longer read.
+SNAPSHOT = Format("snapshot", 4, (2, 3, 4))
 # 4: runs of bare values in ``records`` (``[timestamp_ms, [value, ...]]`` at a run's first
 # offset) and the count of records kept in ``meta``. 3 (still read: it has no runs): KV
 # namespaces' shards (a ``kv`` column family, their records key writes). 2 (still read):

@@ -31,7 +31,9 @@ Transactions (Qpid CLFS's transaction records; ``actors/txn_ledger.py`` writes a
     COMMIT         [txn, [[topic_id, partition, first_offset, count], ...],
                     [[group, topic_id, partition, offset], ...]]
                    the staged records take these offsets and become visible, with the offsets
-    ROLLBACK       [txn, [[topic_id, partition], ...]]        the staged records are dropped
+    ROLLBACK       [txn, [[topic_id, partition], ...], reason]
+                   the staged records are dropped; ``reason`` (format 3 on) is why:
+                   ``wire.messages.ROLLBACK_REASONS``
 
 ``blob`` is the packed records array exactly as the client sent it (see ``wire.records``).
 

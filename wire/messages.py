@@ -682,11 +682,20 @@ class TxnAppend(CarriesParts):
 @message(83)
 class TxnResolve(Message):
     """Log ``step`` ("prepare", "commit" or "rollback") of ``txn``; answer once durable
-    (corr 0: no answer). A commit already logged is answered with its first outcome."""
+    (corr 0: no answer). A commit already logged is answered with its first outcome. A
+    rollback says why (one of ``ROLLBACK_REASONS``), and the log keeps it, so that a commit
+    sent again after a restart is told the same as before it."""
 
     corr: int
     txn: int
     step: str
+    reason: str = ""
+
+
+# Why a transaction was rolled back: its client (or an operator) asked; a compare-and-set
+# of it did not hold; it was open past its timeout; the node restarted before it was
+# prepared. "" in a log written before the reason was kept.
+ROLLBACK_REASONS = ("client", "conflict", "timeout", "restart")
 
 
 @message(84)
@@ -701,8 +710,9 @@ class TxnSync(Message):
 class TxnTable(Message):
     """The transactions the log holds: ``open`` rows (all prepared) ``[txn, xid or nil,
     prepared, records, bytes, [[topic_id, partition], ...], first_lsn]`` and recent
-    ``outcomes`` rows ``[txn, xid or nil, committed, writes]``; ``next_txn`` is above every id the
-    log has seen; ``aborted``: the open ones it rolled back on this ``TxnSync``."""
+    ``outcomes`` rows ``[txn, xid or nil, committed, writes, reason]`` (a rollback's reason,
+    ``ROLLBACK_REASONS``); ``next_txn`` is above every id the log has seen; ``aborted``: the
+    open ones it rolled back on this ``TxnSync``."""
 
     open: list[list[Any]]
     outcomes: list[list[Any]]
