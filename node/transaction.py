@@ -17,6 +17,7 @@ the same; and the commit names how many writes were sent, so none can go missing
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections.abc import Iterable, Sequence
@@ -147,10 +148,20 @@ class Transaction:
                  tb: TracebackType | None) -> None:
         if self.finished or self.xid is not None:
             return  # an XA branch is its coordinator's to finish
-        if kind is None:
-            self.commit()
-        else:
+        if kind is not None:
             self.abort()
+            return
+        try:
+            self.commit()
+        except BaseException:
+            # A write it refused (an unknown topic, a value over a limit), a commit it
+            # refused, or no answer: the node may hold the transaction open, with what
+            # it staged, until its timeout. Rolled back now, as the block promises; the
+            # commit's error is the one raised. (If a commit that was not answered went
+            # through, the rollback is refused, and the error says the outcome is unknown.)
+            with contextlib.suppress(NodeError, zmq.ZMQError):
+                self.abort()
+            raise
 
     def _check(self) -> None:
         if self.finished:

@@ -16,6 +16,7 @@ import pytest
 
 from actors import wal
 from actors.roles import shard_owner
+from config import load_config
 from node.client import NodeClient
 from node.local import LocalNode
 from wire.errors import (
@@ -109,6 +110,26 @@ def test_records_are_invisible_until_commit_and_aborts_leave_no_gap(node: LocalN
             tx3.produce("out", b"never", partition=0)
             raise RuntimeError("boom")
         assert values(c, "out", 0) == [b"a", b"after", b"k1"]
+
+
+def test_a_block_whose_commit_fails_leaves_nothing_open(node: LocalNode) -> None:
+    """``with c.transaction()`` rolls back when its commit raises too: a write the node
+    refused (an unknown topic; a value over a limit), found only at the commit, left the
+    transaction open with what it staged, until its timeout, and a thousand such blocks
+    took every slot of ``[txn] open_max`` from every other client."""
+    with node.client() as c:
+        c.create_topic("blocked", partitions=1)
+        big = b"x" * (load_config().limits.value_bytes_max + 1)
+        for label, last in (("unknown topic", ("nosuch", b"x")), ("too large", ("blocked", big))):
+            for settled in (False, True):
+                with pytest.raises(NodeError) as raised, c.transaction() as tx:
+                    tx.produce("blocked", b"staged", partition=0)
+                    if settled:
+                        tx.settle()  # the node has begun it: more than one request
+                    tx.produce(*last)
+                assert raised.value.code in (ErrorCode.UNKNOWN_TOPIC, ErrorCode.BAD_REQUEST)
+                assert c.txn_list() == [], (label, settled)
+        assert values(c, "blocked", 0) == []
 
 
 def test_large_writes_in_and_out_of_transactions_land_whole(node: LocalNode) -> None:
