@@ -57,6 +57,7 @@ from wire.errors import (
 from wire.packer import pack_map
 from wire.protocol import (
     DEFAULT_PORT,
+    FRAME_BYTES_MAX_DEFAULT,
     KV_PREFIX,
     OPS,
     SHARD_STATS_ROW,
@@ -244,10 +245,13 @@ class NodeClient:
         last: NodeError | None = None
         start = time.monotonic()
         answered = False  # whether the node answered any attempt
+        frame_bytes = 0
         for _ in range(attempts):
             rid = next(self._ids)
+            frame = pack_map(request_map(op, rid, fields))
+            frame_bytes = len(frame)
             try:
-                self._send_on(sock, pack_map(request_map(op, rid, fields)))
+                self._send_on(sock, frame)
             except zmq.Again:
                 if not self.routed:  # waited a whole timeout_ms for a connection
                     raise self.not_connected(sock) from None
@@ -269,6 +273,10 @@ class NodeClient:
         assert last is not None
         if isinstance(last, RequestTimeout) and attempts > 1 and not answered:
             note = f"; {self._probed}" if self._probed else ": is a node running there?"
+            if frame_bytes > FRAME_BYTES_MAX_DEFAULT:
+                note += (f" (or the request's {frame_bytes} bytes are over twice the node's "
+                         f"[limits] frame_bytes_max, {FRAME_BYTES_MAX_DEFAULT} by default: "
+                         f"it drops such a frame unanswered)")
             raise RequestTimeout(f"no reply from {self._name(sock)} to {attempts} attempts "
                                  f"over {time.monotonic() - start:.0f} s ({self.timeout_ms} "
                                  f"ms each){note}")

@@ -4,6 +4,7 @@ keeps serving. Requests are sent on a raw DEALER socket, as a buggy client would
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +14,7 @@ import zmq
 
 from node.local import LocalNode
 from tests.conftest import module_node
-from wire.errors import ErrorCode
+from wire.errors import BadRequest, ErrorCode
 from wire.protocol import unpack_replies
 
 FRAME_MAX = 2 * 1024 * 1024
@@ -148,6 +149,30 @@ def test_frame_over_the_limit(sock: zmq.Socket[bytes]) -> None:
     assert FRAME_MAX < len(big) < 2 * FRAME_MAX
     assert_error(ask(sock, big), ErrorCode.FRAME_TOO_LARGE, str(FRAME_MAX))
     assert_still_serving(sock, 7)
+
+
+def test_each_request_of_a_frame_over_the_limit_is_answered_under_its_own_id(
+        small_node: LocalNode, sock: zmq.Socket[bytes]) -> None:
+    """The frame is not decoded, but its requests' ids are read (their other values
+    skipped): a client waiting for its id heard an answer under id 0, which was not its,
+    and sent its request again until its retries ran out (a minute, then "is a node
+    running there?")."""
+    big = req(records=b"x" * FRAME_MAX, op="produce", id=31, topic="t", producer_id=1, seq=1)
+    sock.send(big + good_produce(32))
+    replies = []
+    while len(replies) < 2:
+        assert sock.poll(10_000, zmq.POLLIN), "no reply within 10 s"
+        replies += unpack_replies(sock.recv())
+    assert [(r["id"], r["code"]) for r in replies] == [(31, ErrorCode.FRAME_TOO_LARGE),
+                                                      (32, ErrorCode.FRAME_TOO_LARGE)]
+    assert f"frame_bytes_max = {FRAME_MAX}" in replies[0]["error"]
+    assert_still_serving(sock, 33)
+    with small_node.client() as c:  # raised at once, not sent again until the retries end
+        started = time.monotonic()
+        with pytest.raises(BadRequest) as raised:
+            c.produce_batch("t", [b"v" * 900] * 3000, partition=0)
+        assert raised.value.code == ErrorCode.FRAME_TOO_LARGE
+        assert time.monotonic() - started < c.timeout_ms / 1000
 
 
 def test_huge_frame_is_cut_off_and_others_are_served(small_node: LocalNode,

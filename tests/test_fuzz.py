@@ -514,8 +514,8 @@ class Fuzzer:
             return Frame([b""])
         if roll < 0.02:  # over frame_bytes_max: refused whole, under ZeroMQ's cut-off
             value, rid, sent = self.request()
-            big = bytes(msgpack.packb({"op": "produce", "id": 1, "topic": self.w.topic,
-                                       "producer_id": 1, "seq": 1,
+            big = bytes(msgpack.packb({"op": "produce", "id": next(self.ids),
+                                       "topic": self.w.topic, "producer_id": 1, "seq": 1,
                                        "records": msgpack.packb([b"x" * 900] * 300)}))
             assert FRAME_MAX < len(big) < 2 * FRAME_MAX
             return Frame([big + bytes(msgpack.packb(value))])
@@ -536,11 +536,35 @@ class Fuzzer:
         return frame
 
 
+def over_the_limit(frame: bytes) -> tuple[list[Any], int]:
+    """What a frame over ``frame_bytes_max`` gets: FRAME_TOO_LARGE under the id of each of
+    its requests up to the first value that is not a map (its maps read key by key, as
+    ``wire.protocol.request_ids`` does, the last "id" of a map its id), or under id 0 once
+    when it has none."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(frame))
+    unpacker.feed(frame)
+    ids: list[Any] = []
+    try:
+        while unpacker.tell() < len(frame):
+            rid = 0
+            for _ in range(unpacker.read_map_header()):
+                key, value = unpacker.unpack(), unpacker.unpack()
+                if key == "id":
+                    rid = value if type(value) is int else 0
+            ids.append(rid)
+    except Exception:
+        pass
+    ids = [rid for rid in ids if rid]
+    return (ids, 0) if ids else ([], 1)
+
+
 def read_frame(frame: bytes) -> tuple[list[Any], int]:
     """What a frame asks, as the protocol reads it: the integer ids of its requests, and
     how many answers with id 0 it gets (one per value that is not a map with an integer
     id, one for bytes that do not decode or an empty frame, which end it)."""
-    if len(frame) > FRAME_MAX or not frame:
+    if len(frame) > FRAME_MAX:
+        return over_the_limit(frame)
+    if not frame:
         return [], 1
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(frame))
     unpacker.feed(frame)

@@ -36,6 +36,9 @@ DEFAULT_PORT = 7400
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 NAME_LEN_MAX = 200  # topic and group names (NAME_RE says the same)
 OFFSET_MAX = 2**63 - 1
+# ``[limits] frame_bytes_max``'s default (config/defaults.toml), for a client's messages: a
+# node answers FRAME_TOO_LARGE to a frame up to twice its limit, and drops a larger one.
+FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024
 REQUESTS_PER_FRAME_MAX = 1024  # a client's Pipeline keeps at most this many in flight
 # What one request may decode to: its maps' and arrays' items in all, and in one array or
 # map (``wire.records.bounds``). The largest the table allows, a txn_once of
@@ -491,8 +494,10 @@ def parse_requests(frame: bytes | memoryview, frame_bytes_max: int,
     """Decode and check every request of a frame, in order: each one parsed, or the error
     to answer it with. Bytes that do not decode end the frame with one error."""
     if len(frame) > frame_bytes_max:
-        return [_error(0, ErrorCode.FRAME_TOO_LARGE,
-                       f"request of {len(frame)} bytes is over the limit of {frame_bytes_max}")]
+        text = (f"a request frame of {len(frame)} bytes is over [limits] frame_bytes_max = "
+                f"{frame_bytes_max}: send fewer or smaller records a request")
+        return [_error(rid, ErrorCode.FRAME_TOO_LARGE, text)
+                for rid in request_ids(frame, requests_max)]
     if not frame:
         return [_error(0, ErrorCode.BAD_REQUEST, "request is not msgpack: the frame is empty")]
     bound, left = bounds(REQUEST_ITEMS_MAX, REQUEST_ARRAY_LEN_MAX, REQUEST_MAP_LEN_MAX)
@@ -615,6 +620,32 @@ def check_once_writes(rid: int, txn: int, writes: list[Any]) -> list[tuple[str, 
 
 def _type_names(types: tuple[type, ...], sep: str) -> str:
     return sep.join("nil" if t is type(None) else t.__name__ for t in types)
+
+
+def request_ids(frame: bytes | memoryview, requests_max: int) -> list[int]:
+    """The ids of the requests of a frame that is not decoded (one over the size limit),
+    so that each is answered under its own id: every map's keys are read, and every value
+    but the id's is skipped, not decoded. ``[0]`` when none is found (not msgpack, or no
+    id): a client waiting for its id would otherwise hear nothing and send it again."""
+    small = REQUEST_MAP_LEN_MAX  # a key, or an id, decodes to no more (``skip`` is not bound)
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(frame),
+                                max_str_len=small, max_bin_len=small, max_ext_len=small,
+                                max_array_len=small, max_map_len=small)
+    unpacker.feed(frame)
+    ids: list[int] = []
+    try:
+        while len(ids) < requests_max and unpacker.tell() < len(frame):
+            rid = 0
+            for _ in range(min(unpacker.read_map_header(), REQUEST_MAP_LEN_MAX)):
+                if unpacker.unpack() == "id":
+                    got = unpacker.unpack()
+                    rid = got if type(got) is int else 0
+                else:
+                    unpacker.skip()
+            ids.append(rid)
+    except Exception:  # not a map, not msgpack, cut short: what was read so far
+        pass
+    return [rid for rid in ids if rid] or [0]
 
 
 def _error(rid: int, code: ErrorCode, text: str) -> NodeError:
