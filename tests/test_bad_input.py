@@ -159,7 +159,7 @@ def test_each_request_of_a_frame_over_the_limit_is_answered_under_its_own_id(
     running there?")."""
     big = req(records=b"x" * FRAME_MAX, op="produce", id=31, topic="t", producer_id=1, seq=1)
     sock.send(big + good_produce(32))
-    replies = []
+    replies: list[dict[str, Any]] = []
     while len(replies) < 2:
         assert sock.poll(10_000, zmq.POLLIN), "no reply within 10 s"
         replies += unpack_replies(sock.recv())

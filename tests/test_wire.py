@@ -752,8 +752,14 @@ def test_a_frame_past_the_request_limit_stops_with_one_error() -> None:
 
 def test_a_frame_of_requests_over_the_byte_limit_is_frame_too_large() -> None:
     frame = _status(1) + _status(2)
-    (err,) = parse_requests(frame, len(frame) - 1)
-    assert isinstance(err, NodeError) and err.code == ErrorCode.FRAME_TOO_LARGE
+    errs = parse_requests(frame, len(frame) - 1)  # each under its own id, none decoded
+    assert [(getattr(e, "request_id", None), getattr(e, "code", None)) for e in errs] == [
+        (1, ErrorCode.FRAME_TOO_LARGE), (2, ErrorCode.FRAME_TOO_LARGE)]
+    # No id to be found (not a map; an id that is no integer; not msgpack): once, id 0.
+    for bad in (pack([1, 2]) + b"x" * 10, pack({"id": "7", "op": "status"}), b"\xc1" * 10):
+        (err,) = parse_requests(bad, 5)
+        assert isinstance(err, NodeError) and err.code == ErrorCode.FRAME_TOO_LARGE
+        assert getattr(err, "request_id", None) == 0
 
 
 def test_joined_replies_come_apart_in_order_and_respect_the_byte_bound() -> None:
