@@ -121,10 +121,22 @@ def _check_listening(host: str, port: int, timeout_s: float) -> None:
         pass
 
 
-def _client(args: argparse.Namespace, **kw: Any) -> NodeClient:
-    """A client of the node the command names, with its CURVE keys when given, and the
-    command's retries (``client_args``). Raises ``Unavailable`` at once when nothing
-    listens on the node's port."""
+def _positive_int(text: str) -> int:
+    """An argument that is a whole number, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _client(args: argparse.Namespace, endpoints: list[str] | None = None,
+            **kw: Any) -> NodeClient:
+    """A client of the node the command names (or of ``endpoints``, a cluster's members),
+    with its CURVE keys when given, and the command's retries (``client_args``). Raises
+    ``Unavailable`` at once when nothing listens on the node's port."""
     from actors.curve import KeyFileError
     from node.client import NodeClient, read_keypair, read_public_key
 
@@ -138,7 +150,18 @@ def _client(args: argparse.Namespace, **kw: Any) -> NodeClient:
         except KeyFileError as exc:
             raise CommandError(str(exc)) from None
     _check_listening(args.host, args.port, min(args.timeout_ms / 1000, PROBE_TIMEOUT_S_MAX))
-    return NodeClient(_endpoint(args), timeout_ms=args.timeout_ms, retries=args.retries, **kw)
+    return NodeClient(endpoints or _endpoint(args), timeout_ms=args.timeout_ms,
+                      retries=args.retries, **kw)
+
+
+def _cluster_client(args: argparse.Namespace) -> NodeClient:
+    """A client of every member of the cluster the node named belongs to (learnt from its
+    map), for the commands that must see them all: a branch in doubt may live on any."""
+    with _client(args) as c:
+        members = c.members()
+    if len(members) < 2:
+        return _client(args)
+    return _client(args, [members[m] for m in sorted(members)])
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -592,19 +615,22 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_txn_list(args: argparse.Namespace) -> int:
-    with _client(args) as c:
+    with _cluster_client(args) as c:
         txns = c.txn_list()
+        members = len(c.members()) if c.routed else 0
     if args.json:  # a list of objects, named as NodeClient.txn_list's TxnInfo fields
         print(json.dumps([dataclasses.asdict(x) for x in txns], indent=2))
         return 0
-    t = Table(title=f"transactions open or prepared: {len(txns)}")
-    for name, justify in (("id", "right"), ("xid", "left"), ("state", "left"),
-                          ("age s", "right"), ("records", "right"), ("MB", "right"),
-                          ("partitions", "right")):
+    where = f" on {members} members" if members else ""
+    t = Table(title=f"transactions open or prepared{where}: {len(txns)}")
+    columns = [("id", "right"), ("xid", "left"), ("state", "left"), ("age s", "right"),
+               ("records", "right"), ("MB", "right"), ("partitions", "right")]
+    for name, justify in columns + ([("member", "right")] if members else []):
         t.add_column(name, justify=justify)  # type: ignore[arg-type]
     for x in txns:
         t.add_row(*_cells(str(x.txn), x.xid or "-", x.state, f"{x.age_ms / 1000:.1f}",
-                          str(x.records), _mb(x.bytes), str(x.partitions)))
+                          str(x.records), _mb(x.bytes), str(x.partitions),
+                          *([str(x.member)] if members else [])))
     _print_whole(t)  # the id and the xid whole: `txn commit` and `txn rollback` take them
     return 0
 
@@ -613,7 +639,7 @@ def cmd_txn_commit(args: argparse.Namespace) -> int:
     from wire.xid import parse
 
     xid = parse(args.xid)
-    with _client(args) as c:
+    with _cluster_client(args) as c:
         res = c.xa_commit(xid)
     where = ", ".join(f"{p.topic}/{p.partition} {p.first_offset}..{p.first_offset + p.record_count - 1}"
                       for p in res.parts) or "no records"
@@ -624,9 +650,9 @@ def cmd_txn_commit(args: argparse.Namespace) -> int:
 def cmd_txn_rollback(args: argparse.Namespace) -> int:
     from wire.xid import parse
 
-    with _client(args) as c:
+    with _cluster_client(args) as c:
         if args.txn.isdigit():
-            c.call("txn_abort", txn=int(args.txn))
+            c.txn_abort(int(args.txn))
         else:
             c.xa_rollback(parse(args.txn))
     print(f"rolled back {args.txn}")
@@ -664,7 +690,7 @@ def build_parser() -> argparse.ArgumentParser:
                      f"CURVE handshake is reported at once, not retried")
         else:
             tries = "the request is sent once"
-        sp.add_argument("--timeout-ms", type=int, default=10_000,
+        sp.add_argument("--timeout-ms", type=_positive_int, default=10_000,
                         help=f"how long to wait for each answer, in ms (default "
                              f"%(default)s); {tries}")
         sp.set_defaults(retries=retries)

@@ -24,6 +24,7 @@ key pair, Z85 as ``shardnode keygen`` writes them:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
 import random
@@ -49,12 +50,12 @@ from wire.errors import (
     RequestTimeout,
     Unavailable,
     UnknownTopic,
+    UnknownTransaction,
     XAERDupid,
     XAERNota,
     XARBRollback,
     error_for,
 )
-from wire.packer import pack_map
 from wire.protocol import (
     DEFAULT_PORT,
     FRAME_BYTES_MAX_DEFAULT,
@@ -65,10 +66,10 @@ from wire.protocol import (
     Topic,
     check_reply,
     kv_topic,
-    request_map,
+    pack_request,
     unpack_replies,
 )
-from wire.records import Record, pack_batch, unpack_read
+from wire.records import Record, as_bytes, as_tags, pack_batch, unpack_read
 from wire.xid import Xid
 from wire.xid import check as check_xid
 
@@ -88,9 +89,6 @@ class TopicInfo:
     retention_ms: int = 0  # 0: records are kept whatever their age
     retention_bytes: int = 0  # 0: whatever a partition's size
 
-
-def _as_bytes(value: bytes | str) -> bytes:
-    return value.encode() if isinstance(value, str) else bytes(value)
 
 
 # Ops that name one partition: a client of a cluster sends them to its owner.
@@ -133,6 +131,15 @@ class NodeClient:
         endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
         if not endpoints:
             raise ValueError("NodeClient needs at least one endpoint")
+        for e in endpoints:
+            if not isinstance(e, str) or "://" not in e:
+                raise ValueError(f"endpoint {e!r} is not a ZeroMQ endpoint such as "
+                                 f"{DEFAULT_ENDPOINT}")
+        if type(timeout_ms) is not int or timeout_ms < 1:
+            raise ValueError(f"timeout_ms must be a whole number of ms, at least 1, not "
+                             f"{timeout_ms!r}")
+        if type(retries) is not int or retries < 0:
+            raise ValueError(f"retries must be a whole number, at least 0, not {retries!r}")
         self.endpoints = endpoints
         self.routed = len(endpoints) > 1
         endpoint = endpoints[0]
@@ -248,7 +255,7 @@ class NodeClient:
         frame_bytes = 0
         for _ in range(attempts):
             rid = next(self._ids)
-            frame = pack_map(request_map(op, rid, fields))
+            frame = pack_request(op, rid, fields)
             frame_bytes = len(frame)
             try:
                 self._send_on(sock, frame)
@@ -457,7 +464,7 @@ class NodeClient:
             return self._sock(members[min(members)] if members else self.endpoint)
         return self.sock
 
-    def _produce_routed(self, topic: str, recs: list[Record | bytes], seq: int
+    def _produce_routed(self, topic: str, recs: list[Record | bytes | str], seq: int
                         ) -> list[tuple[int, int]]:
         """A batch with no partition named, on a cluster: split by key as the node splits
         it, each owner sent its records at once (same producer id and sequence number, so
@@ -474,7 +481,7 @@ class NodeClient:
             first = next(self._ids)
             rid: int | None = first
             try:
-                sock.send(pack_map(request_map("produce", first, fields)))
+                sock.send(pack_request("produce", first, fields))
             except zmq.Again:
                 rid = None  # sent again, with retries, below
             sent.append((member, idx, fields, sock, rid))
@@ -495,7 +502,7 @@ class NodeClient:
                 out[i] = placed
         return out
 
-    def _spread(self, recs: Sequence[Record | bytes], seq: int, partitions: int) -> list[int]:
+    def _spread(self, recs: Sequence[Record | bytes | str], seq: int, partitions: int) -> list[int]:
         """The partition of each record of a batch with no partition named, as the node
         picks it: its key's, or the batch's round-robin pick (by producer id and sequence
         number, so that a retry lands where the first attempt did)."""
@@ -563,10 +570,11 @@ class NodeClient:
                 tags: Sequence[str] = (), timestamp: int | None = None,
                 partition: int | None = None) -> tuple[int, int]:
         """Write one record; return its (partition, offset) once it is durable."""
-        rec = Record(_as_bytes(value), None if key is None else _as_bytes(key), tuple(tags), timestamp)
+        rec = Record(as_bytes(value), None if key is None else as_bytes(key, "a key"),
+                     as_tags(tags), timestamp)
         return self.produce_batch(topic, [rec], partition)[0]
 
-    def produce_batch(self, topic: str, records: Iterable[Record | bytes],
+    def produce_batch(self, topic: str, records: Iterable[Record | bytes | str],
                       partition: int | None = None, seq: int | None = None
                       ) -> list[tuple[int, int]]:
         """Write many records in one request; their (partition, offset) pairs, in order.
@@ -603,13 +611,13 @@ class NodeClient:
 
     def key_partition(self, topic: str, key: bytes | str) -> int:
         """The partition ``produce`` sends a key to when no partition is named."""
-        return key_partition(_as_bytes(key), self.partitions(topic))
+        return key_partition(as_bytes(key, "a key"), self.partitions(topic))
 
     def read_by_key(self, topic: str, key: bytes | str, partition: int | None = None) -> Record | None:
         """The latest record with ``key``: in the key's own partition unless one is named."""
         p = self.key_partition(topic, key) if partition is None else partition
         rows = unpack_read(self.call("read_by_key", topic=topic, partition=p,
-                                     key=_as_bytes(key))["records"])
+                                     key=as_bytes(key, "a key"))["records"])
         return rows[0] if rows else None
 
     def delete_by_key(self, topic: str, key: bytes | str, partition: int | None = None) -> int:
@@ -617,7 +625,8 @@ class NodeClient:
         key's own partition unless one is named; returns the LSN that made it durable.
         Older records with the key stay (``delete_by_offset`` deletes any one)."""
         p = self.key_partition(topic, key) if partition is None else partition
-        return int(self.call("delete_by_key", topic=topic, partition=p, key=_as_bytes(key))["lsn"])
+        key_bytes = as_bytes(key, "a key")
+        return int(self.call("delete_by_key", topic=topic, partition=p, key=key_bytes)["lsn"])
 
     def delete_by_offset(self, topic: str, partition: int, offset: int) -> int:
         """Delete the record at ``offset``; the offsets of the others do not move."""
@@ -664,15 +673,16 @@ class NodeClient:
                   **fields: Any) -> dict[str, Any]:
         # The producer id and a sequence number: a retry after a lost answer is answered
         # as the first attempt was, not logged again.
-        return self.call(op, namespace=namespace, key=_as_bytes(key), **fields,
+        return self.call(op, namespace=namespace, key=as_bytes(key, "a key"), **fields,
                          producer_id=self.producer_id, seq=self.next_seq())
 
     def kv_put(self, namespace: str, key: bytes | str, value: bytes | str) -> int:
         """Set a key; returns the LSN that made it durable. A get sent after it sees it."""
-        return int(self._kv_write("kv_put", namespace, key, value=_as_bytes(value))["lsn"])
+        return int(self._kv_write("kv_put", namespace, key, value=as_bytes(value))["lsn"])
 
     def kv_get(self, namespace: str, key: bytes | str) -> bytes | None:
-        value: bytes | None = self.call("kv_get", namespace=namespace, key=_as_bytes(key))["value"]
+        key_bytes = as_bytes(key, "a key")
+        value: bytes | None = self.call("kv_get", namespace=namespace, key=key_bytes)["value"]
         return value
 
     def kv_delete(self, namespace: str, key: bytes | str) -> int:
@@ -686,9 +696,9 @@ class NodeClient:
         ``start_after``; asked for a page at a time (the node bounds each by
         ``read_records_max`` and ``read_bytes_max``)."""
         out: list[tuple[bytes, bytes]] = []
-        after = None if start_after is None else _as_bytes(start_after)
+        after = None if start_after is None else as_bytes(start_after)
         while len(out) < limit:
-            fields: dict[str, Any] = {"namespace": namespace, "prefix": _as_bytes(prefix)}
+            fields: dict[str, Any] = {"namespace": namespace, "prefix": as_bytes(prefix)}
             if after is not None:
                 fields["start_after"] = after
             fields["limit"] = limit - len(out)
@@ -705,9 +715,9 @@ class NodeClient:
         """Set ``key`` to ``new`` (None: delete it) only if its value is ``expected``
         (None: absent); True if it did. Linearizable. Not retried: after a lost answer
         (``RequestTimeout``) the outcome is unknown, so read the key."""
-        reply = self.call("kv_cas", namespace=namespace, key=_as_bytes(key),
-                          expected=None if expected is None else _as_bytes(expected),
-                          new=None if new is None else _as_bytes(new))
+        reply = self.call("kv_cas", namespace=namespace, key=as_bytes(key, "a key"),
+                          expected=None if expected is None else as_bytes(expected),
+                          new=None if new is None else as_bytes(new))
         return bool(reply["swapped"])
 
     # ---- the node -----------------------------------------------------------------
@@ -859,10 +869,33 @@ class NodeClient:
         return [Xid(*row) for reply in self._on_every_member("xa_recover")
                 for row in reply["xids"]]
 
+    def txn_abort(self, txn: int) -> None:
+        """Roll back the local transaction ``txn`` by its id (as ``shardnode txn rollback``
+        does, for an operator; its own client has ``Transaction.abort``). On a cluster, on
+        the member that knows it."""
+        if not self.routed:
+            self.call("txn_abort", txn=txn)
+            return
+        self.settle_transactions()
+        unknown: NodeError | None = None
+        for endpoint in self._every_member():
+            try:
+                self._call_on(self._sock(endpoint), "txn_abort", {"txn": txn})
+                return
+            except UnknownTransaction as exc:
+                unknown = exc
+        assert unknown is not None
+        raise unknown
+
     def txn_list(self) -> list[TxnInfo]:
-        """The open and prepared transactions (on a cluster, of every member)."""
-        return [TxnInfo(*row) for reply in self._on_every_member("txn_list")
-                for row in reply["txns"]]
+        """The open and prepared transactions (on a cluster, of every member, each with
+        its member's id)."""
+        if not self.routed:
+            return [TxnInfo(*row) for row in self.call("txn_list")["txns"]]
+        self.settle_transactions()
+        members = self.members()
+        return [dataclasses.replace(TxnInfo(*row), member=m) for m in sorted(members)
+                for row in self._call_on(self._sock(members[m]), "txn_list", {})["txns"]]
 
     def _on_every_member(self, op: str) -> list[dict[str, Any]]:
         if not self.routed:

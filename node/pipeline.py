@@ -117,7 +117,8 @@ class Pipeline:
         # Answers another reader of the socket handed over (``take``): id, count, reply.
         self.handed: list[tuple[int, int, dict[str, Any]]] = []
 
-    def submit(self, topic: str, records: Sequence[Record | bytes], partition: int | None = None,
+    def submit(self, topic: str, records: Sequence[Record | bytes | str],
+               partition: int | None = None,
                blob: bytes | None = None, seq: int | None = None) -> int:
         """Queue a produce request; returns its id. ``seq`` resends an earlier request
         under its sequence number (a retry the node recognises); by default the next one."""
@@ -154,7 +155,7 @@ class Pipeline:
             self.flush()
         return rid
 
-    def member_socket(self, topic: str, records: Sequence[Record | bytes],
+    def member_socket(self, topic: str, records: Sequence[Record | bytes | str],
                       partition: int | None, blob: bytes | None, seq: int
                       ) -> zmq.Socket[bytes]:
         """A routed client's socket for a request: its partition's owner's, when the request

@@ -38,17 +38,16 @@ from wire.errors import (
     XAERNota,
     error_for,
 )
-from wire.packer import pack_map
 from wire.placement import place
 from wire.protocol import (
     KV_PREFIX,
     TXN_ONCE_OPS,
     TXN_ONCE_WRITES_MAX,
     kv_topic,
-    request_map,
+    pack_request,
     unpack_replies,
 )
-from wire.records import Record, pack_batch
+from wire.records import Record, as_bytes, as_tags, pack_batch
 from wire.xid import Xid
 
 if TYPE_CHECKING:
@@ -85,10 +84,8 @@ class TxnInfo:
     records: int
     bytes: int
     partitions: int
+    member: int = 0  # the cluster member it lives on (0: a single node)
 
-
-def _as_bytes(value: bytes | str) -> bytes:
-    return value.encode() if isinstance(value, str) else bytes(value)
 
 
 # A transaction's requests are pipelined: queued, sent several to a frame, and answered in
@@ -173,11 +170,11 @@ class Transaction:
                 tags: Sequence[str] = (), timestamp: int | None = None,
                 partition: int | None = None) -> None:
         """Stage one record (it gets its offset at the commit)."""
-        rec = Record(_as_bytes(value), None if key is None else _as_bytes(key), tuple(tags),
-                     timestamp)
+        rec = Record(as_bytes(value), None if key is None else as_bytes(key, "a key"),
+                     as_tags(tags), timestamp)
         self.produce_batch(topic, [rec], partition)
 
-    def _pin(self, topic: str, partition: int | None, first: Record | bytes | None = None
+    def _pin(self, topic: str, partition: int | None, first: Record | bytes | str | None = None
              ) -> None:
         """On a client of a cluster, before anything is sent: live on the member owning
         ``partition`` of ``topic`` (or the partition of ``first``'s key)."""
@@ -213,7 +210,7 @@ class Transaction:
         self.client.settle_transactions()
         return self.client._call_on(self._socket(), op, fields)
 
-    def produce_batch(self, topic: str, records: Iterable[Record | bytes],
+    def produce_batch(self, topic: str, records: Iterable[Record | bytes | str],
                       partition: int | None = None) -> None:
         """Stage a batch of records (they get their offsets at the commit)."""
         recs = list(records)
@@ -246,7 +243,7 @@ class Transaction:
     def kv_put(self, namespace: str, key: bytes | str, value: bytes | str) -> None:
         """Stage a key's new value: visible at the commit, with the rest (the namespace is
         created if it is new)."""
-        self._kv(namespace, key, _as_bytes(value))
+        self._kv(namespace, key, as_bytes(value))
 
     def kv_delete(self, namespace: str, key: bytes | str) -> None:
         """Stage a key's deletion: done at the commit, with the rest."""
@@ -259,15 +256,15 @@ class Transaction:
         transaction when it commits, atomically with it: if one does not hold, the commit
         raises ``TransactionConflict`` and nothing of the transaction is visible. Local
         transactions only."""
-        self._kv(namespace, key, None if new is None else _as_bytes(new),
-                 expected=(None if expected is None else _as_bytes(expected),))
+        self._kv(namespace, key, None if new is None else as_bytes(new),
+                 expected=(None if expected is None else as_bytes(expected),))
 
     def _kv(self, namespace: str, key: bytes | str, value: bytes | None,
             expected: tuple[bytes | None] | None = None) -> None:
         self._check()
         self._pin(kv_topic(namespace), 0)
         fields: dict[str, Any] = {"txn": self.id, "seq": self.seq, "namespace": namespace,
-                                  "key": _as_bytes(key), "value": value}
+                                  "key": as_bytes(key, "a key"), "value": value}
         if expected is not None:
             fields["expected"] = expected[0]
         self._submit("txn_kv", fields)
@@ -378,7 +375,7 @@ class Transaction:
 
     def _submit(self, op: str, fields: dict[str, Any]) -> int:
         rid = next(self.client._ids)
-        frame = pack_map(request_map(op, rid, fields))
+        frame = pack_request(op, rid, fields)
         if self._queue and self._queued_bytes + len(frame) > QUEUED_BYTES_MAX:
             self._send()
         self._queue.append((rid, op, fields, frame))

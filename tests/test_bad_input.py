@@ -12,6 +12,7 @@ import msgpack
 import pytest
 import zmq
 
+from node.client import NodeClient
 from node.local import LocalNode
 from tests.conftest import module_node
 from wire.errors import BadRequest, ErrorCode
@@ -290,3 +291,34 @@ def test_a_frame_of_empty_arrays_is_refused_without_being_decoded_whole(
     # Decoded whole, one frame would take about 120 MiB; two copies of the frame are 4.
     assert grown_mib < 32, f"the front door's peak grew by {grown_mib:.0f} MiB"
     assert_still_serving(sock, 802)
+
+
+def test_the_client_refuses_what_it_cannot_send_with_a_clear_error(
+        small_node: LocalNode) -> None:
+    """Values were taken as they came: ``produce(topic, 5)`` stored five zero bytes
+    (``bytes(5)``), tags given as one str were stored letter by letter, a pipeline's str
+    value raised AttributeError, and an integer past msgpack's range raised msgpack's
+    OverflowError with no word of which field."""
+    with small_node.client() as c:
+        for call, says in (
+                (lambda: c.produce("t", 5), "a value must be bytes or str, not int"),  # type: ignore[arg-type]
+                (lambda: c.produce("t", b"v", key=7), "a key must be bytes or str"),  # type: ignore[arg-type]
+                (lambda: c.produce("t", b"v", tags="abc"), "not one str"),
+                (lambda: c.produce_batch("t", [1]),  # type: ignore[list-item]
+                 "a record must be bytes, str or a Record"),
+                (lambda: c.kv_put("ns", b"k", 1.5), "a value must be bytes or str"),  # type: ignore[arg-type]
+        ):
+            with pytest.raises(TypeError, match=says):
+                call()
+        with pytest.raises(BadRequest, match=r"read: field 'offset' cannot be sent"):
+            c.read("t", 0, 2**64)
+        first = c.end_offsets("t")[0]
+        assert c.produce_batch("t", ["s", b"b"], partition=0) == [(0, first), (0, first + 1)]
+        pipe = c.pipeline()
+        rid = pipe.submit("t", ["p"], partition=0)
+        assert pipe.poll(10_000) == [(rid, [(0, first + 2)])]
+        assert [r.value for r in c.read("t", 0, first)] == [b"s", b"b", b"p"]
+    for kw, says in (({"timeout_ms": 0}, "timeout_ms must be"), ({"retries": -1}, "retries must"),
+                     ({"endpoint": "127.0.0.1:7400"}, "is not a ZeroMQ endpoint")):
+        with pytest.raises(ValueError, match=says):
+            NodeClient(**kw)

@@ -300,7 +300,7 @@ def test_txn_list_prints_ids_whole_and_as_json(node: LocalNode) -> None:
     [row] = json.loads(as_json.stdout)
     assert row == {"txn": txn.txn, "xid": str(xid), "state": "prepared",
                    "age_ms": row["age_ms"], "records": 1, "bytes": txn.bytes,
-                   "partitions": 1}
+                   "partitions": 1, "member": 0}
     committed = shell(node, "txn", "commit", row["xid"])  # pasted back as printed
     assert committed.returncode == 0, committed.stderr
     assert f"committed {xid}" in committed.stdout

@@ -8,8 +8,12 @@ that stop or kill a member bring it back before they end.
 from __future__ import annotations
 
 import collections
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +34,8 @@ from wire.errors import (
 from wire.placement import place
 from wire.records import Record
 from wire.xid import Xid
+
+ROOT = Path(__file__).resolve().parent.parent
 
 WAIT_S = 20.0  # bound on every poll below
 
@@ -296,6 +302,44 @@ def test_a_routed_clients_xa_branch_lives_on_the_member_it_names(
         again.xa_end(twice)
         again.xa_rollback(twice)
         assert held.finished
+
+
+def test_the_txn_commands_given_one_member_see_and_resolve_every_members(
+        cluster: LocalCluster) -> None:
+    """An operator names one member (``--port``); the branches in doubt may be on any. The
+    commands listed only that member's and answered XAER_NOTA for the others'."""
+    with routed(cluster) as c:
+        owners, _far = far_topic(cluster, c, "txn-cli")
+        others = sorted(set(owners) - {1})
+        xids = [Xid(11, b"cli", f"m{m}".encode()) for m in others]
+        for m, xid in zip(others, xids, strict=True):
+            branch = c.xa_start(xid, member=m)
+            branch.produce("txn-cli", b"staged", partition=owners.index(m))
+            c.xa_end(xid)
+            c.xa_prepare(xid)
+        local = c.transaction()
+        local.produce("txn-cli", b"open", partition=owners.index(others[-1]))
+        local.settle()
+
+    def shardnode(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "node", *args, "--port",
+                              str(cluster.nodes[1].port)], capture_output=True, text=True,
+                             timeout=60, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    rows = json.loads(shardnode("txn", "list", "--json"))
+    assert sorted((r["xid"], r["member"]) for r in rows if r["xid"]) == sorted(
+        (str(x), m) for m, x in zip(others, xids, strict=True))
+    assert [(r["txn"], r["member"]) for r in rows if not r["xid"]] == [(local.id, others[-1])]
+    assert "member" in shardnode("txn", "list")
+    assert f"committed {xids[0]}" in shardnode("txn", "commit", str(xids[0]))
+    shardnode("txn", "rollback", str(xids[1]))
+    shardnode("txn", "rollback", str(local.id))
+    assert json.loads(shardnode("txn", "list", "--json")) == []
+    with routed(cluster) as c:
+        p = owners.index(others[0])
+        assert [r.value for r in c.read("txn-cli", p, 0)] == [b"staged"]
 
 
 def test_an_xa_call_by_xid_looks_past_a_member_that_does_not_answer() -> None:

@@ -720,6 +720,27 @@ def request_map(op: str, rid: int, fields: Mapping[str, Any],
     return {"op": op, "id": rid, **fields} if id_first else {**fields, "op": op, "id": rid}
 
 
+def pack_request(op: str, rid: int, fields: Mapping[str, Any]) -> bytes:
+    """``request_map`` packed. A field msgpack cannot carry (an integer outside -2**63 ..
+    2**64 - 1, an object of a type it does not know) raises ``BadRequest`` naming it, as
+    the node refuses a field out of its range, not msgpack's own error."""
+    try:
+        return pack_map(request_map(op, rid, fields))
+    except (OverflowError, TypeError, ValueError):
+        for name, value in fields.items():
+            try:
+                pack(value)
+            except (OverflowError, TypeError, ValueError) as exc:
+                raise BadRequest(f"{op}: field {name!r} cannot be sent ({exc}): "
+                                 f"{_shown(value)}") from None
+        raise
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def check_reply(op: str, reply: Mapping[str, Any]) -> None:
     """Raise ``NodeError`` (INTERNAL) if a successful reply to ``op`` lacks a field the
     table says it carries."""

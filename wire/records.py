@@ -99,16 +99,37 @@ class Record:
     offset: int | None = field(default=None, compare=True)
 
 
-def to_wire(record: Record | bytes) -> Any:
+def as_bytes(value: bytes | str, what: str = "a value") -> bytes:
+    """A value or key as a client gives it: bytes (or a buffer of them), or str (UTF-8).
+    Anything else is refused (``bytes(5)`` would be five zero bytes)."""
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"{what} must be bytes or str, not {type(value).__name__}")
+
+
+def as_tags(tags: Sequence[str]) -> tuple[str, ...]:
+    """A record's tags as a client gives them: a sequence of str (one str alone would be
+    taken letter by letter)."""
+    if isinstance(tags, (str, bytes)):
+        raise TypeError(f"tags must be a sequence of str (such as [{tags!r}]), not one "
+                        f"{type(tags).__name__}")
+    return tuple(tags)
+
+
+def to_wire(record: Record | bytes | str) -> Any:
     """The packed form of one record to send."""
-    if isinstance(record, (bytes, bytearray, memoryview)):
-        return bytes(record)
+    if isinstance(record, (bytes, bytearray, memoryview, str)):
+        return as_bytes(record)
+    if not isinstance(record, Record):
+        raise TypeError(f"a record must be bytes, str or a Record, not {type(record).__name__}")
     if record.key is None and not record.tags and record.timestamp is None:
         return record.value
     return [record.value, record.key, list(record.tags), record.timestamp]
 
 
-def pack_batch(records: Iterable[Record | bytes]) -> bytes:
+def pack_batch(records: Iterable[Record | bytes | str]) -> bytes:
     recs = records if type(records) is list else list(records)
     if values_only(recs):  # bare values: packed as they are, at C speed
         return pack(recs)
