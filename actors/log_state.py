@@ -259,7 +259,7 @@ class LogState:
                                   f"topic {msg.name!r} (id {msg.topic_id}) clashes with topic "
                                   f"{(have or self.by_id[msg.topic_id]).name!r} here")
         elif have is not None:
-            return ErrorReply(msg.corr, ErrorCode.TOPIC_EXISTS, f"topic {msg.name!r} exists")
+            return ErrorReply(msg.corr, ErrorCode.TOPIC_EXISTS, f"{_named(msg.name)} exists")
         else:
             refused = self._over_shards(msg.partitions, owners)
             if refused:
@@ -302,7 +302,8 @@ class LogState:
         if msg.topic_id and (topic is None or topic.topic_id != msg.topic_id):
             return Done(msg.corr, self.catalog_lsn)  # gone already: deleting is done once
         if topic is None:
-            return ErrorReply(msg.corr, ErrorCode.UNKNOWN_TOPIC, f"topic {msg.name!r} does not exist")
+            return ErrorReply(msg.corr, ErrorCode.UNKNOWN_TOPIC,
+                              f"{_named(msg.name)} does not exist")
         self.last_lsn += 1
         self._apply_delete(topic.topic_id, self.last_lsn)
         return self._done(msg.corr, Kind.TOPIC_DELETE, [topic.topic_id, topic.name],
@@ -688,3 +689,10 @@ class LogState:
             self._replay_txn(entry)
         else:
             raise ValueError(f"unknown record kind {kind} at LSN {entry.lsn}")
+
+
+def _named(topic: str) -> str:
+    """A topic as its user knows it: a KV namespace by its own name, not its topic's."""
+    if topic.startswith(KV_PREFIX):
+        return f"KV namespace {topic.removeprefix(KV_PREFIX)!r}"
+    return f"topic {topic!r}"
