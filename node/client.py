@@ -768,6 +768,11 @@ class NodeClient:
         with its first writes (node/transaction.py)."""
         fields: dict[str, Any] = {"txn": random.getrandbits(62) + 1}
         if timeout_ms is not None:
+            # Checked here too: a transaction sent whole (``txn_once``) is never open, and
+            # the node would not see it (the most it takes is [txn] timeout_ms_max).
+            if type(timeout_ms) is not int or timeout_ms < 1:
+                raise ValueError(f"timeout_ms must be a whole number of ms, at least 1, not "
+                                 f"{timeout_ms!r}")
             fields["timeout_ms"] = timeout_ms
         return Transaction(self, fields["txn"], begin=("txn_begin", fields))
 

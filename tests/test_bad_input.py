@@ -312,6 +312,9 @@ def test_the_client_refuses_what_it_cannot_send_with_a_clear_error(
                 call()
         with pytest.raises(BadRequest, match=r"read: field 'offset' cannot be sent"):
             c.read("t", 0, 2**64)
+        for timeout_ms in (0, -1, 1.5):  # refused before a one-request transaction skips it
+            with pytest.raises(ValueError, match="timeout_ms must be"):
+                c.transaction(timeout_ms=timeout_ms)  # type: ignore[arg-type]
         first = c.end_offsets("t")[0]
         assert c.produce_batch("t", ["s", b"b"], partition=0) == [(0, first), (0, first + 1)]
         pipe = c.pipeline()
