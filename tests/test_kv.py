@@ -94,7 +94,7 @@ def test_every_op(node: LocalNode) -> None:
         c.kv_drop("cfg")
         assert "cfg" not in c.kv_namespaces() and c.kv_get("cfg", b"zzz") is None
         c.kv_create("fresh")
-        with pytest.raises(NodeError, match="^TOPIC_EXISTS: KV namespace 'fresh' exists$"):
+        with pytest.raises(NodeError, match=r"^TOPIC_EXISTS: KV namespace 'fresh' exists$"):
             c.kv_create("fresh")  # named as its user named it, not as its topic
         with pytest.raises(NodeError, match="KV namespace 'cfg' does not exist"):
             c.kv_drop("cfg")
