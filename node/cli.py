@@ -874,6 +874,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a command SIGPIPE ended
+
+
+def stdout_closed() -> int:
+    """The reader of stdout went away (``| head``): say nothing more, as Unix tools do.
+    Python would print a traceback for the pipe, and another for the flush at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_BROKEN_PIPE
+
+
 def main(argv: list[str] | None = None) -> int:
     started_by = os.getppid()  # first: `start --exit-with-parent` watches this process
     args = build_parser().parse_args(argv)
@@ -889,6 +900,8 @@ def main(argv: list[str] | None = None) -> int:
         command.print_usage(sys.stderr)
         _error(command.prog, str(exc))
         return 2
+    except BrokenPipeError:
+        return stdout_closed()
     except KeyboardInterrupt:
         return 130
 

@@ -59,6 +59,7 @@ from rich.table import Table
 
 from config import ConfigError
 from config.cluster import MEMBERS_MAX, Member, cluster_text, parse_members
+from node.cli import stdout_closed
 from node.client import NodeClient
 from wire.errors import NodeError
 from wire.protocol import Topic, request_map, unpack_replies
@@ -696,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         return EXIT_FAILED
+    except BrokenPipeError:
+        return stdout_closed()
     except KeyboardInterrupt:
         return 130
 

@@ -343,3 +343,16 @@ def test_the_readmes_transaction_example_runs_on_a_new_node(node: LocalNode) -> 
     with node.client() as c:
         assert c.committed_offset("billing", "in", 0) == c.end_offsets("in")[0] > 0
         assert c.xa_recover() == []
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly(tmp_path: Path) -> None:
+    """``shardnode ... | head``: the pipe closed under the command's output printed two
+    tracebacks (the write, then the flush at exit)."""
+    code = ("import os, sys\n"
+            "r, w = os.pipe(); os.close(r); os.dup2(w, 1)\n"
+            "from node.cli import main\n"
+            f"sys.exit(main(['keygen', {str(tmp_path / 'keys')!r}]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode == 141, out.stderr
+    assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
