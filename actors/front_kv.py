@@ -169,8 +169,9 @@ class KvDoor:
         # their clients gave up on do not fill the table for good.
         self.cond_since: dict[int, float] = {}
         self.cond_horizon_s = 2 * cfg.txn.timeout_ms_max / 1000
-        # Commits to decide: (corr, txn, writes, conditions).
-        self.commits: collections.deque[tuple[int, int, int, list[Cond]]] = collections.deque()
+        # Commits to decide, in turn: (corr, txn, (writes, owner), conditions).
+        self.commits: collections.deque[tuple[int, int, tuple[int, int], list[Cond]]] = (
+            collections.deque())
         # What the conditions in ``conds`` and ``commits`` hold (``cond_bytes``).
         self.cond_bytes = 0
         self.deciding = False  # the first of commits is being decided or committed
@@ -631,14 +632,15 @@ class KvDoor:
         txn = req["txn"]
         corr = self.door.wait(identity, rid, now)
         self.door.pending[corr].undecided = True
-        self.commits.append((corr, txn, req.get("writes", -1), self.conds_take(txn)))
+        self.commits.append((corr, txn, (req.get("writes", -1), req.get("owner", 0)),
+                             self.conds_take(txn)))
         return self.commit_next()
 
     def commit_next(self) -> list[Out]:
         d = self.door
         out: list[Out] = []
         while self.commits and not self.deciding:
-            corr, txn, writes, conds = self.commits[0]
+            corr, txn, (writes, owner), conds = self.commits[0]
             w = d.pending[corr]  # (one that timed out waiting left the queue: ``undecided``)
             keys = tuple(dict.fromkeys((tid, key) for tid, key, _e in conds))
             values, loads = self.state.settled(keys)
@@ -666,7 +668,8 @@ class KvDoor:
                 self.deciding = True
                 out.append(Request(TRANSACTION_MANAGER, corr,
                                    TxnStep(corr, txn, None, "commit", writes, checked=True,
-                                           ahead_of=self.state.gated_on(keys))))
+                                           ahead_of=self.state.gated_on(keys),
+                                           owner=owner)))
                 return out
             self.conds_done(conds)  # rolled back: they are let go
             self.txn_forget(txn)

@@ -653,11 +653,13 @@ class FrontDoorState:
 
     def txn_begin(self, req: dict[str, Any]) -> Target:
         timeout_ms, xid, txn = req.get("timeout_ms", 0), checked_xid(req), req.get("txn", 0)
-        return TRANSACTION_MANAGER, lambda c: TxnBegin(c, timeout_ms, xid, txn)
+        owner = req.get("owner", 0)
+        return TRANSACTION_MANAGER, lambda c: TxnBegin(c, timeout_ms, xid, txn, owner)
 
     def txn_step(self, req: dict[str, Any], step: str) -> Target:
         txn, xid, writes = req.get("txn", 0), checked_xid(req), req.get("writes", -1)
-        return TRANSACTION_MANAGER, lambda c: TxnStep(c, txn, xid, step, writes)
+        owner = req.get("owner", 0)
+        return TRANSACTION_MANAGER, lambda c: TxnStep(c, txn, xid, step, writes, owner=owner)
 
     # ---- memory topics: their records are here (actors/memory_topics.py) ---------------
 

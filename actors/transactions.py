@@ -13,7 +13,9 @@ them). What may fail where is the point of writing it down:
   retry and is answered again, not staged twice. Fails over ``records_max``/``bytes_max``
   (TXN_LIMIT: the transaction stays open), after the timeout (TXN_TIMED_OUT /
   XA_RBTIMEOUT: it was rolled back), in another state (TXN_STATE / XAER_PROTO).
-- **end** (XA only, ``xa_end``): ACTIVE → IDLE, no more work. Nothing is logged.
+- **end** (XA only, ``xa_end``): ACTIVE → IDLE, no more work. Nothing is logged. Only the
+  client that began it (its ``owner``) ends a branch, or commits an active local
+  transaction (XAER_PROTO / TXN_STATE); rolling back is anyone's.
 - **vote** (``tpc_vote``; ``xa_prepare``): IDLE → PREPARED; the Prepare record is durable
   before the answer. From here the branch cannot fail by itself: it survives any crash and
   any checkpoint, never times out, and waits for **finish** or **abort** from its
@@ -111,6 +113,7 @@ class Txn:
     shards: set[tuple[int, int]] = field(default_factory=set)
     conditional: bool = False  # it has compare-and-sets: the front door checks them
     conflicted: bool = False  # rolled back by the front door: a compare-and-set did not hold
+    owner: int = 0  # the client that began it (0: not said): only it ends or commits it active
     before: Phase = Phase.ACTIVE  # the phase before the last step (undone if it is not sent)
 
     def name(self) -> str:
@@ -167,7 +170,7 @@ class Transactions:
             xid = None if msg.xid is None else xids.check(msg.xid)
             self._ready()
             if msg.txn:
-                again = self._chosen(msg.txn, xid)
+                again = self._chosen(msg.txn, xid, msg.owner)
                 if again is not None:
                     return [Send(FRONT_DOOR, TxnId(msg.corr, again), ANSWER_WAIT_MS)]
             if msg.timeout_ms > self.cfg.timeout_ms_max:
@@ -184,17 +187,18 @@ class Transactions:
             return [self._error(msg.corr, exc.code, exc.message)]
         txn = msg.txn or self._new_id()
         timeout_ms = msg.timeout_ms or self.cfg.timeout_ms
-        t = Txn(txn, xid, Phase.ACTIVE, now, now + timeout_ms / 1000)
+        t = Txn(txn, xid, Phase.ACTIVE, now, now + timeout_ms / 1000, owner=msg.owner)
         self._add(t)
         self.begun += 1
         return [Request(LOG_MANAGER, msg.corr,
                         TxnStart(msg.corr, txn, None if xid is None else list(xid)))]
 
-    def _chosen(self, txn: int, xid: Xid | None) -> int | None:
+    def _chosen(self, txn: int, xid: Xid | None, owner: int) -> int | None:
         """Check an id a client picked: None if it is free; the id again if this is a retry
-        of its begin (the same branch, still active); else raise why not."""
+        of its begin (the same branch of the same client, still active); else raise why
+        not."""
         t = self.live.get(txn)
-        if t is not None and t.xid == xid and t.phase is Phase.ACTIVE:
+        if t is not None and t.xid == xid and t.phase is Phase.ACTIVE and t.owner == owner:
             return txn  # its begin sent again (the answer was lost; writes may have followed)
         done = self.finished.get(txn)
         if t is None and done is not None and done.phase is Phase.ABORTED:
@@ -261,6 +265,15 @@ class Transactions:
         if (t.xid is None) != (xid is None):
             kind = "a local transaction: use txn_" if t.xid is None else "an XA branch: use xa_"
             return [self._error(corr, ErrorCode.BAD_REQUEST, f"{t.name()} is {kind}* calls")]
+        if (t.phase is Phase.ACTIVE and t.owner and step in ("end", "commit")
+                and msg.owner != t.owner):
+            # XA associates an active branch with its thread of control: another client
+            # ending it (and so committing what was staged so far) is refused, and so is
+            # another's commit of an active local transaction. Rolling back is anyone's.
+            code = ErrorCode.TXN_STATE if t.xid is None else ErrorCode.XAER_PROTO
+            return [self._error(corr, code, f"cannot {step} {t.name()}: it is active in "
+                                f"another client, which alone may {step} it (or roll it "
+                                f"back: anyone may)")]
         if msg.writes >= 0 and msg.writes != t.seq and t.phase is Phase.ACTIVE:
             code = ErrorCode.TXN_STATE if t.xid is None else ErrorCode.XAER_PROTO
             return [self._error(corr, code, f"cannot {step} {t.name()}: {msg.writes} writes "

@@ -766,7 +766,7 @@ class NodeClient:
 
         Nothing is sent yet: the client picks the transaction's id, and its begin goes
         with its first writes (node/transaction.py)."""
-        fields: dict[str, Any] = {"txn": random.getrandbits(62) + 1}
+        fields: dict[str, Any] = {"txn": random.getrandbits(62) + 1, "owner": self.producer_id}
         if timeout_ms is not None:
             # Checked here too: a transaction sent whole (``txn_once``) is never open, and
             # the node would not see it (the most it takes is [txn] timeout_ms_max).
@@ -794,7 +794,8 @@ class NodeClient:
                                  f"({sorted(members) or 'a single node'})")
             sock = self._sock(members[member])
         for attempt in range(XA_START_ATTEMPTS):
-            fields: dict[str, Any] = {"xid": list(xid), "txn": random.getrandbits(62) + 1}
+            fields: dict[str, Any] = {"xid": list(xid), "txn": random.getrandbits(62) + 1,
+                                      "owner": self.producer_id}
             if timeout_ms is not None:
                 fields["timeout_ms"] = timeout_ms
             tx = Transaction(self, fields["txn"], xid, begin=("xa_start", fields), sock=sock)
@@ -815,10 +816,10 @@ class NodeClient:
         staged every one."""
         tx = self._branches.get(xid)
         if tx is None:
-            self._xa_call("xa_end", xid, {})
+            self._xa_call("xa_end", xid, {"owner": self.producer_id})
             return
         tx.settle()
-        self._xa_call("xa_end", xid, {"writes": tx.seq})
+        self._xa_call("xa_end", xid, {"writes": tx.seq, "owner": self.producer_id})
 
     def xa_prepare(self, xid: Xid) -> int:
         """Phase one: the branch is durable and in doubt; returns the Prepare record's LSN."""

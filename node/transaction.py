@@ -283,7 +283,8 @@ class Transaction:
             rid = self._commit_rid = self._once()
         elif rid is None:  # else a commit sent before, whose answer did not come: again
             if self.xid is None:
-                rid = self._submit("txn_commit", {"txn": self.id, "writes": self.seq})
+                rid = self._submit("txn_commit", {"txn": self.id, "writes": self.seq,
+                                                  "owner": self.client.producer_id})
             else:
                 rid = self._submit("xa_commit", {"xid": list(self.xid), "one_phase": True})
             self._commit_rid = rid

@@ -342,6 +342,8 @@ class Fuzzer:
                         for _ in range(r.randint(1, 3))]
             case "writes":
                 return r.randrange(4)
+            case "owner":
+                return r.choice([0, 1, 2])
             case "dir":
                 # A fresh directory under ``exports`` (always the first time: the valid
                 # export of the fuzz's first requests, the only export then, is done), or

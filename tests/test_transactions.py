@@ -259,6 +259,37 @@ def test_xa_one_phase_commit_of_an_ended_branch() -> None:
     assert req.msg == TxnResolve(3, txn, "commit")
 
 
+def test_only_its_owner_ends_or_commits_an_active_transaction() -> None:
+    """Another client ending an active branch committed what was staged so far, while its
+    owner went on writing (XA associates a branch with its thread of control)."""
+    t = machine()
+    (out,) = t.begin(TxnBegin(1, 0, list(XID), txn=500, owner=7), 0.0)
+    assert isinstance(out, Request) and out.msg == TxnStart(1, 500, list(XID))
+    write(t, 500, 0)
+    assert error_code(t.step(TxnStep(2, 0, list(XID), "end", owner=8), 0.0)) == ErrorCode.XAER_PROTO
+    assert error_code(t.step(TxnStep(2, 0, list(XID), "end"), 0.0)) == ErrorCode.XAER_PROTO
+    # Its own begin sent again is a retry; another client's is a duplicate.
+    (again,) = t.begin(TxnBegin(3, 0, list(XID), txn=500, owner=7), 0.0)
+    assert isinstance(again, Send) and again.msg == TxnId(3, 500)
+    assert error_code(t.begin(TxnBegin(4, 0, list(XID), txn=500, owner=8), 0.0)) == (
+        ErrorCode.XAER_DUPID)
+    (ended,) = t.step(TxnStep(5, 0, list(XID), "end", writes=1, owner=7), 0.0)
+    assert isinstance(ended, Send) and ended.msg == TxnId(5, 500)
+    # Ended, the branch is any coordinator's: prepare and commit from another client.
+    (prepared,) = t.step(TxnStep(6, 0, list(XID), "prepare"), 0.0)
+    assert isinstance(prepared, Request)
+    # A local transaction: another's commit is refused, anyone's rollback taken.
+    (out,) = t.begin(TxnBegin(7, 0, None, txn=600, owner=7), 0.0)
+    assert error_code(t.step(TxnStep(8, 600, None, "commit", owner=9), 0.0)) == ErrorCode.TXN_STATE
+    assert t.live[600].phase is Phase.ACTIVE
+    (rolled,) = t.step(TxnStep(9, 600, None, "rollback", owner=9), 0.0)
+    assert isinstance(rolled, Request) and rolled.msg == TxnResolve(9, 600, "rollback", "client")
+    # A begin that named no owner (a client of its own making) is not checked.
+    begin(t, corr=10, xid=Xid(1, b"free", b"b"))
+    assert isinstance(t.step(TxnStep(11, 0, list(Xid(1, b"free", b"b")), "end", owner=3),
+                             0.0)[0], Send)
+
+
 def test_printed_xids_parse_back() -> None:
     assert str(XID) == "1:6f726465722d3137:73686172642d61"
     assert parse(str(XID)) == XID

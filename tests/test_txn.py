@@ -362,6 +362,24 @@ def test_a_prepared_branch_survives_kills_and_ten_checkpoints(make_node: MakeNod
             c.xa_rollback(Xid(1, b"nobody", b""))
 
 
+def test_another_client_cannot_end_a_branch_that_is_active(node: LocalNode) -> None:
+    """Another client's xa_end, then prepare and commit, committed the first half of a
+    branch while its owner was still writing the second."""
+    xid = Xid(3, b"owned", b"a")
+    with node.client() as c, node.client() as d:
+        c.create_topic("owned")
+        branch = c.xa_start(xid)
+        branch.produce("owned", b"first-half")
+        branch.settle()
+        with pytest.raises(XAERProto, match="active in another client"):
+            d.xa_end(xid)
+        branch.produce("owned", b"second-half")
+        c.xa_end(xid)
+        d.xa_prepare(xid)  # ended, the branch is any coordinator's
+        d.xa_commit(xid)
+        assert values(c, "owned", 0) == [b"first-half", b"second-half"]
+
+
 def test_xa_calls_in_the_wrong_state_and_a_rollback(node: LocalNode) -> None:
     xid = Xid(7, b"g", b"b")
     with node.client(retries=0) as c:

@@ -581,6 +581,7 @@ class TxnBegin(Message):
     timeout_ms: int
     xid: list[Any] | None
     txn: int = 0  # the id the client picked (0: the node picks one)
+    owner: int = 0  # the client's id: only it ends or commits the transaction while active
 
 
 @message(78, arrays=tuple)
@@ -618,6 +619,8 @@ class TxnStep(Message):
     # gate (``GateHeld``). Refused BUSY unless every one is held there still: then they
     # reach the log after it, as the decision assumed.
     ahead_of: list[int] = dataclasses.field(default_factory=list)
+    # With "end" or "commit": the client's id, as given at the begin (0: not said).
+    owner: int = 0
 
 
 TXN_STEPS = ("end", "prepare", "commit", "commit_one_phase", "rollback")

@@ -205,6 +205,11 @@ CHOSEN_TXN = Field("txn", _INT, "an id the client picked for the transaction, so
                    "its writes and commit without waiting for this answer (absent: the node "
                    "picks); a retry with the same id is answered again", required=False,
                    non_negative=True)
+OWNER = Field("owner", _INT, "the client's own id (the node's client sends its producer id), "
+              "given at the begin: while the transaction is active, only a step with the "
+              "same owner ends (`xa_end`) or commits (`txn_commit`) it, as XA associates a "
+              "branch with its thread of control (absent or 0: not checked)", required=False,
+              non_negative=True)
 WRITES = Field("writes", _INT, "how many writes (`txn_produce`, `txn_commit_offset`) the "
                "client sent: if the node staged another number, it refuses, and the "
                "transaction stays open", required=False, non_negative=True)
@@ -376,7 +381,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
               Field("elapsed_ms", _INT, "how long the export took"))),
     # ---- transactions (node/transaction.py is the client's side) ----
     Op("txn_begin", "begin a local transaction",
-       request=(TIMEOUT_MS, CHOSEN_TXN),
+       request=(TIMEOUT_MS, CHOSEN_TXN, OWNER),
        reply=(TXN,)),
     Op("txn_produce", "stage a batch of records in a transaction: logged now, invisible and "
        "without offsets until the commit",
@@ -404,7 +409,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
        reply=(TXN_RECORDS,)),
     Op("txn_commit", "commit a transaction: answered once its commit record is durable; "
        "a retry answers the same",
-       request=(TXN, WRITES),
+       request=(TXN, WRITES, OWNER),
        reply=(LOGGED, TXN_PARTS)),
     Op("txn_once", "a whole local transaction in one request: begin, its writes and commit, "
        "logged together and answered once the commit is durable (what a `txn_begin`, its "
@@ -422,10 +427,10 @@ OPS: dict[str, Op] = {op.name: op for op in (
        request=(TXN,),
        reply=(LOGGED,)),
     Op("xa_start", "begin an XA transaction branch",
-       request=(XID, TIMEOUT_MS, CHOSEN_TXN),
+       request=(XID, TIMEOUT_MS, CHOSEN_TXN, OWNER),
        reply=(TXN,)),
     Op("xa_end", "end the branch's work: it may be prepared or committed in one phase next",
-       retry=False, request=(XID, WRITES),
+       retry=False, request=(XID, WRITES, OWNER),
        reply=(TXN,)),
     Op("xa_prepare", "prepare the branch: durable and in doubt until commit or rollback; "
        "it never times out", retry=False,
