@@ -45,7 +45,7 @@ from node.spark.options import (
     SinkOptions,
     SourceOptions,
 )
-from node.spark.rows import Routing, requests_of
+from node.spark.rows import SOURCE_ARROW, Routing, requests_of
 from node.spark.sink import (
     SINKS_TOPIC,
     XID_FORMAT,
@@ -65,6 +65,7 @@ from node.spark.source import DataLost, Split, StreamReader, bounded, read_split
 from tests.conftest import request_of, silent_router
 from tests.spark_driver import sink_query, source_query
 from wire.errors import (
+    BadRequest,
     ErrorCode,
     NodeError,
     OffsetOutOfRange,
@@ -73,7 +74,7 @@ from wire.errors import (
     UnknownPartition,
     UnknownTopic,
 )
-from wire.records import Record
+from wire.records import TIMESTAMP_MAX, Record
 from wire.xid import Xid
 
 if TYPE_CHECKING:
@@ -634,6 +635,69 @@ def test_a_bad_input_or_option_fails_the_query_naming_it(spark: SparkSession, no
     assert "topic 'nope' does not exist" in text and "create it first" in text
 
 
+def test_what_the_data_source_cannot_do_is_refused_as_the_query_starts(
+        spark: SparkSession, node: LocalNode) -> None:
+    """Each of these was taken: an overwrite appended; a batch read's groupId committed
+    nothing; exactly once into a memory topic failed every task; a schema of one's own
+    failed every task as a mismatch; an offset given as a string was "not ≥ 0"."""
+    with node.client() as c:
+        c.create_topic("ok")
+        c.create_topic("mem", storage="memory")
+    ok = spark.range(3).selectExpr("cast(id as string) as value")
+    with pytest.raises(PySparkException, match=r"mode\('overwrite'\) is not supported"):
+        ok.write.format("shardnode").mode("overwrite").option("endpoint", node.endpoint) \
+            .option("topic", "ok").save()
+    assert "is a memory topic" in _start_error(ok, node, topic="mem")
+    ok.write.format("shardnode").mode("append").option("endpoint", node.endpoint) \
+        .option("topic", "mem").option("deliveryGuarantee", "at_least_once").save()
+    with node.client() as c:
+        assert c.end_offsets("mem") == [3] and c.end_offsets("ok") == [0]
+
+    def read(**options: str) -> DataFrame:
+        r = spark.read.format("shardnode").option("endpoint", node.endpoint)
+        for k, v in options.items():
+            r = r.option(k, v)
+        return r.load()
+
+    for name in ("groupId", "maxRecordsPerTrigger"):
+        with pytest.raises(PySparkException, match=f"option '{name}' is for streaming reads"):
+            read(topic="ok", **{name: "5"}).count()
+    with pytest.raises(PySparkException, match="partition 0's offset must be an integer"):
+        read(topic="ok", startingOffsets='{"0": "5"}').count()
+    with pytest.raises(PySparkException, match="the shardnode source has the schema"):
+        spark.read.format("shardnode").schema("value string").option(
+            "endpoint", node.endpoint).option("topic", "ok").load().count()
+
+
+def test_a_batch_read_with_nothing_to_read_reads_no_row(spark: SparkSession,
+                                                        node: LocalNode) -> None:
+    """PySpark reads a partition of its own when the reader has none: an empty topic, or
+    ``latest``, failed with an AssertionError."""
+    with node.client() as c:
+        c.create_topic("empty", partitions=2)
+        c.create_topic("some")
+        c.produce("some", b"v")
+    read = spark.read.format("shardnode").option("endpoint", node.endpoint)
+    assert read.option("topic", "empty").load().count() == 0
+    assert read.option("topic", "some").option("startingOffsets", "latest").load().count() == 0
+    assert read.option("topic", "some").option("startingOffsets", "earliest").load().count() == 1
+
+
+def test_a_timestamp_past_the_year_9999_is_refused_not_read_back_wrong(
+        spark: SparkSession, node: LocalNode) -> None:
+    """1e16 ms was stored and read back as the year -265697 (an unchecked multiply)."""
+    with node.client() as c:
+        c.create_topic("far")
+        with pytest.raises(BadRequest, match="9999-12-31"):
+            c.produce("far", b"v", timestamp=TIMESTAMP_MAX + 1)
+        c.produce("far", b"last", timestamp=TIMESTAMP_MAX)
+    far = spark.range(1).selectExpr("'v' as value", "cast(10000000000000000 as bigint) as timestamp")
+    assert "after 9999-12-31" in _start_error(far, node, topic="far")
+    [row] = spark.read.format("shardnode").option("endpoint", node.endpoint) \
+        .option("topic", "far").load().collect()
+    assert (row.value, row.timestamp.year) == (b"last", 9999)
+
+
 def test_a_row_over_a_node_limit_fails_its_task_with_the_nodes_error(
         spark: SparkSession, node: LocalNode) -> None:
     with node.client() as c:
@@ -672,10 +736,11 @@ def test_a_missing_topic_fails_the_writer_and_the_reader_as_they_are_made(
     made without asking the node (every task failed later); the reader failed too, without
     saying what to do."""
     schema = StructType([StructField("value", StringType())])
+    read_schema = StructType([StructField(n, StringType()) for n in SOURCE_ARROW.names])
     source = ShardnodeDataSource({"endpoint": node.endpoint, "topic": "nosuch"})
     makers: list[Callable[[], object]] = [
         lambda: source.writer(schema, False), lambda: source.streamWriter(schema, False),
-        lambda: source.reader(schema), lambda: source.streamReader(schema)]
+        lambda: source.reader(read_schema), lambda: source.streamReader(read_schema)]
     for make in makers:
         with pytest.raises(UnknownTopic, match=r"'nosuch' does not exist on .*: create it first, "
                            rf"e\.g\. `shardnode create-topic nosuch --host 127\.0\.0\.1 "
@@ -685,7 +750,7 @@ def test_a_missing_topic_fails_the_writer_and_the_reader_as_they_are_made(
         c.create_topic("t")
     ok = ShardnodeDataSource({"endpoint": node.endpoint, "topic": "t"})
     assert isinstance(ok.writer(schema, False), BatchWriter)
-    assert isinstance(ok.streamReader(schema), StreamReader)
+    assert isinstance(ok.streamReader(read_schema), StreamReader)
     by_column = ShardnodeDataSource({"endpoint": node.endpoint})  # each row names its topic
     assert isinstance(by_column.writer(schema.add("topic", StringType()), False), BatchWriter)
 

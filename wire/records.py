@@ -19,7 +19,10 @@ import msgpack
 from wire.errors import BadRequest, ErrorCode
 from wire.packer import pack
 
-TIMESTAMP_MAX = 2**63 - 1
+# A record's timestamp, ms since the epoch: up to 9999-12-31T23:59:59.999Z, the last instant
+# Spark's timestamps (and Python's datetime) hold; past it a reader turned it into a wrong
+# date or an overflow.
+TIMESTAMP_MAX = 253_402_300_799_999
 # Keys and tags are index keys in RocksDB (a tag's length is stored in two bytes): bound them
 # where records come in, so that no durable record can be one a shard writer cannot apply.
 KEY_BYTES_MAX = 4096
@@ -190,7 +193,8 @@ def check_batch(blob: bytes, records_max: int, value_bytes_max: int
                 raise BadRequest(f"record {i}: at most {TAGS_PER_RECORD_MAX} tags of at most "
                                  f"{TAG_BYTES_MAX} bytes each")
         if ts is not None and (type(ts) is not int or ts < 0 or ts > TIMESTAMP_MAX):
-            raise BadRequest(f"record {i}: timestamp must be a non-negative int (ms) or nil")
+            raise BadRequest(f"record {i}: timestamp must be an int of ms since the epoch, "
+                             f"0 to {TIMESTAMP_MAX} (9999-12-31), or nil")
     return items, bare
 
 

@@ -34,8 +34,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from node.spark.nodes import check_start
-from node.spark.options import OptionError, SinkOptions, SourceOptions
-from node.spark.rows import SOURCE_SCHEMA, check_input
+from node.spark.options import EXACTLY_ONCE, OptionError, SinkOptions, SourceOptions
+from node.spark.rows import SOURCE_SCHEMA, check_input, check_schema
 from node.spark.sink import BatchWriter, StreamWriter
 from node.spark.source import BatchReader, StreamReader
 
@@ -62,7 +62,8 @@ class ShardnodeDataSource(DataSource):
     def _sink(self, schema: StructType) -> SinkOptions:
         opts = SinkOptions.parse(self.options)
         check_input(schema, opts.topic)
-        check_start(opts.endpoints, opts.request_timeout_ms, opts.topic)  # None: a column's
+        check_start(opts.endpoints, opts.request_timeout_ms, opts.topic,  # None: a column's
+                    staged=opts.guarantee == EXACTLY_ONCE)
         return opts
 
     def _source(self, streaming: bool) -> SourceOptions:
@@ -71,6 +72,11 @@ class ShardnodeDataSource(DataSource):
         return opts
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if overwrite:
+            # A topic is a log: taken as an append, an overwrite left every record before it.
+            raise OptionError("the shardnode sink appends to a topic; mode('overwrite') is "
+                              "not supported (use mode('append'), or delete and create the "
+                              "topic first)")
         opts = self._sink(schema)
         if opts.sink_id:
             # Taken and ignored, a df.write in foreachBatch looked idempotent: it is not (a
@@ -83,9 +89,11 @@ class ShardnodeDataSource(DataSource):
         return StreamWriter(self._sink(schema))
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        check_schema(schema)
         return BatchReader(self._source(streaming=False))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        check_schema(schema)
         return StreamReader(self._source(streaming=True))
 
 

@@ -34,7 +34,7 @@ START_RETRIES = 1
 # a minute, not twice a batch. At most CHECKED_MAX are remembered.
 CHECKED_FOR_S = 60.0
 CHECKED_MAX = 256
-_checked: dict[tuple[tuple[str, ...], str | None], float] = {}
+_checked: dict[tuple[tuple[str, ...], str | None, bool], float] = {}
 
 
 class Nodes:
@@ -108,20 +108,31 @@ class Nodes:
         self.close()
 
 
-def check_start(endpoints: Sequence[str], timeout_ms: int, topic: str | None) -> None:
+def check_start(endpoints: Sequence[str], timeout_ms: int, topic: str | None,
+                staged: bool = False) -> None:
     """On the driver, as a query starts (the data source makes its reader or writer there):
-    the node, or the cluster, answers, and ``topic`` (when an option names it) exists, so
-    that neither fails every task later. Raises ``UnknownTopic`` saying to create the topic,
-    or the client's ``Unavailable`` or ``RequestTimeout`` naming the endpoints. Two
-    requests: the cluster's members and its topics (of the catalog member)."""
-    what = (tuple(endpoints), topic)
+    the node, or the cluster, answers, and ``topic`` (when an option names it) exists, and
+    is not a memory topic when the query ``staged`` its rows in transactions (exactly once),
+    so that none of them fails every task later. Raises ``UnknownTopic`` saying to create
+    the topic, ``OptionError``, or the client's ``Unavailable`` or ``RequestTimeout`` naming
+    the endpoints. Two requests: the cluster's members and its topics (of the catalog
+    member)."""
+    what = (tuple(endpoints), topic, staged)
     now = time.monotonic()
     if now < _checked.get(what, 0.0):
         return
     try:
         with Nodes(endpoints, min(timeout_ms, START_TIMEOUT_MS_MAX), START_RETRIES) as nodes:
             if topic is not None:
-                nodes.client.partitions(topic)  # routed: the catalog member's list
+                # Routed: the catalog member's list.
+                info = {t.name: t for t in nodes.client.list_topics()}.get(topic)
+                if info is None:
+                    raise UnknownTopic(f"topic {topic!r} does not exist")
+                if staged and info.storage == "memory":
+                    raise OptionError(f"topic {topic!r} is a memory topic: its records are "
+                                      f"not logged, so they take no part in transactions; "
+                                      f"write it with option deliveryGuarantee "
+                                      f"'at_least_once'")
         if len(_checked) >= CHECKED_MAX:
             _checked.clear()
         _checked[what] = now + CHECKED_FOR_S

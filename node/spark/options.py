@@ -213,10 +213,18 @@ def parse_offsets(text: str, name: str) -> dict[int, int] | str:
             partition = int(key)
         except ValueError:
             raise OptionError(f"option {name!r}: partition {key!r} is not an integer") from None
-        if type(value) is not int or value < 0 or partition < 0:
+        if type(value) is not int:
+            raise OptionError(f"option {name!r}: partition {key}'s offset must be an "
+                              f"integer, not {value!r}")
+        if value < 0 or partition < 0:
             raise OptionError(f"option {name!r}: partition {key} must map to an offset ≥ 0")
         out[partition] = value
     return out
+
+
+# What a streaming read does with them (commit its progress as a consumer group's offsets;
+# bound a micro-batch) a batch read has no place for.
+STREAM_ONLY_OPTIONS = ("groupId", "maxRecordsPerTrigger")
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +249,12 @@ class SourceOptions:
             raise OptionError("option 'endingOffsets' is for batch reads (spark.read); a "
                               "stream reads on as records come (stop it, or use "
                               "trigger(availableNow=True) to read what there is)")
+        for name in () if streaming else STREAM_ONLY_OPTIONS:
+            if _get(options, name) is not None:
+                # Taken and ignored, a batch read looked as if it committed its progress.
+                raise OptionError(f"option {name!r} is for streaming reads (readStream); a "
+                                  f"batch read (spark.read) reads startingOffsets to "
+                                  f"endingOffsets and commits nothing")
         topic = _topic(options, required=True)
         assert topic is not None
         group_id = _get(options, "groupId")

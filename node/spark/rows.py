@@ -33,6 +33,7 @@ from pyspark.sql.types import (
 from node.spark.nodes import SINGLE
 from node.spark.options import REQUEST_BYTES_MAX, OptionError
 from wire.errors import ErrorCode, error_for
+from wire.records import TIMESTAMP_MAX
 
 # The sink's input columns: the types each may have. Only ``value`` is required.
 INPUT_COLUMNS: dict[str, tuple[type[DataType], ...]] = {
@@ -55,6 +56,16 @@ SOURCE_ARROW = pa.schema([
 READ_ROW = pa.struct([("offset", pa.int64()), ("timestamp_ms", pa.int64()),
                       ("key", pa.binary()), ("tags", pa.list_(pa.string())),
                       ("value", pa.binary())])
+
+
+def check_schema(schema: StructType) -> None:
+    """Refuse a schema given to the source (``spark.read.schema(...)``) other than its own:
+    each task would fail on it, as a mismatch of the rows it returns."""
+    names = [f.name for f in schema.fields]
+    if names != SOURCE_ARROW.names:
+        raise OptionError(f"the shardnode source has the schema {SOURCE_SCHEMA!r}; do not "
+                          f"give it one (it was given {names}): select the columns after "
+                          f"load()")
 
 
 def check_input(schema: StructType, topic_option: str | None) -> None:
@@ -92,6 +103,9 @@ def _millis(column: pa.Array) -> list[Any]:
     if len(column) and (pc.min(column).as_py() or 0) < 0:
         raise ValueError("a 'timestamp' is before 1970: the node keeps milliseconds since the "
                          "epoch, from 0")
+    if len(column) and (pc.max(column).as_py() or 0) > TIMESTAMP_MAX:
+        raise ValueError(f"a 'timestamp' is after 9999-12-31: the node keeps milliseconds "
+                         f"since the epoch up to {TIMESTAMP_MAX}")
     return list(column.to_pylist())
 
 
@@ -284,7 +298,7 @@ def batch_of(topic: str, partition: int, rows: Sequence[Sequence[Any]]) -> pa.Re
         pa.repeat(pa.scalar(partition, pa.int32()), n),
         offsets,
         # ms → µs in Arrow, not per row in Python
-        pc.multiply(stamps, 1000).cast(pa.timestamp("us", tz="UTC")),
+        pc.multiply_checked(stamps, 1000).cast(pa.timestamp("us", tz="UTC")),
         keys,
         values,
         tags,

@@ -235,7 +235,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return splits(self.opts, start, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, Split)
+        if not isinstance(partition, Split):
+            # Nothing to read (an empty topic, or `latest`): PySpark reads one partition of
+            # its own then (an ``InputPartition(None)``), which holds no record.
+            return iter(())
         return read_split(self.opts, partition)
 
     def commit(self, end: Offsets) -> None:
@@ -268,5 +271,8 @@ class BatchReader(DataSourceReader):
         return splits(self.opts, start, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, Split)
+        if not isinstance(partition, Split):
+            # Nothing to read (an empty topic, or `latest`): PySpark reads one partition of
+            # its own then (an ``InputPartition(None)``), which holds no record.
+            return iter(())
         return read_split(self.opts, partition)
