@@ -91,6 +91,23 @@ class TopicInfo:
 
 
 
+def endpoint_problem(endpoint: object) -> str:
+    """Why ``endpoint`` cannot be a node's ("" if it can): a node listens on
+    ``tcp://HOST:PORT``. (ZeroMQ says only "Invalid argument", or "Protocol not
+    supported".)"""
+    if not isinstance(endpoint, str):
+        return f"must be a str such as {DEFAULT_ENDPOINT}"
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep:
+        return f"not an endpoint such as {DEFAULT_ENDPOINT}"
+    if scheme != "tcp":
+        return f"a node listens on tcp://HOST:PORT, not on {scheme}://"
+    host, colon, port = rest.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return f"needs a host and a port from 1 to 65535, such as {DEFAULT_ENDPOINT}"
+    return ""
+
+
 # Ops that name one partition: a client of a cluster sends them to its owner.
 PARTITION_OPS = frozenset({"produce", "read", "read_by_key", "read_by_tag",
                            "offset_for_timestamp", "commit_offset", "committed_offset",
@@ -132,9 +149,9 @@ class NodeClient:
         if not endpoints:
             raise ValueError("NodeClient needs at least one endpoint")
         for e in endpoints:
-            if not isinstance(e, str) or "://" not in e:
-                raise ValueError(f"endpoint {e!r} is not a ZeroMQ endpoint such as "
-                                 f"{DEFAULT_ENDPOINT}")
+            problem = endpoint_problem(e)
+            if problem:
+                raise ValueError(f"endpoint {e!r}: {problem}")
         if type(timeout_ms) is not int or timeout_ms < 1:
             raise ValueError(f"timeout_ms must be a whole number of ms, at least 1, not "
                              f"{timeout_ms!r}")

@@ -322,6 +322,8 @@ def test_the_client_refuses_what_it_cannot_send_with_a_clear_error(
         assert pipe.poll(10_000) == [(rid, [(0, first + 2)])]
         assert [r.value for r in c.read("t", 0, first)] == [b"s", b"b", b"p"]
     for kw, says in (({"timeout_ms": 0}, "timeout_ms must be"), ({"retries": -1}, "retries must"),
-                     ({"endpoint": "127.0.0.1:7400"}, "is not a ZeroMQ endpoint")):
+                     ({"endpoint": "127.0.0.1:7400"}, "not an endpoint such as"),
+                     ({"endpoint": "tcp://127.0.0.1:abc"}, "needs a host and a port"),
+                     ({"endpoint": "http://127.0.0.1:7400"}, "listens on tcp://")):
         with pytest.raises(ValueError, match=says):
             NodeClient(**kw)

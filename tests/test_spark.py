@@ -839,8 +839,15 @@ def test_options_are_checked_before_any_task() -> None:
     cluster = SinkOptions.parse({"endpoint": " tcp://a:1, tcp://b:2,,tcp://a:1", "topic": "t"})
     assert cluster.endpoints == ("tcp://a:1", "tcp://b:2")
     assert SourceOptions.parse({"endpoint": "tcp://a:1", "topic": "t"}).endpoints == ("tcp://a:1",)
-    with pytest.raises(OptionError, match="is not an endpoint"):
+    with pytest.raises(OptionError, match="not an endpoint such as"):
         SinkOptions.parse({"endpoint": "tcp://a:1,b:2", "topic": "t"})
+    # ZeroMQ said "Invalid argument" and "Protocol not supported", with no word of the option.
+    for bad, says in (("tcp://127.0.0.1:abc", "needs a host and a port"),
+                      ("http://127.0.0.1:7400", "a node listens on tcp://")):
+        with pytest.raises(OptionError, match=f"option 'endpoint': '{bad}': {says}"):
+            SinkOptions.parse({"endpoint": bad, "topic": "t"})
+    assert SourceOptions.parse({"endpoint": "tcp://a:1", "topic": "t",
+                                "startingOffsets": " Latest"}).starting == "latest"
     with pytest.raises(OptionError, match="names no endpoint"):
         SinkOptions.parse({"endpoint": " , ", "topic": "t"})
     with pytest.raises(OptionError, match="sinkId"):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from config.cluster import MEMBERS_MAX
+from node.client import endpoint_problem
 from wire.protocol import NAME_LEN_MAX
 
 EXACTLY_ONCE = "exactly_once"
@@ -122,10 +123,10 @@ def endpoints_of(options: Mapping[str, str]) -> tuple[str, ...]:
     if len(endpoints) > MEMBERS_MAX:
         raise OptionError(f"option 'endpoint' names {len(endpoints)} endpoints; a cluster has "
                           f"at most {MEMBERS_MAX} members")
-    bad = [e for e in endpoints if "://" not in e]
-    if bad:
-        raise OptionError(f"option 'endpoint': {bad[0]!r} is not an endpoint like "
-                          f"tcp://127.0.0.1:7400")
+    for e in endpoints:
+        problem = endpoint_problem(e)
+        if problem:
+            raise OptionError(f"option 'endpoint': {e!r}: {problem}")
     return endpoints
 
 
@@ -197,9 +198,9 @@ class SinkOptions:
 
 
 def parse_offsets(text: str, name: str) -> dict[int, int] | str:
-    """``earliest``, ``latest``, or JSON ``{"partition": offset}``."""
-    if text in ("earliest", "latest"):
-        return text
+    """``earliest``, ``latest`` (in any case), or JSON ``{"partition": offset}``."""
+    if text.strip().lower() in ("earliest", "latest"):
+        return text.strip().lower()
     try:
         raw: Any = json.loads(text)
     except ValueError:
