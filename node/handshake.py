@@ -83,8 +83,9 @@ def describe(kind: int, value: int, curve: bool) -> Verdict:
     if curve:
         return Verdict("the CURVE handshake failed: is the server key this node's public "
                        "key, and does the node run CURVE?")
-    return Verdict("the ZeroMQ handshake failed: is a shardnode node listening there, and "
-                   "does it run CURVE (then this client needs keys)?")
+    return Verdict("the ZeroMQ handshake failed: is a shardnode node listening there (and "
+                   "not stopped or overloaded), and does it run CURVE (then this client needs "
+                   "keys)?")
 
 
 def probe(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str,
