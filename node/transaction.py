@@ -150,7 +150,7 @@ class Transaction:
             return
         try:
             self.commit()
-        except BaseException:
+        except Exception:  # (not Ctrl-C: a rollback would wait for its answer)
             # A write it refused (an unknown topic, a value over a limit), a commit it
             # refused, or no answer: the node may hold the transaction open, with what
             # it staged, until its timeout. Rolled back now, as the block promises; the
