@@ -33,6 +33,7 @@ from wire.errors import (
     NodeError,
     RequestTimeout,
     TransactionError,
+    Unavailable,
     UnknownTopic,
     UnknownTransaction,
     XAERNota,
@@ -150,14 +151,20 @@ class Transaction:
             return
         try:
             self.commit()
+        except (RequestTimeout, Unavailable):
+            raise  # the node is not answering: its timeout rolls the transaction back
         except Exception:  # (not Ctrl-C: a rollback would wait for its answer)
-            # A write it refused (an unknown topic, a value over a limit), a commit it
-            # refused, or no answer: the node may hold the transaction open, with what
-            # it staged, until its timeout. Rolled back now, as the block promises; the
-            # commit's error is the one raised. (If a commit that was not answered went
-            # through, the rollback is refused, and the error says the outcome is unknown.)
+            # A write it refused (an unknown topic, a value over a limit) or a commit it
+            # refused: the node may hold the transaction open, with what it staged, until
+            # its timeout. Rolled back now, as the block promises; the commit's error is
+            # the one raised. A conflict is final here (``settle``), but one whose
+            # compare-and-sets a restarted front door lost leaves it open: rolled back too
+            # (a rollback of one rolled back already is answered the same).
             with contextlib.suppress(NodeError, zmq.ZMQError):
-                self.abort()
+                if self.finished:
+                    self._call("txn_abort", {"txn": self.id})
+                else:
+                    self.abort()
             raise
 
     def _check(self) -> None:

@@ -343,6 +343,22 @@ def test_a_commit_sent_again_after_a_kill_is_told_of_its_conflict_and_of_a_timeo
         assert c.kv_get("acct", b"a") == b"9" and c.kv_get("acct", b"b") is None
 
 
+def test_a_block_whose_compare_and_sets_a_restarted_front_door_lost_leaves_nothing_open(
+        make_node: MakeNode) -> None:
+    """Its commit is refused TXN_CONFLICT, the transaction left open ("roll it back"); the
+    block took the conflict as final and left it open, holding a slot of [txn] open_max
+    until its timeout."""
+    n = make_node()
+    with n.client() as c:
+        c.kv_put("acc", b"a", b"1")
+        with pytest.raises(TransactionConflict, match="not checked"), c.transaction() as tx:
+            tx.kv_cas("acc", b"a", b"1", b"2")
+            tx.settle()
+            n.kill_actor("front")  # the conditions it held are gone
+            n.wait_ready()  # the commit reaches the new one, which answers it at once
+        assert c.txn_list() == [] and c.kv_get("acc", b"a") == b"1"
+
+
 def test_no_acknowledged_compare_and_set_is_lost_to_a_sigkill(make_node: MakeNode) -> None:
     """8 processes increment a counter by compare-and-set; the node is killed under them.
     After the restart the counter holds every acknowledged increment, plus at most the ones
