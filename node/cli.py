@@ -161,7 +161,11 @@ def _cluster_client(args: argparse.Namespace) -> NodeClient:
         members = c.members()
     if len(members) < 2:
         return _client(args)
-    return _client(args, [members[m] for m in sorted(members)])
+    # The member named first: --server-key is its key (a routed client gives its first
+    # endpoint the key it was given, and learns the others' from the map).
+    named = _endpoint(args)
+    return _client(args, [named, *(members[m] for m in sorted(members)
+                                   if members[m] != named)])
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -892,7 +896,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     command: argparse.ArgumentParser = args.command_parser
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the exit
+        return code
     except NodeError as exc:
         _error(command.prog, str(exc))
         return 1

@@ -58,8 +58,8 @@ from wire.errors import (
 )
 from wire.protocol import (
     DEFAULT_PORT,
-    FRAME_BYTES_MAX_DEFAULT,
     KV_PREFIX,
+    NODE_FRAME_BYTES_MAX_DEFAULT,
     OPS,
     SHARD_STATS_ROW,
     WRITER_STATS_ROW,
@@ -88,7 +88,6 @@ class TopicInfo:
     storage: str = "rocksdb"
     retention_ms: int = 0  # 0: records are kept whatever their age
     retention_bytes: int = 0  # 0: whatever a partition's size
-
 
 
 def endpoint_problem(endpoint: object) -> str:
@@ -297,10 +296,10 @@ class NodeClient:
         assert last is not None
         if isinstance(last, RequestTimeout) and attempts > 1 and not answered:
             note = f"; {self._probed}" if self._probed else ": is a node running there?"
-            if frame_bytes > FRAME_BYTES_MAX_DEFAULT:
+            if frame_bytes > 2 * NODE_FRAME_BYTES_MAX_DEFAULT:
                 note += (f" (or the request's {frame_bytes} bytes are over twice the node's "
-                         f"[limits] frame_bytes_max, {FRAME_BYTES_MAX_DEFAULT} by default: "
-                         f"it drops such a frame unanswered)")
+                         f"[limits] frame_bytes_max, {NODE_FRAME_BYTES_MAX_DEFAULT} by "
+                         f"default: it drops such a frame unanswered)")
             raise RequestTimeout(f"no reply from {self._name(sock)} to {attempts} attempts "
                                  f"over {time.monotonic() - start:.0f} s ({self.timeout_ms} "
                                  f"ms each){note}")
@@ -901,12 +900,18 @@ class NodeClient:
             return
         self.settle_transactions()
         unknown: NodeError | None = None
+        unreachable: NodeError | None = None
         for endpoint in self._every_member():
             try:
                 self._call_on(self._sock(endpoint), "txn_abort", {"txn": txn})
                 return
             except UnknownTransaction as exc:
                 unknown = exc
+            except (Unavailable, RequestTimeout) as exc:  # it may hold the transaction
+                unreachable = exc
+        if unreachable is not None:
+            raise Unavailable(f"transaction {txn} was not found on the members that "
+                              f"answered, and one did not: {unreachable.message}")
         assert unknown is not None
         raise unknown
 

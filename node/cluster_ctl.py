@@ -690,7 +690,9 @@ def main(argv: list[str] | None = None) -> int:
         err_console.print("[red]error:[/red] --timeout-ms must be positive")
         return EXIT_USAGE
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the exit
+        return code
     except UsageError as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         return EXIT_USAGE

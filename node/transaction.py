@@ -88,7 +88,6 @@ class TxnInfo:
     member: int = 0  # the cluster member it lives on (0: a single node)
 
 
-
 # A transaction's requests are pipelined: queued, sent several to a frame, and answered in
 # the background, so that begin, the writes and the commit of a small transaction take one
 # round trip. These bound what one transaction holds in the client.

@@ -352,7 +352,8 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly(tmp_path: Path) ->
             "r, w = os.pipe(); os.close(r); os.dup2(w, 1)\n"
             "from node.cli import main\n"
             f"sys.exit(main(['keygen', {str(tmp_path / 'keys')!r}]))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered stdout
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, cwd=ROOT)
+                         timeout=60, cwd=ROOT, env=env)
     assert out.returncode == 141, out.stderr
     assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr

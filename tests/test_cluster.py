@@ -323,7 +323,7 @@ def test_the_txn_commands_given_one_member_see_and_resolve_every_members(
 
     def shardnode(*args: str) -> str:
         out = subprocess.run([sys.executable, "-m", "node", *args, "--port",
-                              str(cluster.nodes[1].port)], capture_output=True, text=True,
+                              str(cluster.nodes[2].port)], capture_output=True, text=True,
                              timeout=60, cwd=ROOT)
         assert out.returncode == 0, out.stderr
         return out.stdout

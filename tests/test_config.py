@@ -75,6 +75,12 @@ def test_the_defaults_load_and_validate() -> None:
     validate(cfg)  # does not raise
 
 
+def test_what_clients_take_for_the_default_frame_limit_is_the_default() -> None:
+    from wire.protocol import NODE_FRAME_BYTES_MAX_DEFAULT  # a client's hint, without config
+
+    assert load_config().limits.frame_bytes_max == NODE_FRAME_BYTES_MAX_DEFAULT
+
+
 def test_defaults_listen_on_loopback() -> None:
     assert load_config().node.host == "127.0.0.1"
 

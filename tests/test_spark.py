@@ -30,7 +30,16 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import CaseInsensitiveDict, WriterCommitMessage
 from pyspark.sql.streaming.query import StreamingQuery
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from actors.roles import key_partition
 from node.client import NodeClient
@@ -45,7 +54,7 @@ from node.spark.options import (
     SinkOptions,
     SourceOptions,
 )
-from node.spark.rows import SOURCE_ARROW, Routing, requests_of
+from node.spark.rows import Routing, batch_of, check_schema, requests_of
 from node.spark.sink import (
     SINKS_TOPIC,
     XID_FORMAT,
@@ -698,6 +707,14 @@ def test_a_timestamp_past_the_year_9999_is_refused_not_read_back_wrong(
     assert (row.value, row.timestamp.year) == (b"last", 9999)
 
 
+def test_a_timestamp_spark_cannot_hold_fails_the_read_naming_it() -> None:
+    """One written before the node bounded timestamps (or by a node that did not): the
+    read turned it into a wrong date (an unchecked multiply)."""
+    assert batch_of("t", 0, [(0, TIMESTAMP_MAX, None, [], b"v")]).num_rows == 1
+    with pytest.raises(ValueError, match="t/0: a record's timestamp is past 9999-12-31"):
+        batch_of("t", 0, [(0, 10**16, None, [], b"v")])
+
+
 def test_a_row_over_a_node_limit_fails_its_task_with_the_nodes_error(
         spark: SparkSession, node: LocalNode) -> None:
     with node.client() as c:
@@ -736,7 +753,14 @@ def test_a_missing_topic_fails_the_writer_and_the_reader_as_they_are_made(
     made without asking the node (every task failed later); the reader failed too, without
     saying what to do."""
     schema = StructType([StructField("value", StringType())])
-    read_schema = StructType([StructField(n, StringType()) for n in SOURCE_ARROW.names])
+    read_schema = StructType([
+        StructField("topic", StringType()), StructField("partition", IntegerType()),
+        StructField("offset", LongType()), StructField("timestamp", TimestampType()),
+        StructField("key", BinaryType()), StructField("value", BinaryType()),
+        StructField("tags", ArrayType(StringType()))])
+    check_schema(read_schema)  # the source's own: taken
+    with pytest.raises(OptionError, match="'topic string, partition string"):
+        check_schema(StructType([StructField(f.name, StringType()) for f in read_schema]))
     source = ShardnodeDataSource({"endpoint": node.endpoint, "topic": "nosuch"})
     makers: list[Callable[[], object]] = [
         lambda: source.writer(schema, False), lambda: source.streamWriter(schema, False),

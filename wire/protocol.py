@@ -36,9 +36,10 @@ DEFAULT_PORT = 7400
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 NAME_LEN_MAX = 200  # topic and group names (NAME_RE says the same)
 OFFSET_MAX = 2**63 - 1
-# ``[limits] frame_bytes_max``'s default (config/defaults.toml), for a client's messages: a
-# node answers FRAME_TOO_LARGE to a frame up to twice its limit, and drops a larger one.
-FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024
+# ``[limits] frame_bytes_max``'s default (config/defaults.toml; a test holds the two
+# together), for a client's messages: a node answers FRAME_TOO_LARGE to a frame up to twice
+# its limit, and drops a larger one.
+NODE_FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024
 REQUESTS_PER_FRAME_MAX = 1024  # a client's Pipeline keeps at most this many in flight
 # What one request may decode to: its maps' and arrays' items in all, and in one array or
 # map (``wire.records.bounds``). The largest the table allows, a txn_once of
@@ -238,7 +239,9 @@ OPS: dict[str, Op] = {op.name: op for op in (
                 Field("seq", _INT, "the producer's sequence number: a retry with the same "
                       "one is answered with the first attempt's offsets", non_negative=True),
                 Field("records", _BIN, "packed array of records: each a `value` bin or "
-                      "`[value, key, tags, timestamp_ms]` (wire/records.py)"),
+                      "`[value, key, tags, timestamp_ms]` (wire/records.py; a key of at most "
+                      "4096 bytes, at most 64 tags of at most 1024 bytes, a timestamp of 0 "
+                      "to 253402300799999 ms, 9999-12-31, or nil: the node's time)"),
                 Field("partition", (int, type(None)), "partition; absent or nil: by key "
                       "hash, keyless records round-robin", required=False, non_negative=True)),
        reply=(LSN,

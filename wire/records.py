@@ -1,7 +1,9 @@
 """Records as they travel in batches: the packed records array, and its validation.
 
 A batch is one msgpack array. Each element is either a ``bin`` (a value with no key, tags
-or timestamp) or ``[value: bin, key: bin|nil, tags: [str, ...], timestamp_ms: int|nil]``.
+or timestamp) or ``[value: bin, key: bin|nil, tags: [str, ...], timestamp_ms: int|nil]``
+(the bounds below: ``KEY_BYTES_MAX``, ``TAGS_PER_RECORD_MAX``, ``TAG_BYTES_MAX``,
+``TIMESTAMP_MAX``).
 The front door checks a batch once on the way in; after that it travels as bytes until a
 shard writer decodes it to store and index each record.
 

@@ -58,14 +58,21 @@ READ_ROW = pa.struct([("offset", pa.int64()), ("timestamp_ms", pa.int64()),
                       ("value", pa.binary())])
 
 
+# The source's schema as Spark writes a StructType's fields (``simpleString``).
+SOURCE_FIELDS = [("topic", "string"), ("partition", "int"), ("offset", "bigint"),
+                 ("timestamp", "timestamp"), ("key", "binary"), ("value", "binary"),
+                 ("tags", "array<string>")]
+
+
 def check_schema(schema: StructType) -> None:
     """Refuse a schema given to the source (``spark.read.schema(...)``) other than its own:
     each task would fail on it, as a mismatch of the rows it returns."""
-    names = [f.name for f in schema.fields]
-    if names != SOURCE_ARROW.names:
+    given = [(f.name, f.dataType.simpleString()) for f in schema.fields]
+    if given != SOURCE_FIELDS:
+        shown = ", ".join(f"{name} {kind}" for name, kind in given)
         raise OptionError(f"the shardnode source has the schema {SOURCE_SCHEMA!r}; do not "
-                          f"give it one (it was given {names}): select the columns after "
-                          f"load()")
+                          f"give it one (it was given {shown!r}): select or cast the "
+                          f"columns after load()")
 
 
 def check_input(schema: StructType, topic_option: str | None) -> None:
@@ -293,12 +300,16 @@ def batch_of(topic: str, partition: int, rows: Sequence[Sequence[Any]]) -> pa.Re
     them in Python first took 660-780)."""
     offsets, stamps, keys, tags, values = pa.array(rows, READ_ROW).flatten()
     n = len(offsets)
+    try:
+        micros = pc.multiply_checked(stamps, 1000)  # ms → µs in Arrow, not per row in Python
+    except pa.ArrowInvalid:  # a record written before the node bounded timestamps
+        raise ValueError(f"{topic}/{partition}: a record's timestamp is past 9999-12-31 (ms "
+                         f"over {TIMESTAMP_MAX}), which Spark cannot hold") from None
     return pa.RecordBatch.from_arrays([
         pa.repeat(pa.scalar(topic, pa.string()), n),
         pa.repeat(pa.scalar(partition, pa.int32()), n),
         offsets,
-        # ms → µs in Arrow, not per row in Python
-        pc.multiply_checked(stamps, 1000).cast(pa.timestamp("us", tz="UTC")),
+        micros.cast(pa.timestamp("us", tz="UTC")),
         keys,
         values,
         tags,

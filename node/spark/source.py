@@ -235,10 +235,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return splits(self.opts, start, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if not isinstance(partition, Split):
+        if type(partition) is InputPartition and partition.value is None:
             # Nothing to read (an empty topic, or `latest`): PySpark reads one partition of
-            # its own then (an ``InputPartition(None)``), which holds no record.
+            # its own then, which holds no record.
             return iter(())
+        assert isinstance(partition, Split), partition
         return read_split(self.opts, partition)
 
     def commit(self, end: Offsets) -> None:
@@ -271,8 +272,9 @@ class BatchReader(DataSourceReader):
         return splits(self.opts, start, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if not isinstance(partition, Split):
+        if type(partition) is InputPartition and partition.value is None:
             # Nothing to read (an empty topic, or `latest`): PySpark reads one partition of
-            # its own then (an ``InputPartition(None)``), which holds no record.
+            # its own then, which holds no record.
             return iter(())
+        assert isinstance(partition, Split), partition
         return read_split(self.opts, partition)
