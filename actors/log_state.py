@@ -30,6 +30,7 @@ from wire.codec import Message
 from wire.errors import ErrorCode, NodeError
 from wire.logrecord import Kind
 from wire.messages import (
+    ROLLBACK_REASONS,
     Ack,
     AlterTopic,
     Append,
@@ -513,6 +514,7 @@ class LogState:
             self.txns.finish(txn, Outcome(True, lsn, rows, st.xid))
             reply = TxnCommitted(corr, lsn, rows)
         else:
+            assert msg.reason in ROLLBACK_REASONS, msg  # said by the transaction manager
             record = logrecord.encode(lsn, Kind.ROLLBACK,
                                       [txn, [[t, p] for t, p in st.counts], msg.reason])
             self.txns.finish(txn, Outcome(False, lsn, [], st.xid, reason=msg.reason))

@@ -123,6 +123,13 @@ class Txn:
 Out = Request | Send
 
 
+def _reason(t: Txn) -> str:
+    """Why ``t``, finished and not committed, was rolled back (``ROLLBACK_REASONS``)."""
+    if t.conflicted:
+        return "conflict"
+    return {Phase.TIMED_OUT: "timeout", Phase.ABORTED: "restart"}.get(t.phase, "client")
+
+
 class Transactions:
     def __init__(self, cfg: TxnConfig, first_id: int) -> None:
         assert 1 <= first_id <= TXN_ID_MAX, first_id
@@ -336,7 +343,8 @@ class Transactions:
         if t.phase is Phase.COMMITTED and step in ("commit", "commit_one_phase"):
             return [Request(LOG_MANAGER, corr, TxnResolve(corr, t.txn, "commit"))]
         if t.phase is not Phase.COMMITTED and step == "rollback":
-            return [Request(LOG_MANAGER, corr, TxnResolve(corr, t.txn, "rollback"))]
+            return [Request(LOG_MANAGER, corr, TxnResolve(corr, t.txn, "rollback",
+                                                          _reason(t)))]
         if t.conflicted and step == "commit":
             # Its first answer, lost: TXN_STATE sent the client's retry on to begin again.
             return [self._error(corr, ErrorCode.TXN_CONFLICT, CONFLICT_TEXT.format(t.txn))]
@@ -362,8 +370,7 @@ class Transactions:
             self.rolled_back += 1
         if phase is Phase.COMMITTED:
             return [Request(LOG_MANAGER, corr, TxnResolve(corr, t.txn, "commit"))]
-        reason = "conflict" if t.conflicted else "client"
-        return [Request(LOG_MANAGER, corr, TxnResolve(corr, t.txn, "rollback", reason))]
+        return [Request(LOG_MANAGER, corr, TxnResolve(corr, t.txn, "rollback", _reason(t)))]
 
     def listing(self, msg: TxnList, now: float) -> list[Out]:
         if not self.synced:

@@ -152,7 +152,7 @@ def test_commit_and_rollback_again_ask_the_log_for_the_first_outcome() -> None:
     other = begin(t)
     step(t, "rollback", other)
     (again,) = step(t, "rollback", other)
-    assert isinstance(again, Request) and again.msg == TxnResolve(3, other, "rollback")
+    assert isinstance(again, Request) and again.msg == TxnResolve(3, other, "rollback", "client")
 
 
 def test_limits() -> None:
@@ -352,7 +352,7 @@ def test_the_log_gives_offsets_at_commit_only_and_aborts_take_none() -> None:
     # An aborted one in between takes nothing.
     logged(s.admit(TxnStart(3, 51, None), 0))
     logged(s.admit(TxnAppend(4, 51, ((tid, 0, 2, BLOB),), ()), 0))
-    rb = logged(s.admit(TxnResolve(5, 51, "rollback"), 0))
+    rb = logged(s.admit(TxnResolve(5, 51, "rollback", "client"), 0))
     assert isinstance(rb.reply, Done) and not rb.early
     c = logged(s.admit(TxnResolve(6, 50, "commit"), 0))
     assert isinstance(c.reply, TxnCommitted)
@@ -430,7 +430,7 @@ def test_ids_the_node_picks_stay_in_range_after_a_client_picked_the_highest() ->
     ("field 'txn' is out of range"), so its transactions could only time out."""
     s = log_with_topic()
     records = [logged(s.admit(msg, 0)).record
-               for msg in (TxnStart(1, TXN_ID_MAX, None), TxnResolve(2, TXN_ID_MAX, "rollback"))]
+               for msg in (TxnStart(1, TXN_ID_MAX, None), TxnResolve(2, TXN_ID_MAX, "rollback", "client"))]
     replayed = LogState(CFG)
     for record in records:
         for entry in logrecord.iter_buffer(record):
