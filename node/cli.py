@@ -477,7 +477,15 @@ def cmd_consume(args: argparse.Namespace) -> int:
     if args.poll_ms < 1:
         raise CommandError(f"--poll-ms {args.poll_ms}: give 1 or more")
     offset, left, printed = args.offset, args.max_records, 0
+    if offset is not None and offset < 0:
+        raise CommandError(f"--from {offset}: give an offset of 0 or more")
     with _client(args) as c:
+        if offset is None:  # the oldest record the partition keeps (retention may be past 0)
+            try:
+                c.read(args.topic, args.partition, 0, 1)
+                offset = 0
+            except OffsetOutOfRange as exc:
+                offset = exc.earliest
         while left is None or left > 0:
             page = READ_PAGE_RECORDS if left is None else min(left, READ_PAGE_RECORDS)
             recs = c.read(args.topic, args.partition, offset, page)
@@ -494,7 +502,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
                 break
             time.sleep(args.poll_ms / 1000)  # --follow: wait for new records
     if not printed:
-        _note(f"no records in {args.topic}/{args.partition} from offset {args.offset}")
+        _note(f"no records in {args.topic}/{args.partition} from offset {offset}")
     return 0
 
 
@@ -794,8 +802,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("topic", help="the topic to read")
     s.add_argument("--partition", type=int, default=0,
                    help="the partition to read (default %(default)s)")
-    s.add_argument("--from", dest="offset", type=int, default=0, metavar="OFFSET",
-                   help="the first offset to print (default %(default)s)")
+    s.add_argument("--from", dest="offset", type=int, default=None, metavar="OFFSET",
+                   help="the first offset to print (default: the oldest the partition "
+                        "keeps, 0 until retention deletes records)")
     s.add_argument("--max-records", type=int, default=None, metavar="N",
                    help="stop after printing N records in all, with --follow too "
                         "(default: no limit)")

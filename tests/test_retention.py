@@ -7,12 +7,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from node.client import NodeClient, Record
 from wire.errors import BadRequest, NodeError, OffsetOutOfRange, UnknownTopic
+
+ROOT = Path(__file__).resolve().parent.parent
 
 if TYPE_CHECKING:
     from node.local import LocalNode
@@ -33,6 +36,24 @@ def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 20.0) -> N
     while not check():
         assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
         time.sleep(0.05)  # ok-sleep: polling for the background pass, under a deadline
+
+
+def test_consume_starts_from_the_oldest_record_kept(make_node: MakeNode) -> None:
+    """``shardnode consume`` began at offset 0 by default, refused (OFFSET_OUT_OF_RANGE)
+    once retention had deleted the oldest records."""
+    n = make_node()
+    with n.client() as c:
+        c.create_topic("kept", retention_bytes=1_000)
+        c.produce_batch("kept", [b"x" * 100] * 30, partition=0)
+        wait_for("retention by size", lambda: earliest(c, "kept") == 20)
+    out = subprocess.run([sys.executable, "-m", "node", "consume", "kept", "--port",
+                          str(n.port)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert [ln.split()[0] for ln in out.stdout.splitlines()] == [str(o) for o in range(20, 30)]
+    given = subprocess.run([sys.executable, "-m", "node", "consume", "kept", "--from", "3",
+                            "--port", str(n.port)], capture_output=True, text=True,
+                           timeout=60, cwd=ROOT)
+    assert given.returncode == 1 and "earliest: 20" in given.stderr  # asked for: told
 
 
 def test_retention_by_size_and_by_age_and_altered(make_node: MakeNode) -> None:
