@@ -358,6 +358,16 @@ class Transaction:
             del self._failed[rid]
             self.finished = True
             raise failed[2]
+        if rid is not None and rid in self._replies and self._failed:
+            # The commit was answered: it stands for every write (it counts them), and for
+            # the begin. What failed before it (an answer lost, a call that raised and was
+            # kept to be sent again) is done: a begin sent again now would be refused as
+            # an id in use. A produce's answer is asked again for where its records went.
+            for rid in sorted(self._failed):
+                op, fields, _err = self._failed.pop(rid)
+                if op == "txn_produce":
+                    self._replies[rid] = self._call(op, fields)
+            return
         if rid in self._failed and len(self._failed) > 1:
             # The commit first: if it went through (its answer, or earlier ones, lost), it
             # answers the same again, and it stands for every write (it counts them).

@@ -22,6 +22,7 @@ from node.local import LocalNode
 from wire.errors import (
     ErrorCode,
     NodeError,
+    RequestTimeout,
     TransactionAborted,
     TransactionError,
     TransactionTimedOut,
@@ -167,6 +168,23 @@ def test_a_commit_retried_answers_the_same_and_applies_nothing_twice(node: Local
             c.call("txn_commit", txn=tx.id, writes=2, owner=mine)  # one went missing: refused
         assert c.call("txn_commit", txn=tx.id, writes=1, owner=mine)["parts"] == [
             ["out", 0, 2, 1]]
+
+
+def test_a_commit_answered_after_a_lost_begin_answer_is_the_outcome(node: LocalNode) -> None:
+    """A begin whose answers were lost (a front door restarting: every attempt timed out,
+    and it stayed to be sent again) was sent again after the commit it preceded was
+    answered, and refused "transaction id ... is in use": a committed transaction raised.
+    Seen once in `scripts/crashtest --kv` (seed 516580292, trial 9)."""
+    with node.client() as c:
+        c.create_topic("lost-begin")
+        tx = c.transaction()
+        tx.produce("lost-begin", b"v")
+        tx.settle()  # begun and staged: the node has both
+        begin_fields = {"txn": tx.id, "owner": c.producer_id}
+        tx._failed[0] = ("txn_begin", begin_fields, RequestTimeout("no answer in time"))
+        res = tx.commit()
+        assert [tuple(p) for p in res.parts] == [("lost-begin", 0, 0, 1)]
+        assert values(c, "lost-begin", 0) == [b"v"]
 
 
 def test_a_whole_transaction_goes_as_one_request_and_a_retry_answers_the_same(
