@@ -860,17 +860,26 @@ class NodeClient:
         tx = self._branches.get(xid)
         if tx is not None or not self.routed:
             return self._call_on(tx._socket() if tx is not None else self.sock, op, fields)
-        unknown: XAERNota | None = None
+        return self._on_the_member_that_knows(op, fields, XAERNota, f"xid {xid}")
+
+    def _on_the_member_that_knows(self, op: str, fields: dict[str, Any],
+                                  unknown_type: type[NodeError], what: str) -> dict[str, Any]:
+        """``op`` asked of each member in turn until one answers other than
+        ``unknown_type`` (it does not know ``what``). One that does not answer may hold it:
+        then the call fails ``Unavailable`` saying so, never ``unknown_type``."""
+        unknown: NodeError | None = None
         unreachable: NodeError | None = None
         for endpoint in self._every_member():
             try:
                 return self._call_on(self._sock(endpoint), op, fields)
-            except XAERNota as exc:
-                unknown = exc
-            except (Unavailable, RequestTimeout) as exc:  # it may hold the branch: say so
+            except (Unavailable, RequestTimeout) as exc:
                 unreachable = exc
+            except NodeError as exc:
+                if not isinstance(exc, unknown_type):
+                    raise
+                unknown = exc
         if unreachable is not None:
-            raise Unavailable(f"xid {xid} was not found on the members that answered, and "
+            raise Unavailable(f"{what} was not found on the members that answered, and "
                               f"one did not: {unreachable.message}")
         assert unknown is not None
         raise unknown
@@ -899,21 +908,8 @@ class NodeClient:
             self.call("txn_abort", txn=txn)
             return
         self.settle_transactions()
-        unknown: NodeError | None = None
-        unreachable: NodeError | None = None
-        for endpoint in self._every_member():
-            try:
-                self._call_on(self._sock(endpoint), "txn_abort", {"txn": txn})
-                return
-            except UnknownTransaction as exc:
-                unknown = exc
-            except (Unavailable, RequestTimeout) as exc:  # it may hold the transaction
-                unreachable = exc
-        if unreachable is not None:
-            raise Unavailable(f"transaction {txn} was not found on the members that "
-                              f"answered, and one did not: {unreachable.message}")
-        assert unknown is not None
-        raise unknown
+        self._on_the_member_that_knows("txn_abort", {"txn": txn}, UnknownTransaction,
+                                       f"transaction {txn}")
 
     def txn_list(self) -> list[TxnInfo]:
         """The open and prepared transactions (on a cluster, of every member, each with
