@@ -507,6 +507,10 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
 
 def cmd_offsets(args: argparse.Namespace) -> int:
+    from wire.protocol import check_name
+
+    for group in args.group:  # a group no commit could have made: say so, not "-"
+        check_name("group", group)
     with _client(args) as c:
         ends = c.end_offsets(args.topic)
         groups = {g: [c.committed_offset(g, args.topic, p) for p in range(len(ends))]

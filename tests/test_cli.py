@@ -345,6 +345,13 @@ def test_the_readmes_transaction_example_runs_on_a_new_node(node: LocalNode) -> 
         assert c.xa_recover() == []
 
 
+def test_offsets_of_a_group_no_commit_could_name_is_refused(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """It showed "-" for every partition, as for a group that committed nothing yet."""
+    code, _out, err = run(capsys, "offsets", "events", "--group", "bad/name", "--port", "1")
+    assert code == 1 and "group 'bad/name' is not valid" in err
+
+
 def test_a_reader_that_stops_reading_ends_the_command_quietly(tmp_path: Path) -> None:
     """``shardnode ... | head``: the pipe closed under the command's output printed two
     tracebacks (the write, then the flush at exit)."""

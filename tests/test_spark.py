@@ -566,6 +566,11 @@ def test_requests_of_a_cluster_go_to_the_owners_of_their_rows_partitions() -> No
     bad = pa.RecordBatch.from_pydict({"value": pa.array(["v0"]), "partition": pa.array([4])})
     with pytest.raises(UnknownPartition, match=r"has partitions 0\.\.3, not 4"):
         list(requests_of(bad, "t", 30, 1 << 20, routing))
+    # A negative one, on a single node too (it was "field 'partition' is out of range").
+    negative = pa.RecordBatch.from_pydict({"value": pa.array(["v0"]),
+                                           "partition": pa.array([-1])})
+    with pytest.raises(UnknownPartition, match="has no partition -1"):
+        list(requests_of(negative, "t", 30, 1 << 20))
 
 
 def _arrow_batches(rows: Iterable[Any]) -> Iterator[Any]:

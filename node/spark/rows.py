@@ -200,6 +200,11 @@ def _placed(topic: str, rows: pa.RecordBatch, owners: tuple[int, ...] | None
     names = rows.schema.names
     parts = (pc.cast(rows.column(names.index("partition")), pa.int64())
              if "partition" in names else None)
+    if parts is not None and parts.null_count < len(parts):
+        low = pc.min(parts).as_py()
+        if low < 0:  # (one past the last is the node's to refuse: it knows how many)
+            raise error_for(ErrorCode.UNKNOWN_PARTITION, f"topic {topic!r} has no partition "
+                            f"{low}: partitions count from 0")
     if owners is None or len(set(owners)) == 1:  # one node has every partition
         member = SINGLE if owners is None else owners[0]
         if parts is None:
