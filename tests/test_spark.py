@@ -705,7 +705,8 @@ def test_a_timestamp_past_the_year_9999_is_refused_not_read_back_wrong(
         with pytest.raises(BadRequest, match="9999-12-31"):
             c.produce("far", b"v", timestamp=TIMESTAMP_MAX + 1)
         c.produce("far", b"last", timestamp=TIMESTAMP_MAX)
-    far = spark.range(1).selectExpr("'v' as value", "cast(10000000000000000 as bigint) as timestamp")
+    far = spark.range(1).selectExpr("'v' as value",
+                                    "cast(10000000000000000 as bigint) as timestamp")
     assert "after 9999-12-31" in _start_error(far, node, topic="far")
     [row] = spark.read.format("shardnode").option("endpoint", node.endpoint) \
         .option("topic", "far").load().collect()

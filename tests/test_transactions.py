@@ -430,7 +430,8 @@ def test_ids_the_node_picks_stay_in_range_after_a_client_picked_the_highest() ->
     ("field 'txn' is out of range"), so its transactions could only time out."""
     s = log_with_topic()
     records = [logged(s.admit(msg, 0)).record
-               for msg in (TxnStart(1, TXN_ID_MAX, None), TxnResolve(2, TXN_ID_MAX, "rollback", "client"))]
+               for msg in (TxnStart(1, TXN_ID_MAX, None),
+                           TxnResolve(2, TXN_ID_MAX, "rollback", "client"))]
     replayed = LogState(CFG)
     for record in records:
         for entry in logrecord.iter_buffer(record):

@@ -156,6 +156,15 @@ def splits(opts: SourceOptions, start: Offsets, end: Offsets) -> list[Split]:
     return out
 
 
+def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """A reader's ``read``: a split's records; none for the partition PySpark reads when a
+    reader has none (an empty topic, or ``latest``), which holds no record."""
+    if type(partition) is InputPartition and partition.value is None:
+        return iter(())
+    assert isinstance(partition, Split), partition
+    return read_split(opts, partition)
+
+
 def read_split(opts: SourceOptions, split: Split) -> Iterator[pa.RecordBatch]:
     """The split's records as Arrow batches, in offset order: every record of the range
     still kept (the node's end offsets are durable, so each one is there to read, unless
@@ -235,12 +244,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return splits(self.opts, start, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if type(partition) is InputPartition and partition.value is None:
-            # Nothing to read (an empty topic, or `latest`): PySpark reads one partition of
-            # its own then, which holds no record.
-            return iter(())
-        assert isinstance(partition, Split), partition
-        return read_split(self.opts, partition)
+        return read_partition(self.opts, partition)
 
     def commit(self, end: Offsets) -> None:
         self._commit_group(end)
@@ -272,9 +276,4 @@ class BatchReader(DataSourceReader):
         return splits(self.opts, start, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if type(partition) is InputPartition and partition.value is None:
-            # Nothing to read (an empty topic, or `latest`): PySpark reads one partition of
-            # its own then, which holds no record.
-            return iter(())
-        assert isinstance(partition, Split), partition
-        return read_split(self.opts, partition)
+        return read_partition(self.opts, partition)
