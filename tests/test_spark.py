@@ -428,6 +428,22 @@ def test_a_commit_that_fails_after_its_decision_is_finished_by_the_replay(
             writer.commit(list[WriterCommitMessage | None](_stage(spark, writer, 10)), 3)
 
 
+def test_a_task_attempt_that_prepares_after_its_batch_committed_rolls_itself_back(
+        spark: SparkSession, node: LocalNode) -> None:
+    """A zombie attempt: batch 0 is committed, swept and done, then another attempt of its
+    tasks stages and prepares. No later commit of the sink may come (the query stopped), so
+    the attempt must roll its branches back itself: none is left prepared."""
+    with node.client() as c:
+        writer = _direct_writer(c, node, "zombie")
+        writer.commit(list[WriterCommitMessage | None](_stage(spark, writer, 200)), 0)
+        assert_exactly(c, "events", 200)
+        assert_no_branches(c)
+        late = _stage(spark, writer, 200)
+        assert [m.branches for m in late] == [[], []]
+        assert_no_branches(c)
+        assert_exactly(c, "events", 200)
+
+
 X1, X2, X3, X4 = (Branch(SINGLE, Xid(XID_FORMAT, b"s/1", str(i).encode())) for i in range(4))
 OLD = Branch(SINGLE, Xid(XID_FORMAT, b"s/0", b"z"))
 # A cluster's: the same batch's branches on members 1 and 2.

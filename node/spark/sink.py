@@ -11,9 +11,11 @@ the coordinator, whose log is a topic of the node. For micro-batch ``B`` of sink
    branch on a member every ``maxRecordsPerTransaction`` rows, ``maxBytesPerTransaction``
    bytes or half the transaction timeout: logged as they are sent, invisible, without
    offsets. It ends and prepares them (durable, in doubt: they survive any crash of their
-   node and never time out) and returns them, ``(member, xid)``, to the driver. A task that
-   fails rolls its branches back; one that dies leaves them to the driver (step 3) or to
-   their timeout (while not prepared).
+   node and never time out), then reads S's decision (step 2): if batch ``B`` or a later
+   one is decided, this attempt is a zombie, or a replay's, and no commit will take its
+   branches, so it rolls them back itself. Otherwise it returns them, ``(member, xid)``, to
+   the driver. A task that fails rolls its branches back; one that dies leaves them to the
+   driver (step 3) or to their timeout (while not prepared).
 2. **The driver reads S's decision**: the latest record keyed ``S`` in the topic
    ``shardnode.spark-sinks`` (one partition, read from and written to its owner):
    ``{"batch": B, "branches": [[member, format_id, global_id, branch_id], ...], "query":
@@ -31,7 +33,9 @@ the coordinator, whose log is a topic of the node. For micro-batch ``B`` of sink
    not finish (a member down, say).
 5. **It commits each branch on its member** (XA's second phase): the rows become visible,
    with offsets. Then it rolls back any branch of ``S/B`` a zombie task prepared meanwhile,
-   on every member.
+   on every member. A zombie that prepares after this sweep reads the decision after its
+   prepare (step 1), so it finds it and rolls back: either the sweep lists its branch or
+   the zombie sees the decision, as the decision is acknowledged before the sweep lists.
 
 ``abort`` after a task failed rolls the batch's branches back, unless the batch was
 decided: then they are left for the replay's step 2. After this commit raised it leaves
@@ -280,6 +284,15 @@ def _write_staged(opts: SinkOptions, batches: Iterator[pa.RecordBatch], sink_id:
                     staging.send(member, topic, part, records)
                 rows += batch.num_rows
             staging.prepare()
+            decided, _exists, _by = _decision(nodes, sink_id)
+            if decided is not None and decided[0] >= batch_id:
+                # A zombie attempt, or a replay of a decided batch: no commit will take these
+                # branches (the replay commits the decision's own). Rolled back here, as the
+                # driver's last sweep may have run before they were prepared.
+                log.info("sink %s: batch %d is decided (%d); task %d/%d rolls its branches "
+                         "back", sink_id, batch_id, decided[0], partition, attempt)
+                staging.roll_back()
+                staging.done = []
         except BaseException:
             staging.roll_back()
             raise
