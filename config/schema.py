@@ -206,9 +206,8 @@ def _build(table: dict[str, dict[str, Any]]) -> NodeConfig:
     return NodeConfig(**sections)
 
 
-# port 0: any free port; wait 0: no extra wait; nice 0: writers at normal priority;
-# node id 0: a single node
-_MAY_BE_ZERO = {"port", "group_wait_us_max", "writer_nice", "node_id"}
+# wait 0: no extra wait; nice 0: writers at normal priority; node id 0: a single node
+_MAY_BE_ZERO = {"group_wait_us_max", "writer_nice", "node_id"}
 
 
 def _positive(cfg: NodeConfig) -> None:
@@ -250,15 +249,17 @@ def _check_security(cfg: NodeConfig) -> None:
 
 def validate(cfg: NodeConfig) -> None:
     """Check each value and the relations between them; raise ``ConfigError`` naming the key."""
+    if not 1 <= cfg.node.port <= 65535:
+        # Not 0 (any free port) either: clients and the CLI find a node by its port, and a
+        # front door that restarts must bind the same one again.
+        raise ConfigError(f"node.port must be 1-65535, got {cfg.node.port}")
     _positive(cfg)
-    for section, name in (("node", "port"), ("log", "group_wait_us_max"),
-                          ("shards", "writer_nice"), ("cluster", "node_id")):
+    for section, name in (("log", "group_wait_us_max"), ("shards", "writer_nice"),
+                          ("cluster", "node_id")):
         if getattr(getattr(cfg, section), name) < 0:
             raise ConfigError(f"{section}.{name} must not be negative")
     if cfg.shards.writer_nice > 19:
         raise ConfigError(f"shards.writer_nice must be 0-19, got {cfg.shards.writer_nice}")
-    if not 0 <= cfg.node.port <= 65535:
-        raise ConfigError(f"node.port must be 0-65535, got {cfg.node.port}")
     if cfg.node.writers > 64:
         raise ConfigError(f"node.writers must be at most 64, got {cfg.node.writers}")
     lim, log = cfg.limits, cfg.log
