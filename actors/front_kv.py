@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, assert_never
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, assert_never
 
 import msgpack
 
@@ -115,6 +115,16 @@ class KvRead:
     partition: int = 0  # read_by_key's
 
 
+class CheckedCommit(NamedTuple):
+    """A commit with compare-and-sets, waiting its turn to be decided (``commit_next``)."""
+
+    corr: int
+    txn: int
+    writes: int  # how many writes its client sent (-1: not said)
+    owner: int  # its client's producer id (0: not said)
+    conds: list[Cond]  # its compare-and-sets; restored into, so not a tuple
+
+
 @dataclass(slots=True)
 class LateCommit:
     """A checked commit whose wait expired (its client was answered TIMEOUT): it may still
@@ -169,9 +179,7 @@ class KvDoor:
         # their clients gave up on do not fill the table for good.
         self.cond_since: dict[int, float] = {}
         self.cond_horizon_s = 2 * cfg.txn.timeout_ms_max / 1000
-        # Commits to decide, in turn: (corr, txn, (writes, owner), conditions).
-        self.commits: collections.deque[tuple[int, int, tuple[int, int], list[Cond]]] = (
-            collections.deque())
+        self.commits: collections.deque[CheckedCommit] = collections.deque()  # in turn
         # What the conditions in ``conds`` and ``commits`` hold (``cond_bytes``).
         self.cond_bytes = 0
         self.deciding = False  # the first of commits is being decided or committed
@@ -450,10 +458,9 @@ class KvDoor:
         to be decided on them (dropped, the retry went unchecked, and the transaction
         manager refused it TXN_CONFLICT); the commits behind it go on."""
         for entry in self.commits:
-            if entry[0] == corr:
+            if entry.corr == corr:
                 self.commits.remove(entry)
-                _corr, txn, _writes, conds = entry
-                self.conds_restore(txn, conds)
+                self.conds_restore(entry.txn, entry.conds)
                 return self.commit_next()
         return []
 
@@ -470,10 +477,10 @@ class KvDoor:
             if w is not None:
                 out += d.settle(w, None, failure)
         k = (r.tid, r.key)
-        if self.commits and any((tid, key) == k for tid, key, _e in self.commits[0][3]):
-            corr, txn, _writes, conds = self.commits.popleft()
-            self.conds_restore(txn, conds)
-            w = d.pending.pop(corr, None)
+        if self.commits and any((tid, key) == k for tid, key, _e in self.commits[0].conds):
+            first = self.commits.popleft()
+            self.conds_restore(first.txn, first.conds)
+            w = d.pending.pop(first.corr, None)
             if w is not None:
                 out += d.settle(w, None, failure)
         line = self.state.lines.get(k)
@@ -569,9 +576,9 @@ class KvDoor:
         only, and a key written meanwhile was overwritten: a lost update.)"""
         if not conds:
             return
-        for _corr, waiting_txn, _writes, waiting in self.commits:
-            if waiting_txn == txn:
-                waiting[:0] = conds
+        for waiting in self.commits:
+            if waiting.txn == txn:
+                waiting.conds[:0] = conds
                 return
         self.conds[txn] = conds + self.conds.get(txn, [])
         self.cond_since.setdefault(txn, self.door.clock)
@@ -632,15 +639,15 @@ class KvDoor:
         txn = req["txn"]
         corr = self.door.wait(identity, rid, now)
         self.door.pending[corr].undecided = True
-        self.commits.append((corr, txn, (req.get("writes", -1), req.get("owner", 0)),
-                             self.conds_take(txn)))
+        self.commits.append(CheckedCommit(corr, txn, req.get("writes", -1),
+                                          req.get("owner", 0), self.conds_take(txn)))
         return self.commit_next()
 
     def commit_next(self) -> list[Out]:
         d = self.door
         out: list[Out] = []
         while self.commits and not self.deciding:
-            corr, txn, (writes, owner), conds = self.commits[0]
+            corr, txn, writes, owner, conds = self.commits[0]
             w = d.pending[corr]  # (one that timed out waiting left the queue: ``undecided``)
             keys = tuple(dict.fromkeys((tid, key) for tid, key, _e in conds))
             values, loads = self.state.settled(keys)
