@@ -341,7 +341,7 @@ class KvDoor:
         for step in steps:
             match step:
                 case Send(op):
-                    op.sent = True
+                    op.sent, op.lsn_floor = True, d.lsn_seen
                     blob = pack(((op.key, op.new),))
                     pid, seq = op.producer
                     out.append(Produce(op.corr, (pid, seq, [(op.tid, 0, 1, blob)])))

@@ -68,6 +68,10 @@ class KeyOp:
     # Its namespace's generation when it was sent: a commit that ended since may be logged
     # before or after it (a retry answered as a duplicate gets the first attempt's LSN).
     sent_in: Generation | None = None
+    # The highest LSN known durable when it was sent (the front door's ``lsn_seen``): a
+    # write logged now takes a higher one; an answer at or below it is a retry's, answered
+    # with the first attempt's LSN, and what came after that attempt is not known here.
+    lsn_floor: int = 0
 
 
 @dataclass(slots=True)
@@ -387,9 +391,9 @@ class KvState:
         if lsn is not None:
             if lsn > self.acked_lsn.get(op.tid, 0):
                 self.acked_lsn[op.tid] = lsn
-            if op.sent_in == self.gen(op.tid):
+            if op.sent_in == self.gen(op.tid) and lsn > op.lsn_floor:
                 self.cache.put(k, op.new, lsn, self.gen(op.tid))
-            else:  # a commit ended meanwhile: which came last is not known here
+            else:  # a commit ended meanwhile, or a duplicate: which came last is not known
                 self.cache.drop(k)
         line = self.lines.get(k)
         if line is None:

@@ -113,6 +113,25 @@ def test_a_get_from_another_client_sees_every_acknowledged_put(node: LocalNode) 
             time.sleep(0.05)  # ok-sleep: polling the next figures report, under a deadline
 
 
+def test_a_put_sent_again_after_a_transaction_changed_its_key_is_not_read_back(
+        node: LocalNode) -> None:
+    """A put whose answer was lost, sent again (same producer id and seq, as the client's
+    retry) after a transaction wrote the key: answered as a duplicate with its first LSN,
+    nothing logged. The value after it is the transaction's; the cache took the put's, and
+    kv_get and kv_cas answered from a value that was not the durable one."""
+    with node.client() as a, node.client() as b:
+        put = dict(namespace="dup", key=b"k", value=b"A", producer_id=a.producer_id,
+                   seq=a.next_seq())
+        first = a.call("kv_put", **put)["lsn"]
+        with b.transaction() as tx:
+            tx.kv_put("dup", b"k", b"B")
+        assert a.call("kv_put", **put)["lsn"] == first  # a duplicate: not logged again
+        assert b.kv_scan("dup") == [(b"k", b"B")]
+        assert b.kv_get("dup", b"k") == b"B"
+        assert not b.kv_cas("dup", b"k", b"A", b"X")
+        assert b.kv_get("dup", b"k") == b"B"
+
+
 def front_figures(c: NodeClient) -> dict[str, Any]:
     front = next(a for a in c.status()["actors"] if a["role"] == "front")
     figures: dict[str, Any] = front["figures"]
