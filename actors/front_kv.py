@@ -412,7 +412,11 @@ class KvDoor:
             return d.settle(w, {"records": msg.records}, None)
         pairs = msgpack.unpackb(msg.records, raw=False)
         if r.kind == "scan":
-            more = len(pairs) > r.limit
+            # A page is cut at ``limit`` (the writer was asked for one more, to tell) or once
+            # it holds ``read_bytes_max`` bytes, with keys left or not: the client asks on
+            # (a page cut by bytes at the last key costs it one empty page).
+            more = (len(pairs) > r.limit
+                    or sum(len(k) + len(v) for k, v in pairs) >= d.lim.read_bytes_max)
             records = pack(pairs[:r.limit]) if more else msg.records
             return d.settle(w, {"pairs": records, "more": more}, None)
         value = pairs[0][1] if pairs else None

@@ -132,6 +132,16 @@ def test_a_put_sent_again_after_a_transaction_changed_its_key_is_not_read_back(
         assert b.kv_get("dup", b"k") == b"B"
 
 
+def test_a_scan_goes_on_past_a_page_cut_by_bytes(node: LocalNode) -> None:
+    """Pages end at ``read_bytes_max`` (8 MiB) as well as at a count: a scan of 12 values of
+    1 MiB reads all 12 (it stopped after the first page's 8, saying nothing)."""
+    with node.client() as c:
+        for i in range(12):
+            c.kv_put("big", f"k{i:02d}", bytes([i]) * (1 << 20))
+        keys = [k for k, _v in c.kv_scan("big")]
+        assert keys == [f"k{i:02d}".encode() for i in range(12)]
+
+
 def front_figures(c: NodeClient) -> dict[str, Any]:
     front = next(a for a in c.status()["actors"] if a["role"] == "front")
     figures: dict[str, Any] = front["figures"]
