@@ -154,6 +154,7 @@ class ShardWriter(Actor):
         self.applied_records = 0
         self.retained = 0  # records retention deleted
         self.caught_up_bytes = 0
+        self.log_seen_lsn = 0  # the highest LSN read from the log files (``catch_up``)
         self.recovery_ms = 0.0
         self.last_flush_ms = 0.0
         self.slow_apply_s = SLOW_APPLY_S if faults.armed("writer.slow_apply") else 0.0
@@ -204,6 +205,8 @@ class ShardWriter(Actor):
         self.listed = set(self.stores) if listed is None else listed
         t0 = time.monotonic()
         self.perform(self.state.recover(floor))
+        self.check_log_reaches(max([self.catalog_lsn] + [s.applied_lsn
+                                                         for s in self.stores.values()]))
         missing = sorted(s for s in self.listed if self.owns(*s) and s not in self.stores)
         if missing:
             dirs = ", ".join(str(shard_dir(self.shards_dir, *s)) for s in missing)
@@ -221,6 +224,32 @@ class ShardWriter(Actor):
         log.info("%d shards open; replayed the log from LSN %d to %d (%d bytes) in %.0f ms",
                  len(self.stores), floor + 1, self.processed_lsn, self.caught_up_bytes,
                  self.recovery_ms)
+
+    def check_log_reaches(self, applied: int) -> None:
+        """Refuse to start when what is here has applied the log further than the log goes:
+        its files were deleted, or another data dir's put in. Started anyway, the node
+        wrote new records under LSNs these shards count as applied (a topic made again
+        reused an old shard, and acknowledged records were never applied)."""
+        if applied == 0:
+            return
+        segments = wal.list_segments(self.log_dir)
+        # A segment is named by its first LSN: every LSN before it was written.
+        end = max([first - 1 for first, _path in segments] + [self.log_seen_lsn])
+        if end >= applied:
+            return
+        try:  # rarely needed: the newest records may have been cut by a checkpoint
+            snapshot, _slot = wal.load_snapshot(self.log_dir)
+        except (wal.CorruptSnapshot, OSError):  # the log manager judged them before: none
+            snapshot = None
+        if snapshot is not None and snapshot["last_lsn"] >= applied:
+            return
+        end = max(end, snapshot["last_lsn"] if snapshot is not None else 0)
+        raise RefuseToStart(
+            f"the log in {self.log_dir} ends at LSN {end}, but this writer's shards have "
+            f"applied it to LSN {applied}: log files are missing (deleted, moved aside, or "
+            f"from another data dir). Starting would write new records under LSNs counted "
+            f"as applied, and lose them. Put the log files back, or restore the data dir "
+            f"from a backup or a snapshot export (shardnode start --from-snapshot)")
 
     def on_stop(self) -> None:
         self.send_answers()
@@ -272,6 +301,8 @@ class ShardWriter(Actor):
             _first, path = segments[i]
             # A chunk at a time: memory stays a few MiB however far behind this writer is.
             for batch in wal.SegmentScan(path, last=i == len(segments) - 1):
+                if batch and batch[-1].lsn > self.log_seen_lsn:
+                    self.log_seen_lsn = batch[-1].lsn
                 todo = [e for e in batch if e.lsn > self.processed_lsn
                         and (until_lsn is None or e.lsn <= until_lsn)]
                 if todo:

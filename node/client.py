@@ -28,6 +28,7 @@ import dataclasses
 import itertools
 import math
 import random
+import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
@@ -134,7 +135,13 @@ class NodeClient:
     ``read_keypair``): both or neither. A client the node does not allow, one without
     CURVE, or one with a wrong server key, is never answered: its calls raise
     ``HandshakeFailed`` (a ``RequestTimeout``), not retried, once a probe of the handshake
-    says so, a second or two into the first attempt (node/handshake.py)."""
+    says so, a second or two into the first attempt (node/handshake.py).
+
+    ``producer_id`` (random by default) numbers this client's writes with ``next_seq``, so a
+    retry after a lost answer is recognised and not written twice. Give one only to go on
+    with another client's numbering (its requests sent again under their ``seq``): two
+    clients with one producer id, each numbering from 0, are taken for retries of each
+    other, and the second's writes are answered with the first's offsets, not written."""
 
     def __init__(self, endpoint: str | Sequence[str] = DEFAULT_ENDPOINT, timeout_ms: int = 10_000,
                  retries: int = 5, producer_id: int | None = None, *,
@@ -176,6 +183,10 @@ class NodeClient:
         self._waiters: dict[int, Transaction | Pipeline] = {}
         self._branches: weakref.WeakValueDictionary[Xid, Transaction] = weakref.WeakValueDictionary()
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        # The thread whose call is under way, and how deep: a second thread's call at the
+        # same time raises (``_one_probe``), rather than take the other's answers.
+        self._caller: tuple[int, int] | None = None
+        self._caller_lock = threading.Lock()
         self._member_keys: dict[str, bytes] = {}  # endpoint → its CURVE key, from the map
         # What the probe of a handshake said in the call under way (node/handshake.py),
         # kept only within ``_one_probe``.
@@ -191,16 +202,14 @@ class NodeClient:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         self._secure(sock, self._member_keys.get(endpoint))
-        if self.routed:
-            # Never queue a request for a member that is not connected: a send to one that
-            # is down fails (after SNDTIMEO), and the call says which member it was.
-            sock.setsockopt(zmq.IMMEDIATE, 1)
-            sock.setsockopt(zmq.SNDTIMEO, self.send_timeout_ms())
-        else:
-            # A send waits for a connection no longer than a reply would be waited for:
-            # one whose CURVE handshake failed (a client without keys, or one the node does
-            # not allow) is dropped, and a send with no connection left would block.
-            sock.setsockopt(zmq.SNDTIMEO, self.send_timeout_ms())
+        # Never queue a request for a node that is not connected: ZeroMQ would keep it, and
+        # deliver it once the node is back, long after the call gave up (a delete_topic or
+        # kv_drop that raised RequestTimeout, run minutes later). A send waits for a
+        # connection (SNDTIMEO): a member of a cluster that is down is passed over sooner
+        # than a single node is given up on; a connection whose CURVE handshake failed (a
+        # client without keys, or one the node does not allow) is dropped.
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.SNDTIMEO, self.send_timeout_ms())
         sock.connect(endpoint)
         return sock
 
@@ -254,12 +263,25 @@ class NodeClient:
     @contextlib.contextmanager
     def _one_probe(self) -> Iterator[None]:
         """Within it, the node's handshake is probed at most once (``probe``): a call's
-        retries, and ``not_connected``, take what it said."""
+        retries, and ``not_connected``, take what it said. A call of another thread under
+        way meanwhile raises ``RuntimeError``: a client is one thread's (both calls read
+        the same socket, took each other's answers and dropped them, and timed out)."""
+        me = threading.get_ident()
+        with self._caller_lock:
+            caller = self._caller
+            if caller is not None and caller[0] != me:
+                raise RuntimeError(
+                    "this NodeClient is in use by another thread: a client is not "
+                    "thread-safe; give each thread its own (NodeClient(...) per thread)")
+            self._caller = (me, 1 if caller is None else caller[1] + 1)
         self._probed, self._probe_once = None, True
         try:
             yield
         finally:
             self._probed, self._probe_once = None, False
+            with self._caller_lock:
+                depth = self._caller[1] if self._caller is not None else 1
+                self._caller = None if depth <= 1 else (me, depth - 1)
 
     def _attempts(self, sock: zmq.Socket[bytes], op: str, fields: dict[str, Any]
                   ) -> dict[str, Any]:
@@ -268,6 +290,7 @@ class NodeClient:
         last: NodeError | None = None
         start = time.monotonic()
         answered = False  # whether the node answered any attempt
+        unconnected: NodeError | None = None  # the last attempt that found no connection
         frame_bytes = 0
         for _ in range(attempts):
             rid = next(self._ids)
@@ -277,7 +300,10 @@ class NodeClient:
                 self._send_on(sock, frame)
             except zmq.Again:
                 if not self.routed:  # waited a whole timeout_ms for a connection
-                    raise self.not_connected(sock) from None
+                    last = unconnected = self.not_connected(sock)
+                    if isinstance(last, HandshakeFailed):
+                        raise last from None
+                    continue
                 last = Unavailable(f"{self._name(sock)} is not reachable (down?)")
                 time.sleep(backoff_s)  # back off before retrying an unreachable node
                 backoff_s = min(backoff_s * 2, 1.0)
@@ -294,6 +320,8 @@ class NodeClient:
                 time.sleep(backoff_s)  # back off before retrying a BUSY or unreachable node
                 backoff_s = min(backoff_s * 2, 1.0)
         assert last is not None
+        if last is unconnected:  # never connected at the last attempt: it says so
+            raise last
         if isinstance(last, RequestTimeout) and attempts > 1 and not answered:
             note = f"; {self._probed}" if self._probed else ": is a node running there?"
             if frame_bytes > 2 * NODE_FRAME_BYTES_MAX_DEFAULT:

@@ -315,7 +315,7 @@ def test_the_node_refuses_to_start_on_a_bad_key_file(keys: Keys, tmp_path: Path)
     config.write_text(keys.config())
     keys.secret_file.write_text("not a key\n")
     out = subprocess.run([sys.executable, "-m", "node", "start", "--config", str(config),
-                          "--data-dir", str(tmp_path / "data"), "--port", "0"],
+                          "--data-dir", str(tmp_path / "data"), "--port", str(free_port())],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stderr
     assert "config error" in out.stderr

@@ -155,6 +155,36 @@ def test_a_deleted_shard_dir_refuses_to_start_naming_it(make_node: MakeNode,
     assert "Traceback" not in text, text[-1500:]
 
 
+@pytest.mark.parametrize("how", ["deleted", "moved aside"])
+def test_a_log_gone_with_shards_that_applied_it_refuses_to_start(
+        make_node: MakeNode, tmp_path: Path, how: str) -> None:
+    """The log's files deleted, or its snapshots deleted and then its segment moved aside
+    (as a refusal naming that segment advised): started anyway, the node began its LSNs
+    again at 1, a topic made again reused an old shard, and its acknowledged records were
+    taken as applied already, and lost."""
+    node = make_node()
+    fill(node, n=50)
+    node.stop()
+    log_dir = node.data_dir / "log"
+    if how == "deleted":
+        shutil.rmtree(log_dir)
+    else:
+        for snap in log_dir.glob("*.snap"):
+            snap.unlink()
+        aside = tmp_path / "aside"
+        aside.mkdir()
+        for _first, path in wal.list_segments(log_dir):
+            path.rename(aside / path.name)
+    n, text = start_or_refusal(node.data_dir, tmp_path / "after.log")
+    if n is not None:
+        n.stop()
+        pytest.fail("started without its log")
+    lines = [ln for ln in text.splitlines() if "refuses to start" in ln]
+    assert lines and all(f"the log in {log_dir} ends at LSN 0, but this writer's shards have "
+                         f"applied it to LSN" in ln for ln in lines), lines
+    assert "Traceback" not in text, text[-1500:]
+
+
 def test_a_topic_deleted_by_a_writer_killed_before_it_saved_the_change_starts(
         make_node: MakeNode) -> None:
     """The kill lands after the shard's directory is gone and before the writer's shards

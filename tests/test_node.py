@@ -180,6 +180,24 @@ def test_end_offsets_count_what_is_durable_and_reads_below_them_see_it(node: Loc
             reader.end_offsets("nope")
 
 
+def test_a_request_given_up_while_the_node_was_down_is_not_run_once_it_is_back(
+        make_node: MakeNode) -> None:
+    """A call that raised RequestTimeout while the node was down must not land later: its
+    requests were queued by ZeroMQ and delivered once the node was back (topics created,
+    namespaces dropped, minutes after the call gave up)."""
+    n = make_node()
+    with NodeClient(n.endpoint, timeout_ms=300, retries=1) as c:
+        assert c.list_topics() == []  # connected
+        assert n.stop() == 0
+        with pytest.raises(RequestTimeout, match="not connected"):
+            c.create_topic("ghost")
+        n.start()
+        c.timeout_ms = 10_000
+        assert c.list_topics() == []
+        c.create_topic("real")
+        assert [t.name for t in c.list_topics()] == ["real"]
+
+
 def test_data_survives_clean_restart(make_node: MakeNode, tmp_path: Path) -> None:
     n = make_node()
     with n.client() as c:
@@ -361,6 +379,7 @@ def test_a_pipeline_gives_up_a_request_unanswered_within_its_timeout_and_drops_t
 
             monkeypatch.setattr(c, "probe", counted)
             pipe = c.pipeline()
+            assert c.sock.poll(5000, zmq.POLLOUT)  # connected
             rid = pipe.submit("t", [b"v"], partition=0)
             sent = time.monotonic()
             pipe.flush()
@@ -411,9 +430,9 @@ class _InterruptedOnce:
 
 def test_a_pipeline_goes_on_after_a_send_cut_short_and_past_a_frame_that_is_not_replies(
         ) -> None:
-    """A send an exception cut short leaves its requests in flight, unsent: they are given
-    up in time like any other (every later poll raised IndexError, the pipeline broken for
-    good). A frame that is not replies is dropped, and the answers read before it in the
+    """A send an exception cut short leaves its requests in flight, held: the next poll
+    sends them, and they are given up in time like any other (every later poll raised
+    IndexError, the pipeline broken for good). A frame that is not replies is dropped, and the answers read before it in the
     same poll are kept (they were lost with it, never answered nor given up)."""
     router, endpoint = silent_router()
     with NodeClient(endpoint, timeout_ms=500, retries=0) as c:
@@ -426,11 +445,13 @@ def test_a_pipeline_goes_on_after_a_send_cut_short_and_past_a_frame_that_is_not_
         deadline = time.monotonic() + 5
         got, _waited_s = first_answers(pipe, time.monotonic(), 5)
         assert [(rid, type(out)) for rid, out in got] == [(cut, RequestTimeout)]
+        assert router.poll(5000, zmq.POLLIN)  # sent by the next poll, then given up in time
+        assert [r["id"] for r in unpack_replies(router.recv_multipart()[1])] == [cut]
 
         first, second = (pipe.submit("t", [b"v"], partition=0) for _ in range(2))
         pipe.flush()
         assert router.poll(5000, zmq.POLLIN)
-        peer, frame = router.recv_multipart()  # the two in one frame; none sent before them
+        peer, frame = router.recv_multipart()  # the two in one frame
         assert [r["id"] for r in unpack_replies(frame)] == [first, second]
         router.send_multipart([peer, produced(first)])
         router.send_multipart([peer, b"\x05"])  # a msgpack int, not a reply map
@@ -506,6 +527,65 @@ def test_a_pipeline_to_a_node_killed_with_its_request_says_so_within_its_timeout
         assert timeout_ms / 1000 <= waited_s < timeout_ms / 1000 + 3, waited_s
         assert "nothing accepted a connection there" in error.message, error.message
         assert pipe.poll(300) == [] and not pipe.in_flight and rid not in c._waiters
+
+
+def test_a_pipeline_holds_what_a_down_node_cannot_take_and_never_sends_what_it_gave_up(
+        make_node: MakeNode) -> None:
+    """The node stops: a pipeline's requests wait in it, not in ZeroMQ. Those given up
+    (RequestTimeout) are never sent, not even once the node is back; those still in time
+    are sent then and answered; and ``close`` drops what was queued and never sent."""
+    n = make_node()
+    with NodeClient(n.endpoint, timeout_ms=800, retries=0) as c:
+        c.create_topic("p")
+        pipe = c.pipeline()
+        assert n.stop() == 0
+        given_up = pipe.submit("p", [b"given-up"], partition=0)
+        got, _waited_s = first_answers(pipe, time.monotonic(), 10)
+        assert [(rid, type(out)) for rid, out in got] == [(given_up, RequestTimeout)]
+        n.start()
+        c.timeout_ms = 30_000  # the restart may take a while: in time, this one
+        in_time = pipe.submit("p", [b"in-time"], partition=0)
+        got, _waited_s = first_answers(pipe, time.monotonic(), 40)
+        assert [rid for rid, _out in got] == [in_time]
+        pipe.submit("p", [b"closed"], partition=0)  # queued, not sent
+        pipe.close()
+        assert pipe.poll(100) == []
+        assert [r.value for r in c.read("p", 0, 0, 10)] == [b"in-time"]
+
+
+def test_a_client_used_by_two_threads_at_once_says_so() -> None:
+    """A client is one thread's: a second thread's call while the first waits for its answer
+    raises at once, naming the cause (they took each other's answers, and timed out saying
+    'is a node running there?'). One after the other, threads may share it."""
+    import threading
+
+    router, endpoint = silent_router()
+    try:
+        with NodeClient(endpoint, timeout_ms=3000, retries=0) as c:
+            failures: list[BaseException] = []
+
+            def waits() -> None:
+                try:
+                    c.call("status")
+                except RequestTimeout:
+                    pass
+                except BaseException as exc:  # reported by the test
+                    failures.append(exc)
+
+            first = threading.Thread(target=waits)
+            first.start()
+            request_of(router)  # the first thread's call is under way
+            with pytest.raises(RuntimeError, match="in use by another thread"):
+                c.call("status")
+            first.join()
+            assert failures == []
+            second = threading.Thread(target=waits)  # the first is done: no error
+            second.start()
+            request_of(router)
+            second.join()
+            assert failures == []
+    finally:
+        router.close(0)
 
 
 def test_a_single_node_that_does_not_answer_is_not_called_a_cluster() -> None:
