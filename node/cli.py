@@ -107,12 +107,16 @@ def _print_whole(table: Table) -> None:
 
 
 def _check_listening(host: str, port: int, timeout_s: float) -> None:
-    """Fail at once when nothing listens on the node's port (connection refused), rather
-    than after every retry of the request. Anything else (a host that does not answer, a
-    name that does not resolve) is left to the client and its timeout."""
+    """Fail at once when the host's name does not resolve, or nothing listens on the node's
+    port (connection refused), rather than after every retry of the request (and blaming
+    the node). Anything else (a host that does not answer) is left to the client and its
+    timeout."""
     try:
         with socket.create_connection((host.strip("[]"), port), timeout=timeout_s):
             pass
+    except socket.gaierror as exc:
+        raise Unavailable(f"cannot find the host {host} ({exc.strerror}): is its name "
+                          f"right? (--host)") from None
     except ConnectionRefusedError:
         raise Unavailable(f"nothing is listening on {host}:{port} (connection refused): "
                           f"is a node running on tcp://{host}:{port}? (--host, --port)"
@@ -136,7 +140,8 @@ def _client(args: argparse.Namespace, endpoints: list[str] | None = None,
             **kw: Any) -> NodeClient:
     """A client of the node the command names (or of ``endpoints``, a cluster's members),
     with its CURVE keys when given, and the command's retries (``client_args``). Raises
-    ``Unavailable`` at once when nothing listens on the node's port."""
+    ``Unavailable`` at once when the host's name does not resolve or nothing listens on
+    the node's port."""
     from actors.curve import KeyFileError
     from node.client import NodeClient, read_keypair, read_public_key
 

@@ -158,6 +158,20 @@ def test_nothing_listening_is_said_at_once_with_a_hint(
     assert waited_s < 5, f"{waited_s:.1f} s: not at once (each retry waits 10 s)"
 
 
+def test_a_host_whose_name_does_not_resolve_is_named_at_once(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """It waited for every attempt (61 s with the default timeout), then blamed the node."""
+    t0 = time.monotonic()
+    code, _out, err = run(capsys, "topics", "--host", "nosuch.invalid", "--port", "7630",
+                          "--timeout-ms", "2000")
+    waited_s = time.monotonic() - t0
+    assert code == 1
+    assert err.startswith("shardnode topics: error: "), err
+    assert "cannot find the host nosuch.invalid (" in err and "(--host)" in err, err
+    assert "Traceback" not in err
+    assert waited_s < 2, f"{waited_s:.1f} s: not at once (each attempt waits 2 s)"
+
+
 def test_a_config_error_shows_the_names_in_brackets(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "bad.toml"
