@@ -367,7 +367,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
                           _mb(r["sst_bytes"]), " ".join(str(n) for n in r["files_per_level"]),
                           _mb(r["pending_compaction_bytes"]), _mb(r["memtable_bytes"]),
                           str(r["records"])))
-    console.print(t)
+    _print_whole(t)  # topic names whole, in a pipe too (rich cuts it at 80 columns)
     wt = Table(title="block cache, shared by each writer's shards")
     for col in ("writer", "shards", "used MB", "capacity MB", "hit rate"):
         wt.add_column(col, justify="right")
@@ -376,7 +376,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         rate = "-" if not lookups else f"{100 * w['cache_hits'] / lookups:.1f} %"
         wt.add_row(str(w["writer"]), str(w["shards"]), _mb(w["cache_bytes"]),
                    _mb(w["cache_capacity"]), rate)
-    console.print(wt)
+    _print_whole(wt)
     return 0
 
 
@@ -520,7 +520,8 @@ def cmd_offsets(args: argparse.Namespace) -> int:
         ends = c.end_offsets(args.topic)
         groups = {g: [c.committed_offset(g, args.topic, p) for p in range(len(ends))]
                   for g in args.group}
-    t = Table(title=f"{escape(args.topic)}: {sum(ends)} records")
+    # Not a count of records: retention and deletes remove records below the end offsets.
+    t = Table(title=f"{escape(args.topic)}: end offsets")
     t.add_column("partition", justify="right")
     t.add_column("end offset", justify="right")
     for g in groups:
@@ -864,7 +865,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "scan":
             t.add_argument("--prefix", help="only keys starting with this")
             t.add_argument("--start-after", help="only keys after this one")
-            t.add_argument("--limit", type=int, default=1000,
+            t.add_argument("--limit", type=_positive_int, default=1000,
                            help="at most this many (default %(default)s)")
         if name != "list":
             t.add_argument("--hex", action="store_true", help="keys and values in hex")

@@ -128,6 +128,17 @@ def test_a_usage_error_prints_the_usage_and_error_as_argparse_does(
     assert lines[-1] == "shardnode delete: error: --offset needs --partition"
 
 
+@pytest.mark.parametrize("limit", ["0", "-1"])
+def test_a_scan_limit_below_one_is_refused(limit: str, capsys: pytest.CaptureFixture[str]
+                                           ) -> None:
+    """It was accepted, and the scan printed nothing."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(["kv", "scan", "ns", "--limit", limit, "--port", str(free_port())])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --limit: must be at least 1, not {limit}" in err, err
+
+
 @pytest.mark.parametrize(("args", "named"), [
     (["get", "config", "user/1"], "key 'user/1'"),
     (["put", "config", "00", "v!"], "value 'v!'"),
@@ -318,6 +329,30 @@ def test_txn_list_prints_ids_whole_and_as_json(node: LocalNode) -> None:
     committed = shell(node, "txn", "commit", row["xid"])  # pasted back as printed
     assert committed.returncode == 0, committed.stderr
     assert f"committed {xid}" in committed.stdout
+
+
+def test_stats_prints_topic_names_whole_in_a_pipe(node: LocalNode) -> None:
+    """A pipe's 80 columns cut the table, and the topic names in it."""
+    topic = "orders-from-the-eu-west-warehouse-" + "x" * 40
+    with node.client() as c:
+        c.create_topic(topic)
+    stats = shell(node, "stats", columns=80)
+    assert stats.returncode == 0, stats.stderr
+    assert topic in stats.stdout, stats.stdout
+
+
+def test_offsets_are_titled_end_offsets_not_a_count_of_records(
+        node: LocalNode, capsys: pytest.CaptureFixture[str]) -> None:
+    """The title summed the end offsets as "N records": wrong once a record is deleted."""
+    with node.client() as c:
+        c.create_topic("od")
+        c.produce_batch("od", [b"a", b"b", b"c"], partition=0)
+        c.delete_by_offset("od", 0, 1)
+    code, out, _err = run(capsys, "offsets", "od", "--port", str(node.port))
+    assert code == 0
+    assert out.splitlines()[0].strip() == "od: end offsets", out
+    assert "records" not in out, out
+    assert re.search(r"│\s+0 │\s+3 │", out), out
 
 
 def readme_section(heading: str) -> str:
