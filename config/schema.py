@@ -25,6 +25,11 @@ LARGE_VALUES = ("chunks", "blob_files")  # how a shard keeps values over storage
 CHUNK_BYTES_LIMIT = 64 * 1024 * 1024  # a chunk is one RocksDB value, written in one batch
 GROUP_BYTES_LIMIT = 48 * 1024 * 1024  # a group travels between actors as one frame (wire.codec)
 LOOPBACK_NAMES = ("localhost",)  # besides the loopback addresses (127.0.0.0/8, ::1)
+# Actors report their figures, their heartbeat, about once a second (actors/base.py
+# TICK_S; a test keeps the two in step). An actor silent for less than two reports may
+# only be late: the supervisor would kill it, and each restart of it again, in a loop.
+ACTOR_REPORT_INTERVAL_MS = 1000
+HEARTBEAT_TIMEOUT_MS_MIN = 2 * ACTOR_REPORT_INTERVAL_MS
 
 
 class ConfigError(ValueError):
@@ -228,6 +233,21 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _check_host(host: str) -> None:
+    """An IPv4 address or a name (or an interface): the front door's endpoint is
+    ``tcp://HOST:PORT``, and its socket does not take IPv6."""
+    try:
+        ipv6 = ipaddress.ip_address(host.strip("[]")).version == 6
+    except ValueError:
+        ipv6 = False
+    if ipv6:
+        raise ConfigError(f"node.host = {host!r}: IPv6 addresses are not supported; use an "
+                          f"IPv4 address (127.0.0.1 for this machine only) or a host name")
+    if ":" in host:  # no name, IPv4 address or interface has one
+        raise ConfigError(f"node.host = {host!r} is not a host: give an IPv4 address or a "
+                          f"host name (the port is node.port)")
+
+
 def _check_security(cfg: NodeConfig) -> None:
     """The files themselves are read at start (``actors/curve.py``): they may change
     between a load and a start."""
@@ -253,7 +273,17 @@ def validate(cfg: NodeConfig) -> None:
         # Not 0 (any free port) either: clients and the CLI find a node by its port, and a
         # front door that restarts must bind the same one again.
         raise ConfigError(f"node.port must be 1-65535, got {cfg.node.port}")
+    _check_host(cfg.node.host)
+    if not cfg.node.data_dir:
+        raise ConfigError('node.data_dir must not be empty: name a directory ("." for the '
+                          'current one)')
     _positive(cfg)
+    if cfg.supervisor.heartbeat_timeout_ms < HEARTBEAT_TIMEOUT_MS_MIN:
+        raise ConfigError(f"supervisor.heartbeat_timeout_ms must be at least "
+                          f"{HEARTBEAT_TIMEOUT_MS_MIN} (two of the reports actors send about "
+                          f"every {ACTOR_REPORT_INTERVAL_MS} ms), got "
+                          f"{cfg.supervisor.heartbeat_timeout_ms}: an actor silent for less "
+                          f"may only be late, and would be killed and restarted in a loop")
     for section, name in (("log", "group_wait_us_max"), ("shards", "writer_nice"),
                           ("cluster", "node_id")):
         if getattr(getattr(cfg, section), name) < 0:

@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 from config import ConfigError, NodeConfig, load_config
-from config.schema import _MAY_BE_ZERO, default_table, validate
+from config.schema import (
+    _MAY_BE_ZERO,
+    ACTOR_REPORT_INTERVAL_MS,
+    HEARTBEAT_TIMEOUT_MS_MIN,
+    default_table,
+    validate,
+)
 
 DEFAULTS_FILE = Path(__file__).resolve().parent.parent / "config" / "defaults.toml"
 
@@ -203,6 +209,50 @@ def test_a_port_out_of_range_is_named(tmp_path: Path, port: int) -> None:
 @pytest.mark.parametrize("port", [1, 65535])
 def test_ports_in_range_are_accepted(tmp_path: Path, port: int) -> None:
     assert load_config(write(tmp_path, f"[node]\nport = {port}\n")).node.port == port
+
+
+@pytest.mark.parametrize("host", ["::1", "[::1]", "fe80::1", "::ffff:127.0.0.1"])
+def test_an_ipv6_host_is_refused(tmp_path: Path, host: str) -> None:
+    """It passed, and the front door then failed to bind with a ZMQError traceback."""
+    msg = _error(tmp_path, f'[node]\nhost = "{host}"\n')
+    assert f"node.host = {host!r}: IPv6 addresses are not supported" in msg, msg
+    assert "use an IPv4 address" in msg and "or a host name" in msg, msg
+
+
+def test_a_host_with_a_port_in_it_is_refused(tmp_path: Path) -> None:
+    msg = _error(tmp_path, '[node]\nhost = "localhost:7400"\n')
+    assert "node.host = 'localhost:7400' is not a host" in msg and "node.port" in msg, msg
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost"])
+def test_ipv4_hosts_and_names_are_accepted(tmp_path: Path, host: str) -> None:
+    assert load_config(write(tmp_path, f'[node]\nhost = "{host}"\n')).node.host == host
+
+
+def test_an_empty_data_dir_is_refused(tmp_path: Path) -> None:
+    """It was taken as the current directory."""
+    msg = _error(tmp_path, '[node]\ndata_dir = ""\n')
+    assert "node.data_dir must not be empty" in msg, msg
+    with pytest.raises(ConfigError, match=r"node\.data_dir"):
+        load_config(overrides={"node": {"data_dir": ""}})  # `start --data-dir ""`
+
+
+@pytest.mark.parametrize("timeout_ms", [1, HEARTBEAT_TIMEOUT_MS_MIN - 1])
+def test_a_heartbeat_timeout_shorter_than_two_reports_is_refused(
+        tmp_path: Path, timeout_ms: int) -> None:
+    """1 ms was accepted, and the supervisor killed its actors in a loop."""
+    msg = _error(tmp_path, f"[supervisor]\nheartbeat_timeout_ms = {timeout_ms}\n")
+    assert (f"supervisor.heartbeat_timeout_ms must be at least {HEARTBEAT_TIMEOUT_MS_MIN}"
+            in msg and f"got {timeout_ms}" in msg), msg
+
+
+def test_the_heartbeat_bound_is_two_of_the_actors_reports() -> None:
+    from actors.base import TICK_S  # how often an actor reports (its heartbeat)
+
+    assert ACTOR_REPORT_INTERVAL_MS == TICK_S * 1000
+    assert HEARTBEAT_TIMEOUT_MS_MIN == 2 * ACTOR_REPORT_INTERVAL_MS
+    ok = load_config(overrides={"supervisor": {"heartbeat_timeout_ms": HEARTBEAT_TIMEOUT_MS_MIN}})
+    assert ok.supervisor.heartbeat_timeout_ms == HEARTBEAT_TIMEOUT_MS_MIN
 
 
 # Each relation check in config.schema.validate: a config that breaks only that relation,
