@@ -21,7 +21,10 @@ import hashlib
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
+import socket
+import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -97,8 +100,11 @@ class DataDirError(NodeStartError):
 def data_dir_error(data: Path, exc: OSError) -> DataDirError:
     """What is wrong with the data dir ``data``, from the ``OSError`` making or locking it
     raised."""
-    if (data.exists() or data.is_symlink()) and not data.is_dir():
-        return DataDirError(f"the data dir {data} is not a directory")
+    try:
+        if (data.exists() or data.is_symlink()) and not data.is_dir():
+            return DataDirError(f"the data dir {data} is not a directory")
+    except OSError:  # a directory above it may not be ours to look into
+        pass
     where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(data) else ""
     return DataDirError(f"cannot use the data dir {data}: {exc.strerror or exc}{where}")
 
@@ -126,12 +132,43 @@ class Child:
 
 
 def run_dir_for(data: Path) -> Path:
-    """ipc sockets live here: under the data dir when the path is short enough."""
+    """ipc sockets live here: under the data dir when the path is short enough, else in
+    the temporary directory (``make_run_dir``)."""
     candidate = data / "run"
     if len(str(candidate)) + 20 <= IPC_PATH_MAX:
         return candidate
     digest = hashlib.sha1(str(data).encode()).hexdigest()[:12]
     return Path(tempfile.gettempdir()) / f"shardnode-{digest}"
+
+
+def make_run_dir(run_dir: Path, data: Path) -> None:
+    """Make the directory of the node's ipc sockets, this user's alone. One in the
+    temporary directory has a name anyone can work out: made by another user first, its
+    sockets would be theirs to take over, so it must be this user's, and no one else's to
+    write in."""
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if run_dir.parent == data:
+        return
+    st = run_dir.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise NodeStartError(
+            f"the node's socket directory {run_dir} (its data dir's path is too long for "
+            f"ipc sockets) is not a directory of this user's that only this user may write "
+            f"in: remove it, or give the data dir a shorter path")
+
+
+def serving_there(sock_path: Path) -> bool:
+    """Whether a live process listens on the ipc socket at ``sock_path`` (one left by a
+    node that died refuses connections)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    try:
+        s.connect(str(sock_path))
+    except OSError:
+        return False
+    finally:
+        s.close()
+    return True
 
 
 class Supervisor:
@@ -161,6 +198,7 @@ class Supervisor:
         self.peers: dict[str, zmq.Socket[bytes]] = {}  # PUSH sockets to actors' mailboxes
         self.started_at = time.time()
         self._lock_fd = -1
+        self._run_dir_ours = False  # its sockets are this node's (not another's, serving)
 
     # ---- start ------------------------------------------------------------------------
 
@@ -211,14 +249,23 @@ class Supervisor:
         the data dir cannot be one, ``NodeStartError`` when the node cannot start."""
         server_keys(self.cfg)
         self._lock()
-        self._check_writer_count()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        sock_path = self.run_dir / f"{SUPERVISOR}.sock"
+        if serving_there(sock_path):
+            # Its LOCK file was deleted (it looks like a leftover after a stop): taking
+            # over its sockets would cut the running node off from its actors.
+            raise NodeStartError(f"another node is serving the data directory {self.data} "
+                                 f"(its supervisor answers on {sock_path}); was its LOCK "
+                                 f"file deleted?")
+        try:
+            self._check_writer_count()
+            make_run_dir(self.run_dir, self.data)
+            sock_path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise data_dir_error(self.data, exc) from None
         self.mailbox = self.zctx.socket(zmq.PULL)
         self.mailbox.setsockopt(zmq.LINGER, 0)
-        sock_path = self.run_dir / f"{SUPERVISOR}.sock"
-        if sock_path.exists():
-            sock_path.unlink()
         self.mailbox.bind(mailbox_address(self.run_dir, SUPERVISOR))
+        self._run_dir_ours = True
         # From here a signal stops the node cleanly, while it starts too (recovery may
         # take a while): SIGTERM ended the supervisor outright until it served.
         self._take_signals()
@@ -483,6 +530,8 @@ class Supervisor:
             if self.mailbox is not None:
                 self.mailbox.close(0)
             self.mailbox = None
+            if self._run_dir_ours and self.run_dir.parent != self.data:
+                shutil.rmtree(self.run_dir, ignore_errors=True)  # the temporary directory's
             if self._lock_fd >= 0:
                 os.close(self._lock_fd)
                 self._lock_fd = -1

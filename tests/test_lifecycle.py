@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -257,6 +259,56 @@ def test_actors_exit_when_the_supervisor_dies(node: LocalNode) -> None:
         assert time.monotonic() < deadline, "actors outlived their supervisor"
         time.sleep(0.05)  # ok-sleep: poll until the orphans exit by themselves, under a deadline
     node.proc = None
+
+
+def test_a_start_on_a_served_data_dir_whose_lock_was_deleted_leaves_the_first_serving(
+        make_node: MakeNode, tmp_path: Path) -> None:
+    """LOCK stays after a stop and looks like a leftover: deleted while a node serves, a
+    second start took the lock's new file, and replaced the first node's sockets before it
+    failed on a shard; the first node's next actor restart never came up."""
+    node = make_node()
+    (node.data_dir / "LOCK").unlink()
+    second = LocalNode(node.data_dir, log_file=tmp_path / "second.log")
+    with pytest.raises(NodeFailed):
+        second.start(timeout_s=60)
+    assert second.proc is not None and second.proc.wait(30) != 0
+    assert "another node is serving the data directory" in (tmp_path / "second.log").read_text()
+    with node.client(timeout_ms=30_000) as c:
+        c.create_topic("t")
+        c.produce("t", b"before", partition=0)
+        (writer,) = [a["pid"] for a in c.status()["actors"] if a["role"] == "writer-0"]
+        os.kill(writer, signal.SIGKILL)  # restarted with the actors after it, on its sockets
+        assert c.produce("t", b"after", partition=0) == (0, 1)
+
+
+def test_a_socket_directory_in_the_temporary_directory_must_be_this_users_alone(
+        tmp_path: Path) -> None:
+    """A data dir whose path is too long for ipc sockets has them in the temporary
+    directory, under a name anyone can work out: one made writable by others first is
+    refused; this node's own is removed when it stops."""
+    from node.supervisor import run_dir_for
+
+    data = tmp_path / ("d" * 90)
+    run_dir = run_dir_for(data)
+    assert run_dir.parent != data, "the path is short enough for sockets under it"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir()
+    run_dir.chmod(0o777)
+    try:
+        refused = LocalNode(data, log_file=tmp_path / "refused.log")
+        with pytest.raises(NodeFailed):
+            refused.start(timeout_s=60)
+        assert refused.proc is not None and refused.proc.wait(30) != 0
+        assert f"socket directory {run_dir}" in (tmp_path / "refused.log").read_text()
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    node = LocalNode(data, log_file=tmp_path / "node.log")
+    node.start(timeout_s=60)
+    try:
+        assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    finally:
+        assert node.stop() == 0
+    assert not run_dir.exists()
 
 
 def test_full_node_answers_busy_and_keeps_serving(make_node: MakeNode) -> None:
