@@ -134,7 +134,9 @@ def actor_main(ctx: ActorContext, actor_class: type[Actor],
     configure_logging(ctx.role)
     _die_with_parent()
     keep_freed_memory()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
+    # The supervisor decides when we stop (a closed terminal's SIGHUP reaches every process).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if is_writer(ctx.role):
         # Before RocksDB starts its background threads, which inherit this priority: the
         # writers' work (applying, flushing) is off the acknowledgement path.

@@ -388,12 +388,15 @@ class Supervisor:
             log.info("stopping the node: %s", reason)
 
     def _take_signals(self) -> None:
-        """SIGTERM and SIGINT (Ctrl-C) stop the node cleanly."""
+        """SIGTERM, SIGINT (Ctrl-C) and SIGHUP (the terminal of a node started in it
+        closed) stop the node cleanly; SIGHUP not when ignored (``nohup``)."""
         def on_signal(signum: int, frame: Any) -> None:
             self.request_stop(signal.Signals(signum).name)
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+            signal.signal(signal.SIGHUP, on_signal)
 
     def serve_forever(self) -> None:
         """Watch the actors until a stop is requested (signal, too many restarts, or the

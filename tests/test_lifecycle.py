@@ -216,6 +216,20 @@ def test_sigterm_to_the_whole_process_group_stops_cleanly_with_the_checkpoint(
     assert marker.exists(), f"no checkpoint at stop:\n{node.log_tail()}"
 
 
+def test_sighup_to_the_whole_process_group_stops_cleanly_with_the_checkpoint(
+        node: LocalNode) -> None:
+    """The terminal a node was started in closes: SIGHUP to every process. It killed them
+    outright (no checkpoint, no clean stop); now it stops the node as SIGTERM does."""
+    fill(node, 3)
+    marker = node.data_dir / "writers" / "clean-stop"
+    marker.unlink(missing_ok=True)
+    members = node.processes()
+    assert node.proc is not None
+    os.killpg(node.proc.pid, signal.SIGHUP)
+    exits_whole(node, members, "SIGHUP")
+    assert marker.exists(), f"no checkpoint at stop:\n{node.log_tail()}"
+
+
 def _handles_sigterm(results: Any) -> None:
     """A child started shielded: sets its handler, then takes the signals blocked until now."""
     from actors.process import STOP_SIGNALS
