@@ -130,6 +130,7 @@ Then = Callable[["Waiting", Fields | None, Failure | None], list[Out]]
 # create_topic's fields that are topic settings
 TOPIC_SETTING_FIELDS = ("storage", "retention_ms", "retention_bytes")
 DELETE_OPS = frozenset({"delete_by_key", "delete_by_offset"})
+BY_KEY_OPS = frozenset({"read_by_key", "delete_by_key"})  # their partition: the key's if unsaid
 # Reads a memory topic answers from the front door's memory.
 MEMORY_READ_OPS = frozenset({"read", "read_by_key", "read_by_tag", "offset_for_timestamp",
                              "end_offsets"})
@@ -362,6 +363,10 @@ class FrontDoorState:
 
     def route(self, identity: bytes, rid: int, op: str, req: dict[str, Any],
               now: float) -> list[Out]:
+        if op in BY_KEY_OPS and "partition" not in req:
+            # The key's own partition, by the topic's count now: a client's count may be of
+            # a topic deleted and made again since, with another.
+            req["partition"] = key_partition(req["key"], self.topic(req["topic"]).partitions)
         if self.cluster is not None:
             routed = self.cluster.route(identity, rid, op, req, now)
             if routed is not None:

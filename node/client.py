@@ -659,18 +659,27 @@ class NodeClient:
 
     def read_by_key(self, topic: str, key: bytes | str, partition: int | None = None) -> Record | None:
         """The latest record with ``key``: in the key's own partition unless one is named."""
-        p = self.key_partition(topic, key) if partition is None else partition
-        rows = unpack_read(self.call("read_by_key", topic=topic, partition=p,
-                                     key=as_bytes(key, "a key"))["records"])
+        rows = unpack_read(self.call("read_by_key", **self._by_key(topic, key, partition))
+                           ["records"])
         return rows[0] if rows else None
 
     def delete_by_key(self, topic: str, key: bytes | str, partition: int | None = None) -> int:
         """Delete the latest record with ``key`` (the one ``read_by_key`` answers), in the
         key's own partition unless one is named; returns the LSN that made it durable.
         Older records with the key stay (``delete_by_offset`` deletes any one)."""
-        p = self.key_partition(topic, key) if partition is None else partition
-        key_bytes = as_bytes(key, "a key")
-        return int(self.call("delete_by_key", topic=topic, partition=p, key=key_bytes)["lsn"])
+        return int(self.call("delete_by_key", **self._by_key(topic, key, partition))["lsn"])
+
+    def _by_key(self, topic: str, key: bytes | str, partition: int | None) -> dict[str, Any]:
+        """The fields of a request by key. Unless a partition is named, a single node finds
+        the key's own (this client's count of the topic's partitions may be of a topic
+        deleted and made again since); a client of a cluster names it, to send the request
+        to its owner."""
+        fields: dict[str, Any] = {"topic": topic, "key": as_bytes(key, "a key")}
+        if partition is not None:
+            fields["partition"] = partition
+        elif self.routed:
+            fields["partition"] = self.key_partition(topic, key)
+        return fields
 
     def delete_by_offset(self, topic: str, partition: int, offset: int) -> int:
         """Delete the record at ``offset``; the offsets of the others do not move."""

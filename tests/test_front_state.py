@@ -679,10 +679,12 @@ def test_a_commit_with_compare_and_sets_that_timed_out_undecided_is_decided_at_i
     late = [reply_of(r) for r in s.expire(1.0)]  # both: the put may still be logged
     assert [(r["id"], r["code"]) for r in late] == [(3, ErrorCode.TIMEOUT), (4, ErrorCode.TIMEOUT)]
     assert s.request(ID, req("txn_commit", rid=5, txn=5, writes=1), now=1.1) == []  # waits again
-    (commit,) = s.ack(put.corr, 6, [(0, 0, 1)])  # the put's late answer: its value is known
+    # The put's late answer (logged after all the front door knew durable when it was
+    # sent: not a retry's): its value is known.
+    (commit,) = s.ack(put.corr, s.lsn_seen + 1, [(0, 0, 1)])
     assert isinstance(commit, Request) and isinstance(commit.msg, TxnStep)
     assert (commit.msg.step, commit.msg.checked) == ("commit", True)  # decided on b"old"
-    (rep,) = s.answer(TxnCommitted(commit.corr, 7, []))
+    (rep,) = s.answer(TxnCommitted(commit.corr, s.lsn_seen + 1, []))
     assert (reply_of(rep)["id"], reply_of(rep)["ok"]) == (5, True)
     assert not s.pending and not s.kv.commits and not s.kv.conds
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import zmq
 
+from actors.roles import key_partition
 from node.client import NodeClient, Record
 from node.local import LocalNode
 from node.pipeline import Pipeline
@@ -196,6 +197,27 @@ def test_a_request_given_up_while_the_node_was_down_is_not_run_once_it_is_back(
         assert c.list_topics() == []
         c.create_topic("real")
         assert [t.name for t in c.list_topics()] == ["real"]
+
+
+def test_reads_and_deletes_by_key_find_the_keys_partition_after_the_topic_is_made_again(
+        node: LocalNode) -> None:
+    """A client counted the topic's partitions; another deletes it and makes it again with
+    more. read_by_key looked in the partition of the old count (None), and delete_by_key
+    deleted nothing and answered an LSN: the node now finds the key's own partition."""
+    with node.client() as old, node.client() as other:
+        old.create_topic("again", partitions=1)
+        assert old.partitions("again") == 1
+        other.delete_topic("again")
+        other.create_topic("again", partitions=4)
+        keys = [f"k{i}" for i in range(8)]
+        for k in keys:
+            other.produce("again", k.encode(), key=k)
+        assert {key_partition(k.encode(), 4) for k in keys} != {0}, "some key off partition 0"
+        for k in keys:
+            got = old.read_by_key("again", k)
+            assert got is not None and got.value == k.encode(), k
+            old.delete_by_key("again", k)
+            assert other.read_by_key("again", k) is None, k
 
 
 def test_data_survives_clean_restart(make_node: MakeNode, tmp_path: Path) -> None:

@@ -171,6 +171,9 @@ _ARRAY = (list,)
 
 TOPIC = Field("topic", _STR, "topic name", len_max=NAME_LEN_MAX)
 PARTITION = Field("partition", _INT, "partition, 0 .. partitions - 1", non_negative=True)
+KEY_PARTITION = Field("partition", _INT, "partition; absent: the key's own, by the topic's "
+                      "partition count now (as `produce` places a key)", required=False,
+                      non_negative=True)
 OFFSET = Field("offset", _INT, "offset in the partition", non_negative=True)
 MAX_RECORDS = Field("max_records", _INT, "at most this many records (the node caps it at "
                     "`read_records_max`)", non_negative=True)
@@ -285,7 +288,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
        request=(TOPIC, PARTITION, OFFSET, MAX_RECORDS),
        reply=(RECORDS_READ,)),
     Op("read_by_key", "the latest record with a key",
-       request=(TOPIC, PARTITION, Field("key", _BIN, "record key", len_max=KEY_BYTES_MAX)),
+       request=(TOPIC, KEY_PARTITION, Field("key", _BIN, "record key", len_max=KEY_BYTES_MAX)),
        reply=(RECORDS_READ,)),
     Op("read_by_tag", "records carrying a tag, from an offset on",
        request=(TOPIC, PARTITION, Field("tag", _STR, "record tag", len_max=TAG_BYTES_MAX),
@@ -298,7 +301,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("delete_by_key", "delete the latest record with a key (the one `read_by_key` answers): "
        "gone from every read and index, the offsets of the others unchanged; older records "
        "with the key stay",
-       request=(TOPIC, PARTITION, Field("key", _BIN, "record key", len_max=KEY_BYTES_MAX)),
+       request=(TOPIC, KEY_PARTITION, Field("key", _BIN, "record key", len_max=KEY_BYTES_MAX)),
        reply=(LSN,)),
     Op("delete_by_offset", "delete the record at an offset: gone from every read and index, "
        "the offsets of the others unchanged",
