@@ -4,7 +4,8 @@ running in the background.
     scripts/cluster up [--nodes 3] [--base-port 7400]    start the members that are down,
                                                          wait until each answers (if one
                                                          does not, stop those it started)
-    scripts/cluster status [--json]     node, endpoint, pid, state, partitions, log MB, RSS, restarts
+    scripts/cluster status [--json]     node, endpoint, pid, state, partitions, log MB, RSS,
+                                        actor restarts
     scripts/cluster stop-node N | kill-node N | start-node N
     scripts/cluster down                stop every member cleanly; nothing is left running
 
@@ -20,15 +21,20 @@ stdin from /dev/null: it outlives the command that started it, and its superviso
 process group its actors are in. A pid file is never trusted alone: its process must be
 running ``--cluster FILE --node-id N``, so a recycled pid is never signalled. A pid file
 whose process is gone (a crash) is stale: ``up`` starts that member again and the node
-recovers from its log.
+recovers from its log. A member with no such process is asked on its endpoint all the same:
+one started by hand (``shardnode start --cluster FILE --node-id N``) is shown as up, not
+started by this script, and ``stop-node``, ``kill-node`` and ``down`` leave it running and
+say so.
 
 ``stop-node`` and ``down`` send SIGTERM (a clean stop: a checkpoint, then every actor
 exits), wait, bounded, and SIGKILL what is left, saying so. ``kill-node`` is a crash:
 SIGKILL to the member's whole process group at once.
 
-Exit codes: 0 done; 1 failed (a member did not come up, had to be killed, or is not running
-for ``kill-node``; a failed ``up`` or ``start-node`` leaves none of the members it started
-running); 2 usage (bad arguments, no cluster file, a node id that is not a member,
+Exit codes: 0 done; 1 failed (a member did not come up, had to be killed, is left running
+by ``stop-node`` or ``down`` because this script did not start it, or is not running for
+``kill-node``; a failed ``up`` or ``start-node`` leaves none of the members it started
+running; a file of the data dir cannot be written); 2 usage (bad arguments, a ``--data-dir``
+that is not a directory or cannot be made, no cluster file, a node id that is not a member,
 ``--nodes`` or ``--base-port`` differing from the cluster file).
 """
 
@@ -73,6 +79,7 @@ DATA_DIR_DEFAULT = "./var/cluster"
 STOP_TIMEOUT_MS = 60_000
 START_TIMEOUT_MS = 60_000  # until every member answers status with all its actors running
 STATUS_TIMEOUT_MS = 1_000  # a member silent this long is shown as not answering
+PROBE_TIMEOUT_MS = 1_000  # a connection to a member's port, to tell whether anything listens
 KILL_WAIT_MS = 10_000  # after SIGKILL, until every process of the member is gone
 ASK_EVERY_MS = 20  # a member not connected yet, or not ready, is asked again this often
 RESEND_MS = 500  # a request unanswered this long is sent again (a dropped connection)
@@ -133,6 +140,9 @@ class ClusterDir:
         except FileNotFoundError:
             raise UsageError(f"no cluster in {self.root} (no cluster.toml): "
                              f"`scripts/cluster up` makes one") from None
+        except OSError as exc:
+            raise UsageError(f"cannot read the cluster file {self.file}: {exc.strerror} "
+                             f"(--data-dir)") from None
         return parse_members(text, str(self.file))
 
     def member(self, node_id: int) -> Member:
@@ -183,7 +193,11 @@ def cluster_members(cdir: ClusterDir, nodes: int | None, base_port: int | None
         return members
     members = plan_members(NODES_DEFAULT if nodes is None else nodes,
                            BASE_PORT_DEFAULT if base_port is None else base_port)
-    cdir.root.mkdir(parents=True, exist_ok=True)
+    try:
+        cdir.root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot make the data dir {cdir.root}: {exc.strerror} "
+                         f"(--data-dir)") from None
     _write_replacing(cdir.file, cluster_text(members))
     return members
 
@@ -298,6 +312,16 @@ def port_in_use(member: Member) -> bool:
     return False
 
 
+def port_open(member: Member) -> bool:
+    """Whether something accepts a connection on ``member``'s port (refused at once when
+    nothing listens there)."""
+    try:
+        with socket.create_connection((member.host, member.port), PROBE_TIMEOUT_MS / 1000):
+            return True
+    except OSError:
+        return False
+
+
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -365,6 +389,16 @@ def ask_status(endpoints: dict[int, str], timeout_ms: int,
             sock.close(0)
 
 
+def ask_started_elsewhere(members: Iterable[Member], timeout_ms: int
+                          ) -> dict[int, dict[str, Any]]:
+    """The status answers of those of ``members`` (none a process of a pid file here) that
+    answer on their endpoints: started by hand (``shardnode start --cluster FILE --node-id
+    N``), not by this script. Only those whose port is open are asked: one that is down
+    costs no wait."""
+    listening = {m.id: m.endpoint for m in members if port_open(m)}
+    return ask_status(listening, timeout_ms, accept=lambda n, st: True)
+
+
 def all_running(st: dict[str, Any]) -> bool:
     return all(a["state"] == "running" for a in st["actors"])
 
@@ -395,13 +429,18 @@ class NodeRow:
     partitions: int | None
     log_bytes: int | None
     rss_bytes: int | None  # supervisor and actors
-    restarts: int | None  # of its actors, since it started
+    # Each actor's restarts since the node started, added up: the supervisor restarts the
+    # actors started after one that died too (rest-for-one), so one death counts several.
+    restarts: int | None
+    started_elsewhere: bool = False  # it answers, but no pid file here names its process
 
 
 def node_row(member: Member, pid: int | None, answer: dict[str, Any] | None,
-             owned: collections.Counter[int] | None) -> NodeRow:
+             owned: collections.Counter[int] | None, started_elsewhere: bool = False
+             ) -> NodeRow:
     """``member``'s row, from its pid (None: no process), its status answer (None: none)
-    and the partitions per member (None: no member answered)."""
+    and the partitions per member (None: no member answered); ``started_elsewhere``: the
+    answer came from a member this script did not start."""
     partitions = None if owned is None else owned[member.id]
     if pid is None or answer is None:
         return NodeRow(member.id, member.endpoint, pid, DOWN if pid is None else NOT_ANSWERING,
@@ -411,18 +450,29 @@ def node_row(member: Member, pid: int | None, answer: dict[str, Any] | None,
     rss += sum(a["rss_bytes"] or 0 for a in actors)
     return NodeRow(member.id, member.endpoint, pid, UP if all_running(answer) else DEGRADED,
                    partitions, answer["log"].get("log_bytes"), rss,
-                   sum(int(a["restarts"]) for a in actors))
+                   sum(int(a["restarts"]) for a in actors), started_elsewhere)
 
 
 def cluster_status(cdir: ClusterDir, timeout_ms: int) -> list[NodeRow]:
+    """Each member's row. Those whose pid file names their process are asked for their
+    status; the others too when their port is open (started by hand, not by this script),
+    all at once."""
     members = cdir.members()
     procs = {m.id: member_process(cdir, m.id) for m in members}
     pids = {n: p.pid for n, p in procs.items() if p is not None}
-    answers = ask_status({m.id: m.endpoint for m in members if m.id in pids}, timeout_ms,
-                         accept=lambda n, st: st["pid"] == pids[n])
+    endpoints = {m.id: m.endpoint for m in members if m.id in pids or port_open(m)}
+    answers = ask_status(endpoints, timeout_ms,
+                         accept=lambda n, st: n not in pids or st["pid"] == pids[n])
     asked = next((m for m in members if m.id in answers), None)
     owned = None if asked is None else owned_partitions(asked.endpoint, timeout_ms)
-    return [node_row(m, pids.get(m.id), answers.get(m.id), owned) for m in members]
+    rows = []
+    for m in members:
+        answer = answers.get(m.id)
+        if m.id in pids or answer is None:
+            rows.append(node_row(m, pids.get(m.id), answer, owned))
+        else:
+            rows.append(node_row(m, int(answer["pid"]), answer, owned, started_elsewhere=True))
+    return rows
 
 
 def _mb(n: int | None) -> str:
@@ -434,6 +484,8 @@ def _text(v: int | None) -> str:
 
 
 STATE_STYLE = {UP: "green", DEGRADED: "yellow", NOT_ANSWERING: "red", DOWN: "red"}
+ELSEWHERE = "not started by this script"  # a member that answers with no pid file here
+ELSEWHERE_SHORT = "not started here"  # the same in the status table, and its caption says it
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -443,13 +495,19 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps({"cluster_file": str(cdir.file), "data_dir": str(cdir.root),
                           "nodes": [asdict(r) for r in rows]}, indent=2))
         return EXIT_OK
-    t = Table(title=f"cluster {cdir.file}", caption=f"data, logs and pid files in {cdir.root}")
+    caption = f"data, logs and pid files in {cdir.root}"
+    if any(r.started_elsewhere for r in rows):
+        caption += (f"\n{ELSEWHERE_SHORT}: {ELSEWHERE} (no pid file names its process): "
+                    f"stop-node, kill-node and down leave it running")
+    t = Table(title=f"cluster {cdir.file}", caption=caption)
+    # Actor restarts: each actor's, added up (one death restarts the actors after it too).
     for col in ("node", "endpoint", "pid", "state", "partitions", "log MB", "RSS MB",
-                "restarts"):
+                "actor restarts"):
         t.add_column(col, justify="left" if col in ("endpoint", "state") else "right")
     for r in rows:
+        elsewhere = f", {ELSEWHERE_SHORT}" if r.started_elsewhere else ""
         t.add_row(str(r.id), r.endpoint, _text(r.pid),
-                  f"[{STATE_STYLE[r.state]}]{r.state}[/]", _text(r.partitions),
+                  f"[{STATE_STYLE[r.state]}]{r.state}[/]{elsewhere}", _text(r.partitions),
                   _mb(r.log_bytes), _mb(r.rss_bytes), _text(r.restarts))
     console.print(t)
     return EXIT_OK
@@ -564,8 +622,12 @@ def cmd_start_node(args: argparse.Namespace) -> int:
 def stop_members(cdir: ClusterDir, members: tuple[Member, ...], timeout_ms: int) -> int:
     """SIGTERM every running one of ``members`` at once and wait, at most ``timeout_ms``;
     SIGKILL the process group of any still running, and any process of theirs left. Pid
-    files are removed. Exit 1 if one had to be killed or a process is left."""
+    files are removed. A member this script did not start (it answers on its endpoint, and
+    no pid file names its process) is left running, and said to be. Exit 1 if one had to
+    be killed, or a process or a member is left."""
     running = {m.id: p for m in members if (p := member_process(cdir, m.id)) is not None}
+    elsewhere = ask_started_elsewhere((m for m in members if m.id not in running),
+                                      STATUS_TIMEOUT_MS)
     sessions = {n: session_of(p) for n, p in running.items()}
     for p in running.values():
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -582,7 +644,11 @@ def stop_members(cdir: ClusterDir, members: tuple[Member, ...], timeout_ms: int)
                 killed.append(n)
                 left += kill_group(p, stray)
     for m in members:
-        if m.id not in running:
+        if m.id in elsewhere:
+            err_console.print(f"[red]node {m.id}:[/red] {_elsewhere_note(elsewhere[m.id])}; "
+                              f"not stopped: stop it where it was started (Ctrl-C, or kill "
+                              f"-TERM {elsewhere[m.id]['pid']})")
+        elif m.id not in running:
             console.print(f"node {m.id}: not running")
         elif m.id in killed:
             err_console.print(f"[red]node {m.id}:[/red] did not stop within {timeout_ms} ms "
@@ -593,7 +659,11 @@ def stop_members(cdir: ClusterDir, members: tuple[Member, ...], timeout_ms: int)
         cdir.pid_file(m.id).unlink(missing_ok=True)
     if left:
         err_console.print(f"[red]processes left running:[/red] {[p.pid for p in left]}")
-    return EXIT_FAILED if killed or left else EXIT_OK
+    return EXIT_FAILED if killed or left or elsewhere else EXIT_OK
+
+
+def _elsewhere_note(answer: dict[str, Any]) -> str:
+    return f"running (pid {answer['pid']}), {ELSEWHERE}"
 
 
 def cmd_stop_node(args: argparse.Namespace) -> int:
@@ -611,7 +681,12 @@ def cmd_kill_node(args: argparse.Namespace) -> int:
     member = cdir.member(args.node_id)
     leader = member_process(cdir, member.id)
     if leader is None:
-        err_console.print(f"[red]node {member.id} is not running[/red]")
+        elsewhere = ask_started_elsewhere((member,), STATUS_TIMEOUT_MS).get(member.id)
+        if elsewhere is not None:
+            err_console.print(f"[red]node {member.id}:[/red] {_elsewhere_note(elsewhere)}; "
+                              f"not killed")
+        else:
+            err_console.print(f"[red]node {member.id} is not running[/red]")
         cdir.pid_file(member.id).unlink(missing_ok=True)
         return EXIT_FAILED
     procs = session_of(leader)
@@ -630,7 +705,11 @@ def cmd_kill_node(args: argparse.Namespace) -> int:
 
 
 def _cluster_dir(args: argparse.Namespace) -> ClusterDir:
-    return ClusterDir(Path(args.data_dir).resolve())
+    root = Path(args.data_dir).resolve()
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"--data-dir {root} is not a directory: give the cluster's directory "
+                         f"(`up` makes a new one)")
+    return ClusterDir(root)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -655,7 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=START_TIMEOUT_HELP)
     s.set_defaults(func=cmd_up)
 
-    text = "each member: pid, state, partitions owned, log MB, RSS, restarts"
+    text = "each member: pid, state, partitions owned, log MB, RSS, actor restarts"
     s = sub.add_parser("status", parents=[common], help=text, description=text)
     s.add_argument("--json", action="store_true", help="the same as JSON, for scripts")
     s.add_argument("--timeout-ms", type=int, default=STATUS_TIMEOUT_MS,
@@ -701,6 +780,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
     except BrokenPipeError:
         return stdout_closed()
+    except OSError as exc:  # a file of the data dir that cannot be written (a full disk)
+        where = f"{exc.filename}: " if exc.filename else ""
+        err_console.print(f"[red]error:[/red] {escape(where + (exc.strerror or str(exc)))}")
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
 

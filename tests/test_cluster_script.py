@@ -46,7 +46,7 @@ from node.cluster_ctl import (
     session_of,
     wait_gone,
 )
-from node.local import free_port
+from node.local import LocalNode, free_port
 from wire.protocol import Topic
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -299,6 +299,73 @@ def test_a_pid_file_naming_another_process_is_not_trusted(cluster: Cluster,
         assert decoy.stdin is not None
         decoy.stdin.close()
         decoy.wait(10)
+
+
+def test_a_member_started_by_hand_is_shown_up_and_left_running(cluster: Cluster,
+                                                               tmp_path: Path) -> None:
+    """The README's ``shardnode start --cluster FILE --node-id N``: status showed the
+    member down (only members with a pid file were asked), and stop-node, down and
+    kill-node said it was not running."""
+    cdir = cluster.cdir
+    base = free_base_port(2)
+    cdir.root.mkdir(parents=True)
+    cdir.file.write_text(cluster_text(plan_members(2, base)))
+    by_hand = LocalNode(cdir.root / "node-1", port=base, log_file=tmp_path / "by-hand.log",
+                        extra_args=["--cluster", str(cdir.file), "--node-id", "1"]).start()
+    try:
+        assert by_hand.proc is not None
+        pid = by_hand.proc.pid
+        st = cluster.status()
+        assert {n: (row["state"], row["pid"], row["started_elsewhere"])
+                for n, row in st.items()} == {1: (UP, pid, True), 2: (DOWN, None, False)}
+        assert st[1]["rss_bytes"] > 0
+        table = cluster.run("status").stdout
+        assert "│ up, not started here │" in table, table
+        assert "not started here: not started by this script" in " ".join(table.split())
+        for command in (["stop-node", "1"], ["kill-node", "1"], ["down"]):
+            out = cluster.run(*command, code=EXIT_FAILED)
+            assert (f"node 1: running (pid {pid}), not started by this script; not "
+                    in out.stderr), out.stderr
+            assert "node 1: not running" not in out.stdout + out.stderr
+        assert "node 2: not running" in out.stdout, out.stdout  # down: the other member
+        assert by_hand.proc.poll() is None  # left running, as said
+    finally:
+        by_hand.stop()
+    assert cluster.states() == {1: DOWN, 2: DOWN}
+
+
+def test_the_restarts_column_says_it_counts_actor_restarts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It was "restarts", but adds up every actor's: one writer killed shows 3 (the actors
+    after it restart too)."""
+    cdir = ClusterDir(tmp_path / "cluster")
+    cdir.root.mkdir()
+    cdir.file.write_text(cluster_text(plan_members(1, free_base_port(1))))
+    assert main(["status", "--data-dir", str(cdir.root)]) == EXIT_OK
+    header = capsys.readouterr().out
+    assert "actor restarts" in " ".join(header.split()), header
+
+
+@pytest.mark.parametrize(("command", "where", "says"), [
+    (["up"], "afile", "is not a directory"),
+    (["status"], "afile", "is not a directory"),
+    (["down"], "afile", "is not a directory"),
+    (["up"], "afile/sub", "cannot make the data dir"),
+    (["status"], "afile/sub", "cannot read the cluster file"),
+])
+def test_a_data_dir_that_cannot_be_one_is_said_in_a_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str], where: str,
+        says: str) -> None:
+    """A regular file as --data-dir (or in its path) raised FileExistsError or
+    NotADirectoryError with a traceback."""
+    (tmp_path / "afile").write_text("not a directory")
+    data_dir = tmp_path / where
+    assert main([*command, "--data-dir", str(data_dir)]) == EXIT_USAGE
+    out = capsys.readouterr()
+    assert out.out == "" and len(out.err.splitlines()) == 1, out.err
+    assert out.err.startswith(f"error: {'--data-dir ' if 'directory' in says else ''}"), out.err
+    assert says in out.err and str(data_dir) in out.err, out.err
+    assert (tmp_path / "afile").read_text() == "not a directory"
 
 
 def test_options_against_the_cluster_file_are_usage_errors(cluster: Cluster) -> None:
