@@ -292,7 +292,9 @@ class NodeClient:
         answered = False  # whether the node answered any attempt
         unconnected: NodeError | None = None  # the last attempt that found no connection
         frame_bytes = 0
-        for _ in range(attempts):
+        tried = 0
+        while tried < attempts:
+            tried += 1
             rid = next(self._ids)
             frame = pack_request(op, rid, fields)
             frame_bytes = len(frame)
@@ -317,18 +319,22 @@ class NodeClient:
                     raise
                 answered = answered or not isinstance(exc, RequestTimeout)
                 last = exc
+                if (isinstance(exc, RequestTimeout) and not answered
+                        and frame_bytes > 2 * NODE_FRAME_BYTES_MAX_DEFAULT):
+                    break  # most likely dropped unread (below): sent again, dropped again
                 time.sleep(backoff_s)  # back off before retrying a BUSY or unreachable node
                 backoff_s = min(backoff_s * 2, 1.0)
         assert last is not None
         if last is unconnected:  # never connected at the last attempt: it says so
             raise last
-        if isinstance(last, RequestTimeout) and attempts > 1 and not answered:
+        if isinstance(last, RequestTimeout) and not answered and (
+                tried > 1 or frame_bytes > 2 * NODE_FRAME_BYTES_MAX_DEFAULT):
             note = f"; {self._probed}" if self._probed else ": is a node running there?"
             if frame_bytes > 2 * NODE_FRAME_BYTES_MAX_DEFAULT:
                 note += (f" (or the request's {frame_bytes} bytes are over twice the node's "
                          f"[limits] frame_bytes_max, {NODE_FRAME_BYTES_MAX_DEFAULT} by "
                          f"default: it drops such a frame unanswered)")
-            raise RequestTimeout(f"no reply from {self._name(sock)} to {attempts} attempts "
+            raise RequestTimeout(f"no reply from {self._name(sock)} to {tried} attempt(s) "
                                  f"over {time.monotonic() - start:.0f} s ({self.timeout_ms} "
                                  f"ms each){note}")
         raise last

@@ -261,7 +261,11 @@ class Transaction:
         ``expected`` (None: absent) at the commit. The node checks every condition of the
         transaction when it commits, atomically with it: if one does not hold, the commit
         raises ``TransactionConflict`` and nothing of the transaction is visible. Local
-        transactions only."""
+        transactions only: in an XA branch it raises ``BadRequest`` at once (the node
+        refuses it, and the refusal came at ``xa_end``)."""
+        if self.xid is not None:
+            raise error_for(ErrorCode.BAD_REQUEST, "a compare-and-set in a transaction needs "
+                            "a local transaction (an XA branch's commit is its coordinator's)")
         self._kv(namespace, key, None if new is None else as_bytes(new),
                  expected=(None if expected is None else as_bytes(expected),))
 

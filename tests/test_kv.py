@@ -142,6 +142,24 @@ def test_a_scan_goes_on_past_a_page_cut_by_bytes(node: LocalNode) -> None:
         assert keys == [f"k{i:02d}".encode() for i in range(12)]
 
 
+def test_a_compare_and_set_in_an_xa_branch_is_refused_at_once(node: LocalNode) -> None:
+    """The node takes compare-and-sets in local transactions only: in an XA branch it was
+    refused at xa_end, after the branch's other writes; now at the call, and the branch goes
+    on."""
+    from wire.xid import Xid
+
+    with node.client() as c:
+        xid = Xid(1, b"xa-cas", b"b")
+        tx = c.xa_start(xid)
+        tx.kv_put("xacas", b"a", b"1")
+        with pytest.raises(BadRequest, match="needs a local transaction"):
+            tx.kv_cas("xacas", b"b", None, b"2")
+        c.xa_end(xid)
+        c.xa_prepare(xid)
+        c.xa_commit(xid)
+        assert c.kv_scan("xacas") == [(b"a", b"1")]
+
+
 def front_figures(c: NodeClient) -> dict[str, Any]:
     front = next(a for a in c.status()["actors"] if a["role"] == "front")
     figures: dict[str, Any] = front["figures"]

@@ -610,6 +610,23 @@ def test_a_client_used_by_two_threads_at_once_says_so() -> None:
         router.close(0)
 
 
+def test_a_request_over_twice_the_frame_limit_is_sent_once_and_its_timeout_says_why() -> None:
+    """A node drops a frame over twice its frame_bytes_max unanswered: sent again after each
+    timeout, a 33 MiB value held its caller for retries x timeout (a minute by default)."""
+    from wire.protocol import NODE_FRAME_BYTES_MAX_DEFAULT
+
+    router, endpoint = silent_router()
+    try:
+        with NodeClient(endpoint, timeout_ms=500, retries=5) as c:
+            started = time.monotonic()
+            with pytest.raises(RequestTimeout, match="over twice the node's") as info:
+                c.produce("t", b"x" * (2 * NODE_FRAME_BYTES_MAX_DEFAULT + 1), partition=0)
+            assert time.monotonic() - started < 3, "sent again after its timeout"
+            assert "to 1 attempt(s)" in info.value.message
+    finally:
+        router.close(0)
+
+
 def test_a_single_node_that_does_not_answer_is_not_called_a_cluster() -> None:
     from node.local import free_port
     from wire.errors import Unavailable
