@@ -95,6 +95,23 @@ class CorruptLog(Exception):
         self.position = position
 
 
+class LogStartMissing(CorruptLog):
+    """The log's first segment starts after what the snapshot holds: the records between
+    are gone (older segments, or the snapshot files, deleted). Not a damaged record, so
+    not one to move aside."""
+
+    def __init__(self, segment: Path, first_lsn: int, snapshot_lsn: int | None) -> None:
+        held = (f"the snapshot ends at LSN {snapshot_lsn}" if snapshot_lsn is not None
+                else "there is no snapshot (checkpoint-*.snap)")
+        Exception.__init__(
+            self, f"the log's first segment {segment} starts at LSN {first_lsn}, and {held}: "
+                  f"the records before it are missing (older segments or the snapshot files "
+                  f"were deleted). Put them back, or restore the data dir from a backup or a "
+                  f"snapshot export (shardnode start --from-snapshot).")
+        self.segment = segment
+        self.position = 0
+
+
 class CorruptSnapshot(CorruptLog):
     """Every snapshot present fails its check. Recovery rebuilds the state from the
     segments when they still hold the log from its first LSN (the first snapshot's write
@@ -613,8 +630,8 @@ def recover(log_dir: Path, state: LogState, chunk_bytes: int = SCAN_CHUNK_BYTES)
         raise CorruptSnapshot(failed.segment, failed.reason, needed=True,
                               log_starts=segments[0][0] if segments else None)
     if missing:
-        raise CorruptLog(segments[0][1], 0, f"the log starts at LSN {segments[0][0]} but the "
-                         f"snapshot ends at {state.last_lsn}: records are missing")
+        raise LogStartMissing(segments[0][1], segments[0][0],
+                              state.last_lsn if snap is not None else None)
     if failed is not None and snap is None:
         # The segments hold the log from its first LSN: the first snapshot's write was cut
         # short (a kill between its file's creation and its fdatasync), and nothing was

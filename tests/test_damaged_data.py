@@ -113,6 +113,24 @@ def test_a_deleted_middle_segment_refuses_to_start_naming_the_gap(make_node: Mak
     assert text.count("refuses to start") == 1
 
 
+def test_a_log_whose_snapshots_were_deleted_says_records_are_missing_not_a_segment_is_corrupt(
+        make_node: MakeNode, tmp_path: Path) -> None:
+    """After a clean stop the log is a snapshot and a segment of just its header: with the
+    snapshots deleted, the refusal called that segment corrupt at byte 0 and advised moving
+    it aside (which started the node on no log at all)."""
+    node = make_node()
+    fill(node, n=50)
+    node.stop()
+    log_dir = node.data_dir / "log"
+    for snap in log_dir.glob("*.snap"):
+        snap.unlink()
+    (first, segment), = wal.list_segments(log_dir)
+    line, _text = refusal(node.data_dir, tmp_path / "after.log", "without its snapshots")
+    assert (f"the log's first segment {segment} starts at LSN {first}, and there is no "
+            f"snapshot") in line, line
+    assert "move it aside" not in line
+
+
 # ---- damage ----------------------------------------------------------------------------
 
 
