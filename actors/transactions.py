@@ -272,11 +272,12 @@ class Transactions:
         if (t.xid is None) != (xid is None):
             kind = "a local transaction: use txn_" if t.xid is None else "an XA branch: use xa_"
             return [self._error(corr, ErrorCode.BAD_REQUEST, f"{t.name()} is {kind}* calls")]
-        if (t.phase is Phase.ACTIVE and t.owner and step in ("end", "commit")
-                and msg.owner != t.owner):
+        if (t.phase is Phase.ACTIVE and t.owner and msg.owner != t.owner
+                and (step == "end" or (step == "commit" and t.xid is None))):
             # XA associates an active branch with its thread of control: another client
             # ending it (and so committing what was staged so far) is refused, and so is
             # another's commit of an active local transaction. Rolling back is anyone's.
+            # (An active branch's commit is refused by its state, below, whoever asks.)
             code = ErrorCode.TXN_STATE if t.xid is None else ErrorCode.XAER_PROTO
             return [self._error(corr, code, f"cannot {step} {t.name()}: it is active in "
                                 f"another client, which alone may {step} it (or roll it "

@@ -406,6 +406,9 @@ def test_xa_calls_in_the_wrong_state_and_a_rollback(node: LocalNode) -> None:
         branch.produce("out", b"v")
         with pytest.raises(XAERProto):
             c.xa_prepare(xid)  # not ended
+        with pytest.raises(XAERProto) as info:
+            c.xa_commit(xid)  # not ended: its own client is told so, not of another client
+        assert "it is active" in info.value.message and "another" not in info.value.message
         c.xa_end(xid)
         with pytest.raises(XAERProto):
             branch.produce("out", b"after end")
