@@ -34,6 +34,10 @@ STOP_SIGNAL = signal.SIGUSR1
 # handler is set: a SIGTERM to the process group while an actor started (a rest-for-one
 # restart starts several) killed it before it could leave the signal to the supervisor.
 STOP_SIGNALS = (signal.SIGTERM, STOP_SIGNAL)
+# Blocked around the spawn too, and ignored by the actor before it unblocks them: the
+# terminal's Ctrl-C and hangup reach every process of its group, and would kill an actor
+# still starting with the default action.
+IGNORED_SIGNALS = (signal.SIGINT, signal.SIGHUP)
 
 # Exit codes an actor uses to tell the supervisor why it stopped.
 EXIT_FAILED = 1  # an unexpected error: restart it
@@ -135,8 +139,9 @@ def actor_main(ctx: ActorContext, actor_class: type[Actor],
     _die_with_parent()
     keep_freed_memory()
     # The supervisor decides when we stop (a closed terminal's SIGHUP reaches every process).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    for signum in IGNORED_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, IGNORED_SIGNALS)  # blocked by the spawn
     if is_writer(ctx.role):
         # Before RocksDB starts its background threads, which inherit this priority: the
         # writers' work (applying, flushing) is off the acknowledgement path.

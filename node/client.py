@@ -183,8 +183,8 @@ class NodeClient:
         self._waiters: dict[int, Transaction | Pipeline] = {}
         self._branches: weakref.WeakValueDictionary[Xid, Transaction] = weakref.WeakValueDictionary()
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        # The thread whose call is under way, and how deep: a second thread's call at the
-        # same time raises (``_one_probe``), rather than take the other's answers.
+        # The thread whose use is under way, and how deep: a second thread's at the same
+        # time raises (``one_thread``), rather than take the other's answers.
         self._caller: tuple[int, int] | None = None
         self._caller_lock = threading.Lock()
         self._member_keys: dict[str, bytes] = {}  # endpoint → its CURVE key, from the map
@@ -204,12 +204,13 @@ class NodeClient:
         self._secure(sock, self._member_keys.get(endpoint))
         # Never queue a request for a node that is not connected: ZeroMQ would keep it, and
         # deliver it once the node is back, long after the call gave up (a delete_topic or
-        # kv_drop that raised RequestTimeout, run minutes later). A send waits for a
-        # connection (SNDTIMEO): a member of a cluster that is down is passed over sooner
-        # than a single node is given up on; a connection whose CURVE handshake failed (a
-        # client without keys, or one the node does not allow) is dropped.
+        # kv_drop that raised RequestTimeout, run minutes later). A blocking send (a
+        # pipeline's, a transaction's) waits up to a second for a connection; a call waits
+        # as long as ``send_timeout_ms`` says (``_send_on``). A connection whose CURVE
+        # handshake failed (a client without keys, or one the node does not allow) is
+        # dropped, and so never found.
         sock.setsockopt(zmq.IMMEDIATE, 1)
-        sock.setsockopt(zmq.SNDTIMEO, self.send_timeout_ms())
+        sock.setsockopt(zmq.SNDTIMEO, min(self.timeout_ms, SEND_TIMEOUT_MS_MAX))
         sock.connect(endpoint)
         return sock
 
@@ -244,16 +245,17 @@ class NodeClient:
         fields) and return its reply map, which carries the op's reply fields; retry what
         the table says is safe to retry. A client of a cluster sends it to the member that
         owns its partition, or that holds the catalog, and follows a changed map once."""
-        self.settle_transactions()
-        if not self.routed:
-            return self._call_on(self.sock, op, fields)
-        try:
-            return self._call_on(self._route(op, fields), op, fields)
-        except (NotOwner, UnknownTopic):
-            if "topic" not in fields and "namespace" not in fields and op != "delete_topic":
-                raise
-            self._owners.clear()  # the map changed: learn it again, and try once more
-            return self._call_on(self._route(op, fields), op, fields)
+        with self.one_thread():
+            self.settle_transactions()
+            if not self.routed:
+                return self._call_on(self.sock, op, fields)
+            try:
+                return self._call_on(self._route(op, fields), op, fields)
+            except (NotOwner, UnknownTopic):
+                if "topic" not in fields and "namespace" not in fields and op != "delete_topic":
+                    raise
+                self._owners.clear()  # the map changed: learn it again, and try once more
+                return self._call_on(self._route(op, fields), op, fields)
 
     def _call_on(self, sock: zmq.Socket[bytes], op: str, fields: dict[str, Any]
                  ) -> dict[str, Any]:
@@ -263,9 +265,21 @@ class NodeClient:
     @contextlib.contextmanager
     def _one_probe(self) -> Iterator[None]:
         """Within it, the node's handshake is probed at most once (``probe``): a call's
-        retries, and ``not_connected``, take what it said. A call of another thread under
-        way meanwhile raises ``RuntimeError``: a client is one thread's (both calls read
-        the same socket, took each other's answers and dropped them, and timed out)."""
+        retries, and ``not_connected``, take what it said."""
+        with self.one_thread():
+            self._probed, self._probe_once = None, True
+            try:
+                yield
+            finally:
+                self._probed, self._probe_once = None, False
+
+    @contextlib.contextmanager
+    def one_thread(self) -> Iterator[None]:
+        """Around whatever sends on or reads this client's sockets (its calls, its pipelines'
+        flushes and polls, its transactions' sends and reads): another thread's use under
+        way meanwhile raises ``RuntimeError``. A client is one thread's: two threads read
+        the same socket, took each other's answers, dropped them, and timed out saying
+        "is a node running there?". One thread after another may use it."""
         me = threading.get_ident()
         with self._caller_lock:
             caller = self._caller
@@ -274,11 +288,9 @@ class NodeClient:
                     "this NodeClient is in use by another thread: a client is not "
                     "thread-safe; give each thread its own (NodeClient(...) per thread)")
             self._caller = (me, 1 if caller is None else caller[1] + 1)
-        self._probed, self._probe_once = None, True
         try:
             yield
         finally:
-            self._probed, self._probe_once = None, False
             with self._caller_lock:
                 depth = self._caller[1] if self._caller is not None else 1
                 self._caller = None if depth <= 1 else (me, depth - 1)
@@ -636,7 +648,8 @@ class NodeClient:
             raise error_for(ErrorCode.EMPTY_BATCH, "a batch needs at least one record")
         seq = self.next_seq() if seq is None else seq
         if self.routed and partition is None and len(self.owners(topic)) > 1:
-            return self._produce_routed(topic, recs, seq)
+            with self.one_thread():
+                return self._produce_routed(topic, recs, seq)
         blob = pack_batch(recs)
         fields: dict[str, Any] = {"topic": topic, "producer_id": self.producer_id,
                                   "seq": seq, "records": blob}

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from node.handshake import PROBE_AFTER_MS
+from node.handshake import PROBE_AFTER_MS, HandshakeFailed
 from wire.errors import Busy, NodeError, RequestTimeout, Unavailable, error_for
 from wire.packer import pack, pack_map
 from wire.protocol import Placed, unpack_replies
@@ -69,9 +69,11 @@ class Pipeline:
     requests are queued and sent as frames of their own. A request that cannot be sent
     (its member is down: sockets are ``IMMEDIATE``) is answered ``Unavailable`` by the next
     ``poll``; sending it again under its sequence number is safe. A topic's owners are
-    learned by a call to the cluster at a submit that needs them. A single node's requests
-    that its connection does not take (the node is down or restarting) wait in the pipeline
-    and go when it is back; once given up (below) they are never sent.
+    learned by a call to the cluster at a submit that needs them. So for a single node: its
+    sockets are ``IMMEDIATE`` too, and a frame it does not take within a second (it is down,
+    or restarting) is never sent, its requests answered ``RequestTimeout`` (not connected)
+    by the next ``poll``; ZeroMQ kept them, and sent them once the node was back, long after
+    they were given up. A flush to a node that is down takes up to a second.
 
     A pipeline shares its client's sockets with the client's calls and transactions: what
     one of them reads that is another's is handed to it (``NodeClient.hand_over``).
@@ -110,10 +112,6 @@ class Pipeline:
         self.probed: dict[zmq.Socket[bytes], str] = {}
         self.queued: list[bytes] = []  # packed requests not sent yet (a single node)
         self.queued_bytes = 0
-        # A single node's frames its socket did not take (no connection: ``IMMEDIATE``), in
-        # order, each with its newest request's id: sent at the next flush that finds a
-        # connection, dropped once their requests are given up (``give_up``).
-        self.held: deque[tuple[int, bytes]] = deque()
         # A routed client: the requests not sent yet, (id, packed), by the member's socket,
         # and the socket of each request in flight; the answers of requests that could not
         # be sent, for the next poll.
@@ -196,6 +194,10 @@ class Pipeline:
 
     def flush(self) -> None:
         """Send the queued requests, as one frame (to each member, on a cluster)."""
+        with self.client.one_thread():
+            self._flush()
+
+    def _flush(self) -> None:
         self.client.settle_transactions()  # the node sees requests in the order they were made
         if (self.queued or self.routed_queues) and self.in_flight:
             # Each request in flight is sent now, the newest too; noted before the sends (a
@@ -204,28 +206,21 @@ class Pipeline:
             self.sends.append((next(reversed(self.in_flight)), time.monotonic()))
         if self.queued:
             frame = self.queued[0] if len(self.queued) == 1 else b"".join(self.queued)
-            self.queued, self.queued_bytes = [], 0
-            self.held.append((next(reversed(self.in_flight)), frame))
-        if self.held:
-            self.send_held()
+            count, self.queued, self.queued_bytes = len(self.queued), [], 0
+            try:
+                self.client.sock.send(frame, 0, copy=len(frame) < 65536)
+            except zmq.Again:  # no connection within a second (IMMEDIATE): never sent
+                lost = self.client.not_connected(self.client.sock)
+                if isinstance(lost, HandshakeFailed):
+                    raise lost from None  # they stay in flight, unsent: close the pipeline
+                for rid in list(self.in_flight)[-count:]:  # the queued ones: the newest
+                    del self.in_flight[rid]
+                    self.client._waiters.pop(rid, None)
+                    self.unsent.append((rid, lost))
         if self.routed_queues:
             queues, self.routed_queues, self.queued_bytes = self.routed_queues, {}, 0
             for sock, items in queues.items():
                 self.send_routed(sock, items)
-
-    def send_held(self) -> None:
-        """Send a single node's frames in order, as far as its connection takes them now: a
-        node that is down (or restarting) takes none, and they wait for the next flush, or
-        for their requests' time to be up. (Queued in ZeroMQ instead, they would be sent
-        when the node is back, however long after they were given up.)"""
-        sock, held = self.client.sock, self.held
-        while held:
-            frame = held[0][1]
-            try:
-                sock.send(frame, zmq.NOBLOCK, copy=len(frame) < 65536)
-            except zmq.Again:
-                return
-            held.popleft()
 
     def send_routed(self, sock: zmq.Socket[bytes], items: list[tuple[int, bytes]]) -> None:
         frame = b"".join(f for _rid, f in items)
@@ -248,7 +243,12 @@ class Pipeline:
         ``HandshakeFailed`` (the class's docstring). With ``offsets=False`` a success is an
         empty list: a caller that does not use them (the Spark sink) saves building a pair
         per record."""
-        self.flush()
+        with self.client.one_thread():
+            return self._poll(timeout_ms, offsets)
+
+    def _poll(self, timeout_ms: int, offsets: bool
+              ) -> list[tuple[int, list[tuple[int, int]] | NodeError]]:
+        self._flush()
         out, self.unsent = self.unsent, []
         if self.handed:
             handed, self.handed = self.handed, []
@@ -290,11 +290,7 @@ class Pipeline:
         wait_ms = int(wait_s * 1000) + 1 if wait_s > 0 else 0
         if poller is None:
             sock = self.client.sock
-            # With frames held, a connection that comes (or room in it) sends them on.
-            events = sock.poll(wait_ms, zmq.POLLIN | zmq.POLLOUT if self.held else zmq.POLLIN)
-            if events & zmq.POLLOUT:
-                self.send_held()
-            if events & zmq.POLLIN:
+            if sock.poll(wait_ms, zmq.POLLIN):
                 self.drain(sock, out, offsets)
             return
         for sock, _ev in poller.poll(wait_ms):
@@ -343,8 +339,6 @@ class Pipeline:
             out.append((rid, exc))
         for sock in errors:
             self.probed.pop(sock, None)  # the next requests' silence gets a probe of its own
-        while self.held and self.held[0][0] not in self.in_flight:
-            self.held.popleft()  # its requests (sent together, given up together) are gone
 
     def timed_out(self, sock: zmq.Socket[bytes]) -> RequestTimeout:
         """The answer to a request on ``sock`` given up, with what a probe of its node's
@@ -399,7 +393,6 @@ class Pipeline:
         self.in_flight.clear()
         self.queued.clear()  # never sent: a poll after close sent them
         self.queued_bytes = 0
-        self.held.clear()
         self.routed_queues.clear()
         self.routes.clear()
         self.sends.clear()

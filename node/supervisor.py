@@ -43,7 +43,13 @@ from actors.durable import fsync_dir, write_atomic
 from actors.front_door import FrontDoor
 from actors.instructions import Release, Spawn, StopNode, Terminate
 from actors.log_manager import LogManager
-from actors.process import STOP_SIGNAL, STOP_SIGNALS, actor_main, send_release
+from actors.process import (
+    IGNORED_SIGNALS,
+    STOP_SIGNAL,
+    STOP_SIGNALS,
+    actor_main,
+    send_release,
+)
 from actors.roles import (
     CACHE_MANAGER,
     FRONT_DOOR,
@@ -112,7 +118,7 @@ def data_dir_error(data: Path, exc: OSError) -> DataDirError:
 def start_shielded(proc: BaseProcess) -> None:
     """Start ``proc`` with the stop signals blocked, as it inherits them: it takes one only
     once it has set its handler and unblocked them (``actors.process.STOP_SIGNALS``)."""
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS + IGNORED_SIGNALS)
     try:
         proc.start()
     finally:
@@ -144,17 +150,19 @@ def run_dir_for(data: Path) -> Path:
 def make_run_dir(run_dir: Path, data: Path) -> None:
     """Make the directory of the node's ipc sockets, this user's alone. One in the
     temporary directory has a name anyone can work out: made by another user first, its
-    sockets would be theirs to take over, so it must be this user's, and no one else's to
-    write in."""
+    sockets would be theirs to take over, so it must be this user's (and is made, or set,
+    mode 0700: an older shardnode made it by the umask)."""
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     if run_dir.parent == data:
         return
     st = run_dir.lstat()
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
         raise NodeStartError(
             f"the node's socket directory {run_dir} (its data dir's path is too long for "
-            f"ipc sockets) is not a directory of this user's that only this user may write "
-            f"in: remove it, or give the data dir a shorter path")
+            f"ipc sockets) is not a directory of this user's: remove it, or give the data "
+            f"dir a shorter path")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(run_dir, 0o700)
 
 
 def serving_there(sock_path: Path) -> bool:

@@ -409,6 +409,10 @@ class Transaction:
     def _send(self) -> None:
         if not self._queue:
             return
+        with self.client.one_thread():
+            self._send_queue()
+
+    def _send_queue(self) -> None:
         if len(self._in_flight) + len(self._queue) > self.in_flight_max:
             self._collect(self.in_flight_max // 2)
         try:
@@ -430,6 +434,10 @@ class Transaction:
 
     def _collect(self, until: int) -> None:
         """Read answers until at most ``until`` requests are in flight."""
+        with self.client.one_thread():
+            self._collect_until(until)
+
+    def _collect_until(self, until: int) -> None:
         sock = self._socket()
         deadline = time.monotonic() + self.client.timeout_ms / 1000
         while len(self._in_flight) > until:

@@ -180,7 +180,8 @@ def test_a_host_whose_name_does_not_resolve_is_named_at_once(
     assert err.startswith("shardnode topics: error: "), err
     assert "cannot find the host nosuch.invalid (" in err and "(--host)" in err, err
     assert "Traceback" not in err
-    assert waited_s < 2, f"{waited_s:.1f} s: not at once (each attempt waits 2 s)"
+    # Not each of 6 attempts of 2 s (a slow resolver may take seconds of its own).
+    assert waited_s < 10, f"{waited_s:.1f} s: not at once"
 
 
 def test_a_config_error_shows_the_names_in_brackets(

@@ -298,8 +298,9 @@ def test_a_start_on_a_served_data_dir_whose_lock_was_deleted_leaves_the_first_se
 def test_a_socket_directory_in_the_temporary_directory_must_be_this_users_alone(
         tmp_path: Path) -> None:
     """A data dir whose path is too long for ipc sockets has them in the temporary
-    directory, under a name anyone can work out: one made writable by others first is
-    refused; this node's own is removed when it stops."""
+    directory, under a name anyone can work out: one of another user's is refused, one of
+    ours is made 0700 (an older shardnode made it by the umask, writable by others), and
+    this node's own is removed when it stops."""
     from node.supervisor import run_dir_for
 
     data = tmp_path / ("d" * 90)
@@ -307,15 +308,19 @@ def test_a_socket_directory_in_the_temporary_directory_must_be_this_users_alone(
     assert run_dir.parent != data, "the path is short enough for sockets under it"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir()
-    run_dir.chmod(0o777)
+    os.chown(run_dir, os.getuid() + 1, -1)  # another user's (the tests run as root here)
     try:
         refused = LocalNode(data, log_file=tmp_path / "refused.log")
         with pytest.raises(NodeFailed):
             refused.start(timeout_s=60)
         assert refused.proc is not None and refused.proc.wait(30) != 0
         assert f"socket directory {run_dir}" in (tmp_path / "refused.log").read_text()
-    finally:
+        os.chown(run_dir, os.getuid(), -1)
+        run_dir.chmod(0o777)
+    except PermissionError:  # not root: chown to another user is not ours to do
         shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir()
+        run_dir.chmod(0o777)
     node = LocalNode(data, log_file=tmp_path / "node.log")
     node.start(timeout_s=60)
     try:
