@@ -389,9 +389,13 @@ class KvState:
         """A write sent to the log was answered: durable at ``lsn``, or refused (None)."""
         k = (op.tid, op.key)
         if lsn is not None:
-            if lsn > self.acked_lsn.get(op.tid, 0):
+            acked = self.acked_lsn.get(op.tid, 0)
+            if lsn > acked:
                 self.acked_lsn[op.tid] = lsn
-            if op.sent_in == self.gen(op.tid) and lsn > op.lsn_floor:
+            # Answers come in LSN order, but a retry's (a duplicate's: the first attempt's
+            # LSN) may come after a later write of the key was answered, whose entry the
+            # cache may have let go meanwhile: not known to be the key's latest.
+            if op.sent_in == self.gen(op.tid) and lsn > op.lsn_floor and lsn >= acked:
                 self.cache.put(k, op.new, lsn, self.gen(op.tid))
             else:  # a commit ended meanwhile, or a duplicate: which came last is not known
                 self.cache.drop(k)

@@ -74,6 +74,24 @@ def test_a_put_is_sent_at_once_and_its_ack_sets_the_cache() -> None:
     assert not s.lines  # nothing left waiting
 
 
+def test_an_answer_older_than_one_already_taken_does_not_set_the_cache() -> None:
+    """A put sent again while its first attempt was in flight is answered as a duplicate,
+    with the first attempt's LSN, after a later put of the key was answered and its entry
+    let go by the cache: the older value was cached. An answer below the namespace's latest
+    is not known to be the key's latest. (The floor, the LSN known durable at the send, is
+    the front door's to set: 0 here, as nothing was.)"""
+    s = KvState(1 << 20)
+    first, retry, later = put(1, b"k", b"A"), put(2, b"k", b"A"), put(3, b"k", b"B")
+    for op in (first, retry, later):
+        s.write(op)
+    s.written(first, 5)
+    s.written(later, 7)
+    assert s.cached(NS, b"k") == (True, b"B")
+    s.cache.drop((NS, b"k"))  # let go (least recently used)
+    s.written(retry, 5)  # the duplicate's answer: the first attempt's LSN
+    assert s.cached(NS, b"k") == (False, None)
+
+
 def test_a_cas_on_an_unknown_value_loads_it_then_decides() -> None:
     s = KvState(1 << 20)
     op = cas(1, b"k", None, b"w")
