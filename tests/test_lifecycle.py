@@ -200,33 +200,22 @@ def exits_whole(node: LocalNode, members: list[psutil.Process], after: str) -> N
     node.proc = None
 
 
-def test_sigterm_to_the_whole_process_group_stops_cleanly_with_the_checkpoint(
-        node: LocalNode) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_to_the_whole_process_group_stops_cleanly_with_the_checkpoint(
+        node: LocalNode, signum: signal.Signals) -> None:
     """``timeout``, systemd (a unit's processes) and ``kill -- -PGID`` send SIGTERM to every
     process at once: the actors leave it to the supervisor, which stops them in order
     after its checkpoint at stop (they stopped at once, and the next start replayed the
-    log and refused a change of the writer count)."""
+    log and refused a change of the writer count). A closed terminal sends SIGHUP so: it
+    killed every process outright, with no checkpoint; now it stops the node as SIGTERM
+    does."""
     fill(node, 3)
     marker = node.data_dir / "writers" / "clean-stop"
     marker.unlink(missing_ok=True)
     members = node.processes()
     assert node.proc is not None
-    os.killpg(node.proc.pid, signal.SIGTERM)
-    exits_whole(node, members, "SIGTERM")
-    assert marker.exists(), f"no checkpoint at stop:\n{node.log_tail()}"
-
-
-def test_sighup_to_the_whole_process_group_stops_cleanly_with_the_checkpoint(
-        node: LocalNode) -> None:
-    """The terminal a node was started in closes: SIGHUP to every process. It killed them
-    outright (no checkpoint, no clean stop); now it stops the node as SIGTERM does."""
-    fill(node, 3)
-    marker = node.data_dir / "writers" / "clean-stop"
-    marker.unlink(missing_ok=True)
-    members = node.processes()
-    assert node.proc is not None
-    os.killpg(node.proc.pid, signal.SIGHUP)
-    exits_whole(node, members, "SIGHUP")
+    os.killpg(node.proc.pid, signum)
+    exits_whole(node, members, signum.name)
     assert marker.exists(), f"no checkpoint at stop:\n{node.log_tail()}"
 
 
