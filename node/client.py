@@ -48,6 +48,7 @@ from wire.errors import (
     ErrorCode,
     NodeError,
     NotOwner,
+    OffsetOutOfRange,
     RequestTimeout,
     Unavailable,
     UnknownTopic,
@@ -705,10 +706,20 @@ class NodeClient:
         return int(self.call("delete_by_offset", topic=topic, partition=partition,
                              offset=offset)["lsn"])
 
-    def read_by_tag(self, topic: str, partition: int, tag: str, offset: int = 0,
+    def read_by_tag(self, topic: str, partition: int, tag: str, offset: int | None = None,
                     max_records: int = 1000) -> list[Record]:
-        reply = self.call("read_by_tag", topic=topic, partition=partition, tag=tag,
-                          offset=offset, max_records=max_records)
+        """Records carrying ``tag``, in offset order, from ``offset`` on; by default from
+        the oldest kept. An ``offset`` below what retention or deletes left raises
+        ``OffsetOutOfRange`` (with ``.earliest``), as ``read`` does."""
+        fields = {"topic": topic, "partition": partition, "tag": tag,
+                  "max_records": max_records}
+        try:
+            reply = self.call("read_by_tag", offset=offset or 0, **fields)
+        except OffsetOutOfRange as exc:
+            if offset is not None:
+                raise
+            # From the oldest kept, which the node named.
+            reply = self.call("read_by_tag", offset=exc.earliest, **fields)
         return unpack_read(reply["records"])
 
     def offset_for_timestamp(self, topic: str, partition: int, timestamp: int) -> int | None:
