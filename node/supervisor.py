@@ -60,6 +60,7 @@ from actors.roles import (
     writer_role,
 )
 from actors.shard_writer import ShardWriter
+from actors.snapshot_files import MANIFEST
 from actors.transaction_manager import TransactionManager
 from config import NodeConfig
 from node.supervision import Phase, Supervision, SupervisorInstruction
@@ -211,6 +212,12 @@ class Supervisor:
     # ---- start ------------------------------------------------------------------------
 
     def _lock(self) -> None:
+        if (self.data / MANIFEST).is_file():
+            # Started on, it would be written into (its log appended to, a lock, sockets),
+            # and no longer be the copy it was.
+            raise DataDirError(f"the data dir {self.data} is a snapshot export ({MANIFEST}): "
+                               f"start a node from it into a new data dir instead "
+                               f"(shardnode start --data-dir NEW --from-snapshot {self.data})")
         try:
             self.data.mkdir(parents=True, exist_ok=True)
             self._lock_fd = os.open(self.data / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)

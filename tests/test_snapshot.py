@@ -231,6 +231,11 @@ def test_bad_exports_and_snapshots_are_refused_with_clear_errors(
         assert match.split()[0] in capsys.readouterr().err
 
     refused(snap, tmp_path / "fresh", "exists and is not empty")  # the data dir filled above
+    # Started on the export itself, the node wrote into it (a lock, its log, its snapshots).
+    before = sorted(p.relative_to(snap) for p in snap.rglob("*"))
+    assert cli.main(["start", "--data-dir", str(snap), "--port", str(free_port())]) == 2
+    assert "is a snapshot export" in capsys.readouterr().err
+    assert sorted(p.relative_to(snap) for p in snap.rglob("*")) == before
     refused(tmp_path / "nowhere", tmp_path / "d1", "does not exist")
     partial = tmp_path / "partial"
     shutil.copytree(snap, partial)
