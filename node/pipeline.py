@@ -73,7 +73,8 @@ class Pipeline:
     sockets are ``IMMEDIATE`` too, and a frame it does not take within a second (it is down,
     or restarting) is never sent, its requests answered ``RequestTimeout`` (not connected)
     by the next ``poll``; ZeroMQ kept them, and sent them once the node was back, long after
-    they were given up. A flush to a node that is down takes up to a second.
+    they were given up. A flush to a node that is down takes a second, and a probe of its
+    handshake (up to ``PROBE_TIMEOUT_MS`` more) to say why in the answers.
 
     A pipeline shares its client's sockets with the client's calls and transactions: what
     one of them reads that is another's is handed to it (``NodeClient.hand_over``).
