@@ -116,6 +116,7 @@ PARTITION_OPS = frozenset({"produce", "read", "read_by_key", "read_by_tag",
 # Key/value ops: a client of a cluster sends them to the namespace's owner, when it knows it.
 KV_OPS = frozenset({"kv_put", "kv_get", "kv_delete", "kv_scan", "kv_cas"})
 SEND_TIMEOUT_MS_MAX = 1000  # how long a send waits for a member's connection
+CLOSE_ROLLBACK_MS = 2000  # how long close() waits for each open transaction's rollback
 NOT_CONNECTED_HINT = " (is a node running there, and does it allow this client's keys?)"
 
 
@@ -183,6 +184,7 @@ class NodeClient:
         # (``hand_over``), so several of them, and plain calls, can share the socket.
         self._waiters: dict[int, Transaction | Pipeline] = {}
         self._branches: weakref.WeakValueDictionary[Xid, Transaction] = weakref.WeakValueDictionary()
+        self._local: weakref.WeakSet[Transaction] = weakref.WeakSet()  # rolled back at close
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         # The thread whose use is under way, and how deep: a second thread's at the same
         # time raises (``one_thread``), rather than take the other's answers.
@@ -229,6 +231,17 @@ class NodeClient:
             curve_client(sock, server_key or self.server_public_key, *self.client_keys)
 
     def close(self) -> None:
+        """Close the sockets, first rolling back the local transactions of this client still
+        open (neither committed nor aborted: a ``with`` block does either), briefly: one try
+        each, as the node may be down (it rolls them back after their timeout then; until
+        that, each held a place in ``[txn] open_max``). XA branches are their
+        coordinator's, and are left as they are."""
+        open_local = [tx for tx in self._local if not tx.finished]
+        if open_local:
+            self.retries, self.timeout_ms = 0, min(self.timeout_ms, CLOSE_ROLLBACK_MS)
+            for tx in open_local:
+                with contextlib.suppress(NodeError, zmq.ZMQError):
+                    tx.abort()
         for sock in self._socks.values():
             sock.close(0)
 
@@ -857,7 +870,9 @@ class NodeClient:
                 raise ValueError(f"timeout_ms must be a whole number of ms, at least 1, not "
                                  f"{timeout_ms!r}")
             fields["timeout_ms"] = timeout_ms
-        return Transaction(self, fields["txn"], begin=("txn_begin", fields))
+        tx = Transaction(self, fields["txn"], begin=("txn_begin", fields))
+        self._local.add(tx)
+        return tx
 
     def xa_start(self, xid: Xid, timeout_ms: int | None = None, member: int | None = None
                  ) -> Transaction:

@@ -398,6 +398,28 @@ def test_another_client_cannot_end_a_branch_that_is_active(node: LocalNode) -> N
         assert values(c, "owned", 0) == [b"first-half", b"second-half"]
 
 
+def test_closing_a_client_rolls_back_its_open_local_transactions(node: LocalNode) -> None:
+    """A transaction neither committed nor aborted when its client closed stayed open, its
+    records staged, for its whole timeout (a place in [txn] open_max); an XA branch is its
+    coordinator's and stays."""
+    xid = Xid(9, b"kept", b"b")
+    with node.client() as other:
+        other.create_topic("closing")
+        c = node.client()
+        tx = c.transaction(timeout_ms=600_000)
+        tx.produce("closing", b"staged")
+        tx.settle()  # the node holds it open
+        branch = c.xa_start(xid)
+        branch.produce("closing", b"branch")
+        c.xa_end(xid)
+        assert len(other.txn_list()) == 2
+        c.close()
+        assert [info.xid for info in other.txn_list()] == [str(xid)]
+        assert tx.finished
+        other.xa_rollback(xid)
+        assert values(other, "closing", 0) == []
+
+
 def test_xa_calls_in_the_wrong_state_and_a_rollback(node: LocalNode) -> None:
     xid = Xid(7, b"g", b"b")
     with node.client(retries=0) as c:
