@@ -308,7 +308,14 @@ def test_the_txn_commands_given_one_member_see_and_resolve_every_members(
         cluster: LocalCluster) -> None:
     """An operator names one member (``--port``); the branches in doubt may be on any. The
     commands listed only that member's and answered XAER_NOTA for the others'."""
-    with routed(cluster) as c:
+    def shardnode(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "node", *args, "--port",
+                              str(cluster.nodes[2].port)], capture_output=True, text=True,
+                             timeout=60, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    with routed(cluster) as c:  # open throughout: its close rolls back its open transaction
         owners, _far = far_topic(cluster, c, "txn-cli")
         others = sorted(set(owners) - {1})
         xids = [Xid(11, b"cli", f"m{m}".encode()) for m in others]
@@ -321,22 +328,16 @@ def test_the_txn_commands_given_one_member_see_and_resolve_every_members(
         local.produce("txn-cli", b"open", partition=owners.index(others[-1]))
         local.settle()
 
-    def shardnode(*args: str) -> str:
-        out = subprocess.run([sys.executable, "-m", "node", *args, "--port",
-                              str(cluster.nodes[2].port)], capture_output=True, text=True,
-                             timeout=60, cwd=ROOT)
-        assert out.returncode == 0, out.stderr
-        return out.stdout
-
-    rows = json.loads(shardnode("txn", "list", "--json"))
-    assert sorted((r["xid"], r["member"]) for r in rows if r["xid"]) == sorted(
-        (str(x), m) for m, x in zip(others, xids, strict=True))
-    assert [(r["txn"], r["member"]) for r in rows if not r["xid"]] == [(local.id, others[-1])]
-    assert "member" in shardnode("txn", "list")
-    assert f"committed {xids[0]}" in shardnode("txn", "commit", str(xids[0]))
-    shardnode("txn", "rollback", str(xids[1]))
-    shardnode("txn", "rollback", str(local.id))
-    assert json.loads(shardnode("txn", "list", "--json")) == []
+        rows = json.loads(shardnode("txn", "list", "--json"))
+        assert sorted((r["xid"], r["member"]) for r in rows if r["xid"]) == sorted(
+            (str(x), m) for m, x in zip(others, xids, strict=True))
+        assert [(r["txn"], r["member"]) for r in rows if not r["xid"]] == [
+            (local.id, others[-1])]
+        assert "member" in shardnode("txn", "list")
+        assert f"committed {xids[0]}" in shardnode("txn", "commit", str(xids[0]))
+        shardnode("txn", "rollback", str(xids[1]))
+        shardnode("txn", "rollback", str(local.id))
+        assert json.loads(shardnode("txn", "list", "--json")) == []
     with routed(cluster) as c:
         p = owners.index(others[0])
         assert [r.value for r in c.read("txn-cli", p, 0)] == [b"staged"]

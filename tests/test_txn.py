@@ -449,20 +449,21 @@ def test_xa_calls_in_the_wrong_state_and_a_rollback(node: LocalNode) -> None:
 
 
 def test_a_restart_rolls_back_open_transactions(node: LocalNode) -> None:
-    with node.client() as c:
-        c.create_topic("out", partitions=1)
-        tx = c.transaction()
+    with node.client() as first:  # open through the kill: its close would roll it back
+        first.create_topic("out", partitions=1)
+        tx = first.transaction()
         tx.produce("out", b"lost")
         tx.settle()  # staged
-    node.kill()
-    node.start()
-    with node.client() as c:
-        with pytest.raises(TransactionAborted):
-            c.call("txn_produce", txn=tx.id, seq=1, topic="out", records=pack_batch([b"more"]))
-        with pytest.raises(TransactionAborted):
-            c.call("txn_commit", txn=tx.id)
-        assert values(c, "out", 0) == []
-        assert c.txn_list() == []
+        node.kill()
+        node.start()
+        with node.client() as c:
+            with pytest.raises(TransactionAborted):
+                c.call("txn_produce", txn=tx.id, seq=1, topic="out",
+                       records=pack_batch([b"more"]))
+            with pytest.raises(TransactionAborted):
+                c.call("txn_commit", txn=tx.id)
+            assert values(c, "out", 0) == []
+            assert c.txn_list() == []
 
 
 def test_ids_the_node_picks_stay_in_range_after_a_client_picked_the_highest(
